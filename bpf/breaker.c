@@ -1,0 +1,485 @@
+//go:build ignore
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * breakerd's kernel programs.
+ *
+ * cgroup/connect4|6 and cgroup/sendmsg4|6 turn connections to a destination
+ * whose circuit is open away inside the system call, before a packet leaves;
+ * when an open circuit is due they move it to half-open and admit exactly
+ * `probes` connections per round. sockops watches how each TCP connection
+ * of the cgroup ends and reports one record per outcome on a ring buffer.
+ *
+ * Fail-open, always: no config entry, a stale heartbeat, no verdict entry or
+ * any failed lookup means allow.
+ */
+#include "breaker.h"
+
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define AF_INET 2
+#define AF_INET6 10
+#define IPPROTO_TCP 6
+#define IPPROTO_UDP 17
+#define ECONNREFUSED 111
+
+#define TCP_ESTABLISHED 1
+#define TCP_SYN_SENT 2
+#define TCP_CLOSE 7
+
+#define MAX_VERDICTS (1 << 20)
+#define MAX_CIRCUIT_IDS (1 << 16)
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Set by the loader: whether bpf_set_retval exists (5.18+). Without it a
+ * rejected connect sees EPERM. The verifier prunes the branch not taken, so
+ * the helper is never seen by an older kernel. */
+volatile const __u32 has_set_retval = 0;
+
+/* Minimal CO-RE views of kernel structs: only the fields read here. */
+struct sock {
+	int sk_err;
+} __attribute__((preserve_access_index));
+
+struct tcp_sock;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_VERDICTS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct dest_key);
+	__type(value, struct verdict);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} verdicts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct settings);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_CIRCUIT_IDS);
+	__type(key, __u32);
+	__type(value, struct circuit_counters);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 22); /* 4 MiB: 65536 records */
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} events SEC(".maps");
+
+/* What the kernel remembers about one observed socket. */
+enum sock_flags {
+	SOCK_PROBE = 1 << 0,       /* admitted as a half-open probe */
+	SOCK_TRACKED = 1 << 1,     /* connect seen by sockops */
+	SOCK_ESTABLISHED = 1 << 2, /* handshake completed */
+	SOCK_RETRANS_SENT = 1 << 3, /* early SYN retransmit record sent */
+	SOCK_STALL_SENT = 1 << 4,  /* stalled record sent */
+	SOCK_DONE = 1 << 5,        /* final record sent */
+};
+
+struct sock_state {
+	struct dest_key dest;
+	__u32 flags; /* enum sock_flags */
+	__u64 start_ns;
+	__u64 cgroup_id;
+	__u32 rtos;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sock_state);
+} socks SEC(".maps");
+
+/* Keep the exported types in the object's BTF for bpf2go's -type. */
+const struct event *unused_event __attribute__((unused));
+const enum outcome *unused_outcome __attribute__((unused));
+const enum verdict_state *unused_state __attribute__((unused));
+const enum stat_index *unused_stat __attribute__((unused));
+const enum config_flags *unused_config_flags __attribute__((unused));
+const enum event_flags *unused_event_flags __attribute__((unused));
+
+static __always_inline void stat_inc(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline struct circuit_counters *counters_of(__u32 id)
+{
+	return bpf_map_lookup_elem(&counters, &id);
+}
+
+static __always_inline void emit(const struct dest_key *dest, __u8 outcome, __u8 flags,
+				 __u64 duration, __u32 count, __u32 err, __u64 cookie,
+				 __u64 cgroup_id, __u64 now)
+{
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		stat_inc(STAT_EVENTS_LOST);
+		return;
+	}
+	__builtin_memcpy(&e->dest, dest, sizeof(e->dest));
+	e->outcome = outcome;
+	e->flags = flags;
+	e->_pad = 0;
+	e->count = count;
+	e->err = err;
+	e->duration_ns = duration;
+	e->cookie = cookie;
+	e->cgroup_id = cgroup_id;
+	e->ts_ns = now;
+	bpf_ringbuf_submit(e, 0);
+}
+
+/* ---------------------------------------------------------------------
+ * Fast path: connect and sendmsg.
+ */
+
+enum decision {
+	ALLOW = 0,
+	ALLOW_PROBE = 1,
+	REJECT = 2,
+};
+
+/* take_token hands out one probe token of the current round, atomically:
+ * exactly `probes` callers win however many race. A loser gives back what it
+ * took, so the count never drifts. */
+static __always_inline int take_token(struct verdict *v)
+{
+	__s32 old = __sync_fetch_and_add(&v->tokens, -1);
+	if (old > 0)
+		return 1;
+	__sync_fetch_and_add(&v->tokens, 1);
+	return 0;
+}
+
+static __always_inline enum decision decide(struct verdict *v, __u64 now, __u32 *new_round)
+{
+	switch (v->state) {
+	case VERDICT_FORCED_OPEN:
+		return REJECT;
+	case VERDICT_OPEN:
+		if (now < v->due_ns)
+			return REJECT;
+		/* Due: one caller moves it to half-open and starts the round. */
+		if (__sync_val_compare_and_swap(&v->state, VERDICT_OPEN, VERDICT_HALF_OPEN) ==
+		    VERDICT_OPEN) {
+			v->round_ns = now;
+			*new_round = 1;
+		}
+		break;
+	case VERDICT_HALF_OPEN:
+		break;
+	default:
+		return ALLOW; /* unknown state: fail open */
+	}
+
+	if (take_token(v))
+		return ALLOW_PROBE;
+
+	/* No token left. A round whose probes never reported (the client
+	 * vanished) hands its tokens out again after the probe timeout; one
+	 * caller wins the re-issue. */
+	__u64 round = v->round_ns;
+	if (round && v->probe_timeout_ns && now - round > v->probe_timeout_ns &&
+	    __sync_val_compare_and_swap(&v->round_ns, round, now) == round) {
+		__sync_lock_test_and_set(&v->tokens, (__s32)v->probes);
+		*new_round = 1;
+		if (take_token(v))
+			return ALLOW_PROBE;
+	}
+	return REJECT;
+}
+
+static __always_inline int heartbeat_fresh(__u64 now, __u32 *flags)
+{
+	__u32 zero = 0;
+	struct settings *c = bpf_map_lookup_elem(&config, &zero);
+	if (!c || !c->heartbeat_ns)
+		return 0;
+	if (now > c->heartbeat_ns && now - c->heartbeat_ns > c->failsafe_ns)
+		return 0;
+	*flags = c->flags;
+	return 1;
+}
+
+static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *key)
+{
+	struct verdict *v = bpf_map_lookup_elem(&verdicts, key);
+	if (!v)
+		return 1;
+
+	__u64 now = bpf_ktime_get_ns();
+	__u32 flags = 0;
+	if (!heartbeat_fresh(now, &flags)) {
+		stat_inc(STAT_FAILSAFE_ALLOWED);
+		return 1;
+	}
+
+	__u32 new_round = 0;
+	enum decision d = decide(v, now, &new_round);
+	struct circuit_counters *c = counters_of(v->circuit_id);
+	if (new_round) {
+		if (c)
+			c->rounds += 1;
+		emit(key, OUTCOME_PROBE_ROUND, 0, 0, 0, 0, 0, bpf_get_current_cgroup_id(), now);
+	}
+
+	switch (d) {
+	case ALLOW_PROBE:
+		if (c)
+			c->probes += 1;
+		/* Mark the socket so its outcome is reported as a probe. */
+		if (key->proto == IPPROTO_TCP) {
+			struct sock_state *st = bpf_sk_storage_get(&socks, ctx->sk, 0,
+								   BPF_SK_STORAGE_GET_F_CREATE);
+			if (st)
+				st->flags |= SOCK_PROBE;
+			else
+				stat_inc(STAT_STORAGE_FAILED);
+		}
+		return 1;
+	case REJECT:
+		if (flags & CONFIG_SHADOW) {
+			if (c)
+				c->shadow_rejected += 1;
+			return 1;
+		}
+		if (c)
+			c->rejected += 1;
+		if (has_set_retval)
+			bpf_set_retval(-(int)(v->reject_errno ? v->reject_errno : ECONNREFUSED));
+		return 0;
+	default:
+		return 1;
+	}
+}
+
+static __always_inline void key4(struct dest_key *k, __u32 ip, __u32 port, __u32 proto)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->addr[10] = 0xff;
+	k->addr[11] = 0xff;
+	__builtin_memcpy(&k->addr[12], &ip, 4);
+	k->port = (__u16)port;
+	k->proto = (__u8)proto;
+}
+
+static __always_inline void key6(struct dest_key *k, struct bpf_sock_addr *ctx)
+{
+	__u32 w[4] = {ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]};
+	__builtin_memset(k, 0, sizeof(*k));
+	__builtin_memcpy(k->addr, w, 16);
+	k->port = (__u16)ctx->user_port;
+	k->proto = (__u8)ctx->protocol;
+}
+
+SEC("cgroup/connect4")
+int connect4(struct bpf_sock_addr *ctx)
+{
+	struct dest_key k;
+	key4(&k, ctx->user_ip4, ctx->user_port, ctx->protocol);
+	return enforce(ctx, &k);
+}
+
+SEC("cgroup/connect6")
+int connect6(struct bpf_sock_addr *ctx)
+{
+	struct dest_key k;
+	key6(&k, ctx);
+	return enforce(ctx, &k);
+}
+
+SEC("cgroup/sendmsg4")
+int sendmsg4(struct bpf_sock_addr *ctx)
+{
+	struct dest_key k;
+	key4(&k, ctx->user_ip4, ctx->user_port, ctx->protocol);
+	return enforce(ctx, &k);
+}
+
+SEC("cgroup/sendmsg6")
+int sendmsg6(struct bpf_sock_addr *ctx)
+{
+	struct dest_key k;
+	key6(&k, ctx);
+	return enforce(ctx, &k);
+}
+
+/* ---------------------------------------------------------------------
+ * Outcomes: sockops on the same cgroup.
+ */
+
+static __always_inline void sockops_key(struct dest_key *k, struct bpf_sock_ops *ops)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	if (ops->family == AF_INET) {
+		__u32 ip = ops->remote_ip4;
+		k->addr[10] = 0xff;
+		k->addr[11] = 0xff;
+		__builtin_memcpy(&k->addr[12], &ip, 4);
+	} else {
+		__u32 w[4] = {ops->remote_ip6[0], ops->remote_ip6[1], ops->remote_ip6[2],
+			      ops->remote_ip6[3]};
+		__builtin_memcpy(k->addr, w, 16);
+	}
+	/* remote_port holds the network-order port in its upper half. */
+	k->port = (__u16)(ops->remote_port >> 16);
+	k->proto = IPPROTO_TCP;
+}
+
+static __always_inline int sock_err(struct bpf_sock_ops *ops)
+{
+	struct bpf_sock *bsk = ops->sk;
+	if (!bsk)
+		return 0;
+	struct sock *sk = (struct sock *)bpf_skc_to_tcp_sock(bsk);
+	if (!sk)
+		return 0;
+	return sk->sk_err;
+}
+
+static __always_inline void on_connect(struct bpf_sock_ops *ops, __u64 now)
+{
+	if (ops->family != AF_INET && ops->family != AF_INET6)
+		return;
+	struct bpf_sock *sk = ops->sk;
+	if (!sk)
+		return;
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st) {
+		stat_inc(STAT_STORAGE_FAILED);
+		return;
+	}
+	sockops_key(&st->dest, ops);
+	st->flags = (st->flags & SOCK_PROBE) | SOCK_TRACKED;
+	st->start_ns = now;
+	st->cgroup_id = bpf_get_current_cgroup_id();
+	st->rtos = 0;
+	bpf_sock_ops_cb_flags_set(ops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RTO_CB_FLAG);
+}
+
+static __always_inline __u8 probe_flag(struct sock_state *st)
+{
+	return (st->flags & SOCK_PROBE) ? EVENT_PROBE : 0;
+}
+
+static __always_inline void report(struct bpf_sock_ops *ops, struct sock_state *st, __u8 outcome,
+				   __u64 duration, __u32 count, __u32 err, __u64 now)
+{
+	emit(&st->dest, outcome, probe_flag(st), duration, count, err,
+	     bpf_get_socket_cookie(ops), st->cgroup_id, now);
+}
+
+static __always_inline void on_close(struct bpf_sock_ops *ops, struct sock_state *st,
+				     __u32 old, __u64 now)
+{
+	if (st->flags & SOCK_DONE)
+		return;
+	int err = sock_err(ops);
+	__u8 outcome = 0;
+	if (old == TCP_SYN_SENT) {
+		switch (err) {
+		case 0:
+			outcome = OUTCOME_ABANDONED;
+			break;
+		case 111: /* ECONNREFUSED */
+			outcome = OUTCOME_REFUSED;
+			break;
+		case 110: /* ETIMEDOUT */
+			outcome = OUTCOME_TIMED_OUT;
+			break;
+		case 113: /* EHOSTUNREACH */
+		case 101: /* ENETUNREACH */
+			outcome = OUTCOME_UNREACHABLE;
+			break;
+		default:
+			outcome = OUTCOME_ERROR;
+		}
+	} else if (st->flags & SOCK_ESTABLISHED) {
+		if (err == 104 /* ECONNRESET */ || err == 32 /* EPIPE */)
+			outcome = OUTCOME_RESET;
+		else if (err == 110 /* ETIMEDOUT */ && !(st->flags & SOCK_STALL_SENT))
+			outcome = OUTCOME_STALLED;
+	}
+	st->flags |= SOCK_DONE;
+	if (outcome)
+		report(ops, st, outcome, now - st->start_ns, st->rtos, err, now);
+}
+
+SEC("sockops")
+int observe(struct bpf_sock_ops *ops)
+{
+	__u64 now = bpf_ktime_get_ns();
+	struct sock_state *st;
+
+	switch (ops->op) {
+	case BPF_SOCK_OPS_TCP_CONNECT_CB:
+		on_connect(ops, now);
+		return 1;
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+	case BPF_SOCK_OPS_RTO_CB:
+	case BPF_SOCK_OPS_STATE_CB:
+		break;
+	default:
+		return 1;
+	}
+
+	if (!ops->sk)
+		return 1;
+	st = bpf_sk_storage_get(&socks, ops->sk, 0, 0);
+	if (!st || !(st->flags & SOCK_TRACKED))
+		return 1;
+
+	switch (ops->op) {
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+		st->flags |= SOCK_ESTABLISHED;
+		st->rtos = 0; /* from here on, RTOs mean a stall */
+		report(ops, st, OUTCOME_ESTABLISHED, now - st->start_ns, 0, 0, now);
+		break;
+	case BPF_SOCK_OPS_RTO_CB:
+		st->rtos += 1;
+		if (!(st->flags & SOCK_ESTABLISHED)) {
+			if (!(st->flags & SOCK_RETRANS_SENT)) {
+				st->flags |= SOCK_RETRANS_SENT;
+				report(ops, st, OUTCOME_SYN_RETRANS, now - st->start_ns, st->rtos, 0,
+				       now);
+			}
+		} else if (!(st->flags & SOCK_STALL_SENT)) {
+			__u32 zero = 0, max_rto = 3;
+			struct settings *c = bpf_map_lookup_elem(&config, &zero);
+			if (c && c->max_rto)
+				max_rto = c->max_rto;
+			if (st->rtos >= max_rto) {
+				st->flags |= SOCK_STALL_SENT;
+				report(ops, st, OUTCOME_STALLED, now - st->start_ns, st->rtos, 0, now);
+			}
+		}
+		break;
+	case BPF_SOCK_OPS_STATE_CB:
+		if (ops->args[1] == TCP_CLOSE)
+			on_close(ops, st, ops->args[0], now);
+		break;
+	}
+	return 1;
+}

@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * breakerd's kernel/user contract: every struct the kernel programs share
+ * with the Go daemon. Layouts are explicit (no implicit padding; clang's
+ * -Wpadded is on) and bpf2go exports them to Go with -type, so the Go mirror
+ * is generated from this file's BTF, never written by hand.
+ */
+#ifndef BREAKER_H
+#define BREAKER_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+
+/* Changing any struct or map below is a new layout: bump the layout version
+ * in maps/ (it is part of the pin directory), so a new release never reuses
+ * an incompatible pinned map. */
+
+/* Destination of a connection. IPv4 is stored IPv4-mapped (::ffff:a.b.c.d),
+ * so an IPv4 socket and a dual-stack IPv6 socket reaching the same host
+ * share a key (and so a circuit). The family is implied by the address. */
+struct dest_key {
+	__u8 addr[16];
+	__u16 port; /* network byte order */
+	__u8 proto; /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 _pad;
+};
+
+/* Verdict states. A destination whose circuit is closed has no entry. */
+enum verdict_state {
+	VERDICT_OPEN = 1,        /* reject until due_ns, then probe */
+	VERDICT_HALF_OPEN = 2,   /* admit up to `probes` per round */
+	VERDICT_FORCED_OPEN = 3, /* reject, never probe */
+};
+
+/* Value of the verdicts map. The daemon writes an open entry with
+ * tokens == probes; the kernel moves it to half-open when due and hands the
+ * tokens out atomically. */
+struct verdict {
+	__u64 due_ns;           /* bpf_ktime_get_ns() at which an open entry becomes due */
+	__u64 round_ns;         /* when the current half-open round began (0: none yet) */
+	__u64 probe_timeout_ns; /* a round older than this hands its tokens out again */
+	__u32 state;            /* enum verdict_state */
+	__s32 tokens;           /* probe tokens left in this round */
+	__u32 probes;           /* tokens per round (half_open_probes) */
+	__u32 circuit_id;       /* index into the counters map */
+	__u16 reject_errno;     /* errno a rejected connect sees (with bpf_set_retval) */
+	__u16 _pad0;
+	__u32 _pad1;
+};
+
+/* Global settings, one entry in the config array. */
+enum config_flags {
+	CONFIG_SHADOW = 1 << 0, /* count what would be rejected, reject nothing */
+};
+
+struct settings {
+	__u64 heartbeat_ns; /* last daemon heartbeat, bpf_ktime_get_ns() clock */
+	__u64 failsafe_ns;  /* verdicts are ignored when the heartbeat is older */
+	__u32 flags;        /* enum config_flags */
+	__u32 max_rto;      /* RTOs on an established socket that make it stalled */
+};
+
+/* Per-circuit counters (per-CPU, summed by the reader). */
+struct circuit_counters {
+	__u64 rejected;        /* connects/sends turned away */
+	__u64 shadow_rejected; /* would have been turned away (shadow mode) */
+	__u64 probes;          /* half-open probes admitted */
+	__u64 rounds;          /* half-open rounds begun (due, or tokens re-issued) */
+};
+
+/* Global statistics, indexes into the per-CPU stats array. */
+enum stat_index {
+	STAT_EVENTS_LOST = 0,      /* ring buffer full: records dropped */
+	STAT_FAILSAFE_ALLOWED = 1, /* verdicts ignored: heartbeat stale */
+	STAT_STORAGE_FAILED = 2,   /* no socket storage: socket not observed */
+	STAT_MAX = 8,
+};
+
+/* Outcome of a connection, as reported in an event. */
+enum outcome {
+	OUTCOME_ESTABLISHED = 1, /* handshake done; duration = handshake time */
+	OUTCOME_REFUSED = 2,     /* RST in answer to the SYN */
+	OUTCOME_TIMED_OUT = 3,   /* SYN retries exhausted */
+	OUTCOME_UNREACHABLE = 4, /* ICMP host or network unreachable */
+	OUTCOME_RESET = 5,       /* RST on an established connection */
+	OUTCOME_STALLED = 6,     /* RTOs on an established connection (count) */
+	OUTCOME_ABANDONED = 7,   /* closed by the application while connecting */
+	OUTCOME_SYN_RETRANS = 8, /* early: the first SYN was retransmitted */
+	OUTCOME_ERROR = 9,       /* connect failed with another errno (err) */
+	OUTCOME_PROBE_ROUND = 10, /* kernel began a half-open round (no socket) */
+};
+
+enum event_flags {
+	EVENT_PROBE = 1 << 0, /* the socket was admitted as a half-open probe */
+};
+
+/* One ring buffer record per outcome: 64 bytes, fixed. */
+struct event {
+	struct dest_key dest;
+	__u8 outcome; /* enum outcome */
+	__u8 flags;   /* enum event_flags */
+	__u16 _pad;
+	__u32 count;  /* RTOs for stalled */
+	__u32 err;    /* the socket's errno, when it failed */
+	__u64 duration_ns;
+	__u64 cookie;    /* socket cookie */
+	__u64 cgroup_id; /* cgroup of the socket */
+	__u64 ts_ns;     /* bpf_ktime_get_ns() */
+};
+
+#endif /* BREAKER_H */

@@ -1,0 +1,227 @@
+package kerneltest
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const helperEnv = "BREAKERD_KERNELTEST_HELPER"
+
+// Main is the TestMain of every package with kernel tests. In a helper
+// process (a re-exec of the test binary that Host.Dial starts inside the
+// test cgroup and namespace) it runs the helper and exits. Otherwise it runs
+// the tests and then fails the run if anything the harness made in this
+// process (cgroups, namespaces, pins, all named by Prefix) was left behind.
+func Main(m *testing.M) {
+	if spec := os.Getenv(helperEnv); spec != "" {
+		os.Exit(runHelper(spec))
+	}
+	code := m.Run()
+	if left := Leftovers(); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: kernel test harness left behind: %s\n", strings.Join(left, ", "))
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Leftovers lists what this test process made and has not removed: child
+// cgroups, named network namespaces and bpffs entries whose names start with
+// Prefix.
+func Leftovers() []string {
+	p := Prefix()
+	left := append(leftoverCgroups(p), leftoverNetns(p)...)
+	entries, _ := os.ReadDir(BPFFSRoot)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), p) {
+			left = append(left, filepath.Join(BPFFSRoot, e.Name()))
+		}
+	}
+	return left
+}
+
+// DialSpec says what a client helper process does.
+type DialSpec struct {
+	// Network is tcp4, tcp6, udp4 or udp6: the socket's family and type.
+	Network string
+	// Addr is the destination. For a tcp6/udp6 socket to an IPv4 address
+	// the helper uses the IPv4-mapped form (a dual-stack socket).
+	Addr netip.AddrPort
+	// Op is "connect" (default), "connect-read" (connect, then read once:
+	// reports the read's errno), "sendto" (unconnected UDP datagram) or
+	// "abandon" (non-blocking connect, close after Hold).
+	Op string
+	// Count connects are made, Parallel at a time (default 1 and 1).
+	Count, Parallel int
+	// Timeout bounds each connect (default 3 s).
+	Timeout time.Duration
+	// Hold keeps each socket open this long after its connect.
+	Hold time.Duration
+	// Barrier makes all Parallel workers start their first connect at the
+	// same instant.
+	Barrier bool
+}
+
+// DialResult is the outcome of one operation in a helper process.
+type DialResult struct {
+	// Errno is 0 on success, the system call's errno otherwise;
+	// EINPROGRESS means the connect did not finish within Timeout.
+	Errno unix.Errno
+	// Nanos is how long the connect (or sendto) system call took.
+	Nanos int64
+}
+
+// Dial runs a client helper process inside cg and the host, waits for it
+// and returns one result per operation.
+func (h *Host) Dial(tb testing.TB, cg *Cgroup, spec DialSpec) []DialResult {
+	tb.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		tb.Fatalf("finding test binary: %v", err)
+	}
+	js, _ := json.Marshal(spec)
+	p := h.Command(cg, self)
+	p.Cmd.Env = append(os.Environ(), helperEnv+"="+string(js))
+	var errOut strings.Builder
+	p.Cmd.Stderr = &errOut
+	stdout, err := p.Cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := p.Start(tb); err != nil {
+		tb.Fatal(err)
+	}
+	var res []DialResult
+	dec := json.NewDecoder(bufio.NewReader(stdout))
+	if err := dec.Decode(&res); err != nil && !errors.Is(err, io.EOF) {
+		tb.Fatalf("reading helper output: %v (stderr: %s)", err, errOut.String())
+	}
+	if err := p.Cmd.Wait(); err != nil {
+		tb.Fatalf("helper %+v: %v (stderr: %s)", spec, err, errOut.String())
+	}
+	return res
+}
+
+func runHelper(js string) int {
+	var spec DialSpec
+	if err := json.Unmarshal([]byte(js), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, "bad helper spec:", err)
+		return 2
+	}
+	if spec.Count == 0 {
+		spec.Count = 1
+	}
+	if spec.Parallel == 0 {
+		spec.Parallel = 1
+	}
+	if spec.Timeout == 0 {
+		spec.Timeout = 3 * time.Second
+	}
+	res := make([]DialResult, spec.Count)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	next := make(chan int, spec.Count)
+	for i := range spec.Count {
+		next <- i
+	}
+	close(next)
+	var ready sync.WaitGroup
+	ready.Add(spec.Parallel)
+	for range spec.Parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ready.Done()
+			if spec.Barrier {
+				<-start
+			}
+			for i := range next {
+				res[i] = dialOnce(spec)
+			}
+		}()
+	}
+	ready.Wait()
+	close(start)
+	wg.Wait()
+	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+		return 2
+	}
+	return 0
+}
+
+func dialOnce(spec DialSpec) DialResult {
+	family, typ := unix.AF_INET, unix.SOCK_STREAM
+	if strings.HasSuffix(spec.Network, "6") {
+		family = unix.AF_INET6
+	}
+	if strings.HasPrefix(spec.Network, "udp") {
+		typ = unix.SOCK_DGRAM
+	}
+	flags := unix.SOCK_CLOEXEC
+	if spec.Op == "abandon" {
+		flags |= unix.SOCK_NONBLOCK
+	}
+	fd, err := unix.Socket(family, typ|flags, 0)
+	if err != nil {
+		return DialResult{Errno: errnoOf(err)}
+	}
+	defer unix.Close(fd)
+	tv := unix.NsecToTimeval(spec.Timeout.Nanoseconds())
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	sa := sockaddr(family, spec.Addr)
+	t0 := time.Now()
+	switch spec.Op {
+	case "sendto":
+		err = unix.Sendto(fd, []byte("breakerd"), 0, sa)
+	default:
+		err = unix.Connect(fd, sa)
+	}
+	r := DialResult{Nanos: time.Since(t0).Nanoseconds(), Errno: errnoOf(err)}
+	switch spec.Op {
+	case "connect-read":
+		if err == nil {
+			_, rerr := unix.Read(fd, make([]byte, 16))
+			r.Errno = errnoOf(rerr)
+		}
+	case "abandon":
+		if r.Errno == unix.EINPROGRESS {
+			r.Errno = 0
+		}
+	}
+	if spec.Hold > 0 {
+		time.Sleep(spec.Hold)
+	}
+	return r
+}
+
+func sockaddr(family int, ap netip.AddrPort) unix.Sockaddr {
+	if family == unix.AF_INET {
+		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().Unmap().As4()}
+	}
+	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+}
+
+func errnoOf(err error) unix.Errno {
+	if err == nil {
+		return 0
+	}
+	var e unix.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return unix.EIO
+}

@@ -1,0 +1,134 @@
+package maps
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/breakerd/breakerd/bpf"
+)
+
+// Outcome is how a connection ended, as the kernel saw it.
+type Outcome uint8
+
+// Outcomes, as in bpf/breaker.h.
+const (
+	Established = Outcome(bpf.BreakerOutcomeOUTCOME_ESTABLISHED)
+	Refused     = Outcome(bpf.BreakerOutcomeOUTCOME_REFUSED)
+	TimedOut    = Outcome(bpf.BreakerOutcomeOUTCOME_TIMED_OUT)
+	Unreachable = Outcome(bpf.BreakerOutcomeOUTCOME_UNREACHABLE)
+	Reset       = Outcome(bpf.BreakerOutcomeOUTCOME_RESET)
+	Stalled     = Outcome(bpf.BreakerOutcomeOUTCOME_STALLED)
+	Abandoned   = Outcome(bpf.BreakerOutcomeOUTCOME_ABANDONED)
+	SYNRetrans  = Outcome(bpf.BreakerOutcomeOUTCOME_SYN_RETRANS)
+	Error       = Outcome(bpf.BreakerOutcomeOUTCOME_ERROR)
+	ProbeRound  = Outcome(bpf.BreakerOutcomeOUTCOME_PROBE_ROUND)
+)
+
+var outcomeNames = [...]string{
+	Established: "established", Refused: "refused", TimedOut: "timed_out",
+	Unreachable: "unreachable", Reset: "reset", Stalled: "stalled",
+	Abandoned: "abandoned", SYNRetrans: "syn_retransmit", Error: "error",
+	ProbeRound: "probe_round",
+}
+
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) && outcomeNames[o] != "" {
+		return outcomeNames[o]
+	}
+	return fmt.Sprintf("outcome(%d)", uint8(o))
+}
+
+// Event is one outcome record from the kernel.
+type Event struct {
+	// Dest is the connection's destination.
+	Dest Dest
+	// Outcome is what happened.
+	Outcome Outcome
+	// Probe is set when the socket was admitted as a half-open probe.
+	Probe bool
+	// Count is the number of RTOs (stalled, syn_retransmit).
+	Count uint32
+	// Err is the socket's error when it failed.
+	Err syscall.Errno
+	// Duration is the handshake time (established), the time since connect
+	// (failures, abandoned) or the connection's age (reset, stalled).
+	Duration time.Duration
+	// Cookie is the socket cookie; CgroupID the cgroup of the process that
+	// connected.
+	Cookie, CgroupID uint64
+	// Time is when it happened, on the Now clock.
+	Time time.Duration
+}
+
+// EventSize is the size of one kernel record.
+const EventSize = int(unsafe.Sizeof(bpf.BreakerEvent{}))
+
+// ErrShortRecord is returned for a record shorter than EventSize.
+var ErrShortRecord = errors.New("short event record")
+
+// DecodeEvent decodes one kernel record into e without allocating.
+func DecodeEvent(b []byte, e *Event) error {
+	if len(b) < EventSize {
+		return fmt.Errorf("%w: %d bytes", ErrShortRecord, len(b))
+	}
+	le := binary.LittleEndian
+	e.Dest = Dest{
+		Proto: Proto(b[18]),
+		Addr:  netip.AddrPortFrom(netip.AddrFrom16([16]byte(b[0:16])).Unmap(), binary.BigEndian.Uint16(b[16:18])),
+	}
+	e.Outcome = Outcome(b[20])
+	e.Probe = b[21]&uint8(bpf.BreakerEventFlagsEVENT_PROBE) != 0
+	e.Count = le.Uint32(b[24:28])
+	e.Err = syscall.Errno(le.Uint32(b[28:32]))
+	e.Duration = time.Duration(le.Uint64(b[32:40]))
+	e.Cookie = le.Uint64(b[40:48])
+	e.CgroupID = le.Uint64(b[48:56])
+	e.Time = time.Duration(le.Uint64(b[56:64]))
+	return nil
+}
+
+// EventReader reads outcome records from the kernel's ring buffer.
+type EventReader struct {
+	rd  *ringbuf.Reader
+	rec ringbuf.Record
+}
+
+// ErrReaderClosed is returned by Read once the reader is closed.
+var ErrReaderClosed = ringbuf.ErrClosed
+
+// NewEventReader opens a reader on the ring buffer. Only one reader
+// should consume it at a time.
+func (k *Kernel) NewEventReader() (*EventReader, error) {
+	rd, err := ringbuf.NewReader(k.objs.Events)
+	if err != nil {
+		return nil, fmt.Errorf("opening ring buffer: %w", err)
+	}
+	return &EventReader{rd: rd}, nil
+}
+
+// Read blocks until a record arrives (or the deadline passes:
+// os.ErrDeadlineExceeded) and decodes it into e. After Close it returns
+// an error wrapping ErrReaderClosed.
+func (r *EventReader) Read(e *Event) error {
+	if err := r.rd.ReadInto(&r.rec); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		return fmt.Errorf("reading ring buffer: %w", err)
+	}
+	return DecodeEvent(r.rec.RawSample, e)
+}
+
+// SetDeadline bounds the next Reads; the zero time removes the bound.
+func (r *EventReader) SetDeadline(t time.Time) { r.rd.SetDeadline(t) }
+
+// Close stops the reader; a blocked Read returns.
+func (r *EventReader) Close() error { return r.rd.Close() }

@@ -1,0 +1,407 @@
+package maps
+
+import (
+	"encoding/json"
+	"errors"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+)
+
+func TestMain(m *testing.M) { kerneltest.Main(m) }
+
+type env struct {
+	k    *Kernel
+	cg   *kerneltest.Cgroup
+	topo *kerneltest.Topology
+	srv  *kerneltest.Host
+	opts Options
+}
+
+func newEnv(t *testing.T, opts Options) *env {
+	t.Helper()
+	kerneltest.RequireKernel(t)
+	e := &env{cg: kerneltest.NewCgroup(t), topo: kerneltest.NewTopology(t, 1)}
+	e.srv = e.topo.Servers[0]
+	if opts.Dir == "" {
+		opts.Dir = filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+	}
+	opts.Cgroup = e.cg.Path
+	e.opts = opts
+	e.k = e.load(t)
+	t.Cleanup(func() {
+		if err := e.k.Uninstall(); err != nil {
+			t.Errorf("uninstall: %v", err)
+		}
+		os.RemoveAll(opts.Dir)
+	})
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	e.srv.StartCounting(t)
+	return e
+}
+
+func (e *env) load(t *testing.T) *Kernel {
+	t.Helper()
+	k, err := Load(e.opts)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	return k
+}
+
+func (e *env) dial(t *testing.T, cg *kerneltest.Cgroup, spec kerneltest.DialSpec) []kerneltest.DialResult {
+	t.Helper()
+	return e.topo.Client.Dial(t, cg, spec)
+}
+
+func (e *env) dest(port uint16, v6 bool) Dest {
+	a := e.srv.IPv4
+	if v6 {
+		a = e.srv.IPv6
+	}
+	return Dest{Proto: TCP, Addr: netip.AddrPortFrom(a, port)}
+}
+
+func errnos(rs []kerneltest.DialResult) map[unix.Errno]int {
+	m := map[unix.Errno]int{}
+	for _, r := range rs {
+		m[r.Errno]++
+	}
+	return m
+}
+
+const farFuture = time.Hour * 24
+
+func TestOpenCircuitRejectsBeforeAnyPacket(t *testing.T) {
+	e := newEnv(t, Options{})
+	if !e.k.Features().SetRetval {
+		if kerneltest.InCI() {
+			t.Fatal("this kernel has no bpf_set_retval; the errno tests need it")
+		}
+		t.Skip("no bpf_set_retval: rejections are EPERM")
+	}
+	e.srv.ServeHold(t, 8080)
+	cases := []struct {
+		name    string
+		network string
+		v6      bool
+		errno   syscall.Errno
+	}{
+		{"ipv4", "tcp4", false, 0},
+		{"ipv4 configured errno", "tcp4", false, unix.ETIMEDOUT},
+		{"ipv6", "tcp6", true, 0},
+		{"dual-stack socket to ipv4", "tcp6", false, unix.EHOSTUNREACH},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := e.dest(8080, c.v6)
+			if err := e.k.PutVerdict(d, OpenVerdict(Now()+farFuture, 1, 0, c.errno, uint32(i+1))); err != nil {
+				t.Fatal(err)
+			}
+			defer e.k.DeleteVerdict(d)
+			want := c.errno
+			if want == 0 {
+				want = unix.ECONNREFUSED
+			}
+			before := e.srv.SYNs(t)
+			res := e.dial(t, e.cg, kerneltest.DialSpec{Network: c.network, Addr: d.Addr, Count: 5})
+			if got := errnos(res); got[want] != 5 {
+				t.Fatalf("errnos %v, want 5 × %v", got, want)
+			}
+			if n := e.srv.SYNs(t) - before; n != 0 {
+				t.Fatalf("%d SYNs reached the server of an open circuit", n)
+			}
+			cnt, err := e.k.Counters(uint32(i + 1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cnt.Rejected != 5 {
+				t.Fatalf("rejected counter %d, want 5", cnt.Rejected)
+			}
+			// Closed again: the same client gets through.
+			if err := e.k.DeleteVerdict(d); err != nil {
+				t.Fatal(err)
+			}
+			if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: c.network, Addr: d.Addr})); got[0] != 1 {
+				t.Fatalf("after delete: errnos %v, want success", got)
+			}
+		})
+	}
+}
+
+func TestUDPRejected(t *testing.T) {
+	e := newEnv(t, Options{})
+	e.srv.ListenPacket(t, "udp", 5353)
+	d := Dest{Proto: UDP, Addr: netip.AddrPortFrom(e.srv.IPv4, 5353)}
+	if err := e.k.PutVerdict(d, Verdict{State: ForcedOpen, CircuitID: 9}); err != nil {
+		t.Fatal(err)
+	}
+	want := unix.ECONNREFUSED
+	if !e.k.Features().SetRetval {
+		want = unix.EPERM
+	}
+	for _, op := range []string{"sendto", "connect"} {
+		for _, network := range []string{"udp4", "udp6"} {
+			res := e.dial(t, e.cg, kerneltest.DialSpec{Network: network, Addr: d.Addr, Op: op, Count: 3})
+			if got := errnos(res); got[want] != 3 {
+				t.Errorf("%s %s: errnos %v, want 3 × %v", op, network, got, want)
+			}
+		}
+	}
+	if n := e.srv.UDPDatagrams(t); n != 0 {
+		t.Fatalf("%d datagrams reached a forced-open UDP destination", n)
+	}
+	// A datagram to another port of the same host goes through.
+	res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "udp4", Addr: netip.AddrPortFrom(e.srv.IPv4, 5354), Op: "sendto"})
+	if res[0].Errno != 0 {
+		t.Fatalf("unrelated datagram: %v", res[0].Errno)
+	}
+	if !kerneltest.WaitFor(time.Second, func() bool { return e.srv.UDPDatagrams(t) == 1 }) {
+		t.Fatalf("unrelated datagram not counted: %d", e.srv.UDPDatagrams(t))
+	}
+}
+
+func TestExactlyNProbesWhenManyRace(t *testing.T) {
+	e := newEnv(t, Options{})
+	e.srv.ServeHold(t, 8081)
+	const probes, racers = 3, 64
+	d := e.dest(8081, false)
+	v := OpenVerdict(Now()-time.Millisecond, probes, time.Second, 0, 7)
+	if err := e.k.PutVerdict(d, v); err != nil {
+		t.Fatal(err)
+	}
+	before := e.srv.SYNs(t)
+	res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: racers, Parallel: racers, Barrier: true, Hold: 100 * time.Millisecond})
+	got := errnos(res)
+	if got[0] != probes {
+		t.Fatalf("%d connects got through (errnos %v), want exactly %d probes", got[0], got, probes)
+	}
+	if n := e.srv.SYNs(t) - before; n != probes {
+		t.Fatalf("%d SYNs reached the server, want %d", n, probes)
+	}
+	cur, ok, err := e.k.Verdict(d)
+	if err != nil || !ok {
+		t.Fatalf("verdict gone: %v", err)
+	}
+	if cur.State != HalfOpen || cur.Tokens != 0 || cur.RoundStart == 0 {
+		t.Fatalf("verdict after the race: %+v, want half-open with no tokens left", cur)
+	}
+	cnt, _ := e.k.Counters(7)
+	if cnt.Probes != probes || cnt.Rejected != racers-probes || cnt.Rounds != 1 {
+		t.Fatalf("counters %+v, want %d probes, %d rejected, 1 round", cnt, probes, racers-probes)
+	}
+
+	// No outcome within the probe timeout: the tokens are handed out again.
+	if res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr}); res[0].Errno == 0 {
+		t.Fatal("a connect got through before the probe timeout")
+	}
+	time.Sleep(1100 * time.Millisecond)
+	res = e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: racers, Parallel: 16, Barrier: true})
+	if got := errnos(res); got[0] != probes {
+		t.Fatalf("after the probe timeout %d got through (errnos %v), want %d", got[0], got, probes)
+	}
+}
+
+func TestForcedOpenNeverProbes(t *testing.T) {
+	e := newEnv(t, Options{})
+	e.srv.ServeHold(t, 8082)
+	d := e.dest(8082, false)
+	if err := e.k.PutVerdict(d, Verdict{State: ForcedOpen, Due: 1, Probes: 5, Tokens: 5, ProbeTimeout: time.Millisecond, CircuitID: 3}); err != nil {
+		t.Fatal(err)
+	}
+	res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 20, Parallel: 4})
+	if got := errnos(res); got[0] != 0 {
+		t.Fatalf("forced open let %d through", got[0])
+	}
+	if n := e.srv.SYNs(t); n != 0 {
+		t.Fatalf("%d SYNs reached a forced-open destination", n)
+	}
+}
+
+func TestShadowModeRejectsNothing(t *testing.T) {
+	e := newEnv(t, Options{})
+	e.srv.ServeHold(t, 8083)
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, Shadow: true}); err != nil {
+		t.Fatal(err)
+	}
+	d := e.dest(8083, false)
+	if err := e.k.PutVerdict(d, OpenVerdict(Now()+farFuture, 1, 0, 0, 4)); err != nil {
+		t.Fatal(err)
+	}
+	res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 6})
+	if got := errnos(res); got[0] != 6 {
+		t.Fatalf("shadow mode: errnos %v, want 6 successes", got)
+	}
+	cnt, _ := e.k.Counters(4)
+	if cnt.ShadowRejected != 6 || cnt.Rejected != 0 {
+		t.Fatalf("counters %+v, want 6 shadow rejections and no rejection", cnt)
+	}
+}
+
+func TestStaleHeartbeatFailsOpen(t *testing.T) {
+	e := newEnv(t, Options{})
+	e.srv.ServeHold(t, 8084)
+	d := e.dest(8084, false)
+	if err := e.k.PutVerdict(d, Verdict{State: ForcedOpen, CircuitID: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr}); res[0].Errno == 0 {
+		t.Fatal("fresh heartbeat: connect not rejected")
+	}
+	// The daemon "died" 2 s ago with a 1 s fail-safe.
+	if err := e.k.SetSettings(Settings{Heartbeat: Now() - 2*time.Second, FailSafe: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 3})); got[0] != 3 {
+		t.Fatalf("stale heartbeat: errnos %v, want 3 successes", got)
+	}
+	st, err := e.k.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.FailsafeAllowed != 3 {
+		t.Fatalf("failsafe_allowed %d, want 3", st.FailsafeAllowed)
+	}
+	// Never written (a fresh load): also open.
+	if err := e.k.SetSettings(Settings{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr})); got[0] != 1 {
+		t.Fatalf("no heartbeat ever: errnos %v, want success", got)
+	}
+}
+
+func TestFullVerdictMapBlocksNothingElse(t *testing.T) {
+	e := newEnv(t, Options{MaxVerdicts: 16})
+	e.srv.ServeHold(t, 8085)
+	var err error
+	for i := 0; err == nil && i < 100; i++ {
+		err = e.k.PutVerdict(Dest{Proto: TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 19, 0, byte(i)}), 80)}, Verdict{State: ForcedOpen})
+	}
+	if !errors.Is(err, ErrVerdictsFull) {
+		t.Fatalf("filling the map: %v, want ErrVerdictsFull", err)
+	}
+	d := e.dest(8085, false)
+	if err := e.k.PutVerdict(d, Verdict{State: ForcedOpen}); !errors.Is(err, ErrVerdictsFull) {
+		t.Fatalf("put into a full map: %v", err)
+	}
+	if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 3})); got[0] != 3 {
+		t.Fatalf("full map: errnos %v, want 3 successes", got)
+	}
+}
+
+func TestProcessOutsideCgroupUnaffected(t *testing.T) {
+	e := newEnv(t, Options{})
+	e.srv.ServeHold(t, 8086)
+	d := e.dest(8086, false)
+	if err := e.k.PutVerdict(d, Verdict{State: ForcedOpen}); err != nil {
+		t.Fatal(err)
+	}
+	// Same namespace, but born outside the test cgroup.
+	if got := errnos(e.dial(t, nil, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 3})); got[0] != 3 {
+		t.Fatalf("outside the cgroup: errnos %v, want 3 successes", got)
+	}
+	if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr})); got[0] != 0 {
+		t.Fatalf("inside the cgroup: errnos %v, want a rejection", got)
+	}
+}
+
+func TestBpftoolShowsNamedFields(t *testing.T) {
+	e := newEnv(t, Options{})
+	if _, err := exec.LookPath("bpftool"); err != nil {
+		t.Fatalf("bpftool not installed (scripts/setup installs it): %v", err)
+	}
+	d := e.dest(443, false)
+	if err := e.k.PutVerdict(d, OpenVerdict(12345, 2, time.Second, unix.ECONNREFUSED, 42)); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("bpftool", "map", "dump", "pinned", filepath.Join(e.k.PinDir(), "verdicts"), "-j").Output()
+	if err != nil {
+		t.Fatalf("bpftool: %v", err)
+	}
+	var dump []struct {
+		Formatted struct {
+			Key struct {
+				Addr  []any `json:"addr"`
+				Port  int   `json:"port"`
+				Proto int   `json:"proto"`
+			} `json:"key"`
+			Value struct {
+				DueNs       uint64 `json:"due_ns"`
+				State       int    `json:"state"`
+				Tokens      int    `json:"tokens"`
+				Probes      int    `json:"probes"`
+				CircuitID   int    `json:"circuit_id"`
+				RejectErrno int    `json:"reject_errno"`
+			} `json:"value"`
+		} `json:"formatted"`
+	}
+	if err := json.Unmarshal(out, &dump); err != nil {
+		t.Fatalf("parsing bpftool output: %v\n%s", err, out)
+	}
+	if len(dump) != 1 {
+		t.Fatalf("%d entries in the dump, want 1:\n%s", len(dump), out)
+	}
+	f := dump[0].Formatted
+	if f.Value.DueNs != 12345 || f.Value.State != int(Open) || f.Value.Probes != 2 || f.Value.CircuitID != 42 || f.Value.RejectErrno != int(unix.ECONNREFUSED) {
+		t.Fatalf("dumped value %+v", f.Value)
+	}
+	if f.Key.Proto != int(TCP) || len(f.Key.Addr) != 16 || f.Key.Port != int(htons(443)) {
+		t.Fatalf("dumped key %+v", f.Key)
+	}
+}
+
+func TestReloadAdoptsPinsWithoutGap(t *testing.T) {
+	e := newEnv(t, Options{})
+	e.srv.ServeHold(t, 8087)
+	d := e.dest(8087, false)
+	if err := e.k.PutVerdict(d, OpenVerdict(Now()+farFuture, 1, 0, 0, 8)); err != nil {
+		t.Fatal(err)
+	}
+	// A client hammers the open destination while a second daemon loads,
+	// adopts the pins, swaps its programs into the links, and the first
+	// one goes away.
+	var wg sync.WaitGroup
+	var res []kerneltest.DialResult
+	var hammerDone atomic.Bool
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		res = e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 200000, Parallel: 2})
+		hammerDone.Store(true)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	old := e.k
+	e.k = e.load(t)
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if hammerDone.Load() {
+		t.Fatal("the client finished before the reload; the test proves nothing (raise Count)")
+	}
+	wg.Wait()
+	if got := errnos(res); got[0] != 0 {
+		t.Fatalf("%d connects got through while breakerd reloaded (errnos %v)", got[0], got)
+	}
+	if v, ok, err := e.k.Verdict(d); err != nil || !ok || v.State != Open {
+		t.Fatalf("adopted verdict: %+v %v %v", v, ok, err)
+	}
+	if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr})); got[0] != 0 {
+		t.Fatal("the adopted program does not enforce")
+	}
+	if !e.k.Features().PinnedLinks {
+		t.Fatal("links were not pinned on a kernel with bpf_link")
+	}
+}

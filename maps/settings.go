@@ -1,0 +1,146 @@
+package maps
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/breakerd/breakerd/bpf"
+)
+
+// Settings are the kernel programs' global settings (the config map).
+type Settings struct {
+	// Heartbeat is the daemon's last heartbeat on the Now clock. Zero, or
+	// older than FailSafe, makes the programs ignore every verdict.
+	Heartbeat time.Duration
+	// FailSafe is how old the heartbeat may grow before verdicts are
+	// ignored.
+	FailSafe time.Duration
+	// Shadow makes the programs count what they would reject and reject
+	// nothing.
+	Shadow bool
+	// MaxRTO is how many retransmission timeouts make an established
+	// connection stalled (0: the kernel's default of 3).
+	MaxRTO uint32
+}
+
+// SetSettings writes the settings.
+func (k *Kernel) SetSettings(s Settings) error {
+	raw := bpf.BreakerSettings{
+		HeartbeatNs: uint64(s.Heartbeat),
+		FailsafeNs:  uint64(s.FailSafe),
+		MaxRto:      s.MaxRTO,
+	}
+	if s.Shadow {
+		raw.Flags |= uint32(bpf.BreakerConfigFlagsCONFIG_SHADOW)
+	}
+	if err := k.objs.Config.Put(uint32(0), &raw); err != nil {
+		return fmt.Errorf("writing settings: %w", err)
+	}
+	return nil
+}
+
+// Settings reads the settings.
+func (k *Kernel) Settings() (Settings, error) {
+	var raw bpf.BreakerSettings
+	if err := k.objs.Config.Lookup(uint32(0), &raw); err != nil {
+		return Settings{}, fmt.Errorf("reading settings: %w", err)
+	}
+	return Settings{
+		Heartbeat: time.Duration(raw.HeartbeatNs),
+		FailSafe:  time.Duration(raw.FailsafeNs),
+		Shadow:    raw.Flags&uint32(bpf.BreakerConfigFlagsCONFIG_SHADOW) != 0,
+		MaxRTO:    raw.MaxRto,
+	}, nil
+}
+
+// Heartbeat refreshes the heartbeat to Now, keeping the other settings.
+func (k *Kernel) Heartbeat() error {
+	s, err := k.Settings()
+	if err != nil {
+		return err
+	}
+	s.Heartbeat = Now()
+	return k.SetSettings(s)
+}
+
+// Counters are one circuit's kernel counters, summed over CPUs.
+type Counters struct {
+	// Rejected counts connects and sends turned away.
+	Rejected uint64
+	// ShadowRejected counts those that would have been (shadow mode).
+	ShadowRejected uint64
+	// Probes counts half-open probes admitted.
+	Probes uint64
+	// Rounds counts half-open rounds begun.
+	Rounds uint64
+}
+
+// Counters reads the counters of circuit id.
+func (k *Kernel) Counters(id uint32) (Counters, error) {
+	var per []bpf.BreakerCircuitCounters
+	if err := k.objs.Counters.Lookup(id, &per); err != nil {
+		return Counters{}, fmt.Errorf("reading counters of circuit %d: %w", id, err)
+	}
+	var c Counters
+	for _, p := range per {
+		c.Rejected += p.Rejected
+		c.ShadowRejected += p.ShadowRejected
+		c.Probes += p.Probes
+		c.Rounds += p.Rounds
+	}
+	return c, nil
+}
+
+// ResetCounters zeroes the counters of circuit id, before the id is given
+// to a new circuit.
+func (k *Kernel) ResetCounters(id uint32) error {
+	n, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("counting CPUs: %w", err)
+	}
+	per := make([]bpf.BreakerCircuitCounters, n)
+	if err := k.objs.Counters.Put(id, per); err != nil {
+		return fmt.Errorf("resetting counters of circuit %d: %w", id, err)
+	}
+	return nil
+}
+
+// Stats are the kernel's global statistics, summed over CPUs.
+type Stats struct {
+	// EventsLost counts outcome records dropped because the ring buffer
+	// was full.
+	EventsLost uint64
+	// FailsafeAllowed counts verdicts ignored because the heartbeat was
+	// stale.
+	FailsafeAllowed uint64
+	// StorageFailed counts sockets that could not be observed (no socket
+	// storage).
+	StorageFailed uint64
+}
+
+// Stats reads the global statistics.
+func (k *Kernel) Stats() (Stats, error) {
+	read := func(i bpf.BreakerStatIndex) (uint64, error) {
+		var per []uint64
+		if err := k.objs.Stats.Lookup(uint32(i), &per); err != nil {
+			return 0, fmt.Errorf("reading stat %d: %w", i, err)
+		}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		return sum, nil
+	}
+	var s Stats
+	var err error
+	if s.EventsLost, err = read(bpf.BreakerStatIndexSTAT_EVENTS_LOST); err != nil {
+		return s, err
+	}
+	if s.FailsafeAllowed, err = read(bpf.BreakerStatIndexSTAT_FAILSAFE_ALLOWED); err != nil {
+		return s, err
+	}
+	s.StorageFailed, err = read(bpf.BreakerStatIndexSTAT_STORAGE_FAILED)
+	return s, err
+}

@@ -1,0 +1,237 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"iter"
+	"net/netip"
+	"syscall"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/bpf"
+)
+
+// Proto is the transport protocol of a destination.
+type Proto uint8
+
+// The protocols breakerd enforces.
+const (
+	TCP Proto = unix.IPPROTO_TCP
+	UDP Proto = unix.IPPROTO_UDP
+)
+
+func (p Proto) String() string {
+	switch p {
+	case TCP:
+		return "tcp"
+	case UDP:
+		return "udp"
+	}
+	return fmt.Sprintf("proto(%d)", uint8(p))
+}
+
+// Dest is a destination: protocol, address and port. IPv4 addresses are
+// kept IPv4-mapped in the kernel; Dest always holds the unmapped form.
+type Dest struct {
+	Proto Proto
+	Addr  netip.AddrPort
+}
+
+func (d Dest) String() string { return d.Proto.String() + "/" + d.Addr.String() }
+
+// Key returns the kernel's key for d.
+func (d Dest) Key() bpf.BreakerDestKey {
+	return bpf.BreakerDestKey{
+		Addr:  netip.AddrFrom16(d.Addr.Addr().As16()).As16(),
+		Port:  htons(d.Addr.Port()),
+		Proto: uint8(d.Proto),
+	}
+}
+
+// DestFromKey converts a kernel key back to a Dest.
+func DestFromKey(k *bpf.BreakerDestKey) Dest {
+	return Dest{
+		Proto: Proto(k.Proto),
+		Addr:  netip.AddrPortFrom(netip.AddrFrom16(k.Addr).Unmap(), ntohs(k.Port)),
+	}
+}
+
+func htons(p uint16) uint16 { return p<<8 | p>>8 }
+func ntohs(p uint16) uint16 { return p<<8 | p>>8 }
+
+// State is the kernel's state of a circuit with a verdict entry.
+type State uint32
+
+// Verdict states, as in bpf/breaker.h.
+const (
+	Open       = State(bpf.BreakerVerdictStateVERDICT_OPEN)
+	HalfOpen   = State(bpf.BreakerVerdictStateVERDICT_HALF_OPEN)
+	ForcedOpen = State(bpf.BreakerVerdictStateVERDICT_FORCED_OPEN)
+)
+
+func (s State) String() string {
+	switch s {
+	case Open:
+		return "open"
+	case HalfOpen:
+		return "half_open"
+	case ForcedOpen:
+		return "forced_open"
+	}
+	return fmt.Sprintf("state(%d)", uint32(s))
+}
+
+// Verdict is what the kernel enforces for one destination.
+type Verdict struct {
+	// State is Open, HalfOpen or ForcedOpen.
+	State State
+	// Due is the monotonic time (see Now) at which an open verdict starts
+	// admitting probes.
+	Due time.Duration
+	// RoundStart is when the current half-open round began (0: none).
+	RoundStart time.Duration
+	// Probes is the number of probe tokens per round; Tokens how many are
+	// left in the current one (an Open verdict is written with Tokens ==
+	// Probes).
+	Probes uint32
+	Tokens int32
+	// ProbeTimeout: a round whose tokens are all out for longer hands them
+	// out again. 0 never re-issues.
+	ProbeTimeout time.Duration
+	// Errno is what a rejected connect sees (0: ECONNREFUSED).
+	Errno syscall.Errno
+	// CircuitID indexes the counters map (0 .. MaxCircuitIDs-1).
+	CircuitID uint32
+}
+
+// MaxCircuitIDs is the number of per-circuit counter slots.
+const MaxCircuitIDs = 1 << 16
+
+// OpenVerdict returns an open verdict due at due with a full round of
+// probes.
+func OpenVerdict(due time.Duration, probes uint32, probeTimeout time.Duration, errno syscall.Errno, id uint32) Verdict {
+	return Verdict{State: Open, Due: due, Probes: probes, Tokens: int32(probes), ProbeTimeout: probeTimeout, Errno: errno, CircuitID: id}
+}
+
+func (v Verdict) raw() bpf.BreakerVerdict {
+	return bpf.BreakerVerdict{
+		DueNs:          uint64(v.Due),
+		RoundNs:        uint64(v.RoundStart),
+		ProbeTimeoutNs: uint64(v.ProbeTimeout),
+		State:          uint32(v.State),
+		Tokens:         v.Tokens,
+		Probes:         v.Probes,
+		CircuitId:      v.CircuitID,
+		RejectErrno:    uint16(v.Errno),
+	}
+}
+
+func verdictFromRaw(r *bpf.BreakerVerdict) Verdict {
+	return Verdict{
+		State:        State(r.State),
+		Due:          time.Duration(r.DueNs),
+		RoundStart:   time.Duration(r.RoundNs),
+		ProbeTimeout: time.Duration(r.ProbeTimeoutNs),
+		Probes:       r.Probes,
+		Tokens:       r.Tokens,
+		CircuitID:    r.CircuitId,
+		Errno:        syscall.Errno(r.RejectErrno),
+	}
+}
+
+// ErrVerdictsFull is returned by PutVerdict when the verdict map has no
+// room. The destination stays unenforced (fail-open).
+var ErrVerdictsFull = errors.New("verdict map is full")
+
+// PutVerdict writes (creates or replaces) d's verdict.
+func (k *Kernel) PutVerdict(d Dest, v Verdict) error {
+	if v.CircuitID >= MaxCircuitIDs {
+		return fmt.Errorf("circuit id %d is not below %d", v.CircuitID, MaxCircuitIDs)
+	}
+	key, val := d.Key(), v.raw()
+	if err := k.objs.Verdicts.Put(&key, &val); err != nil {
+		if errors.Is(err, unix.E2BIG) {
+			return fmt.Errorf("writing verdict for %s: %w", d, ErrVerdictsFull)
+		}
+		return fmt.Errorf("writing verdict for %s: %w", d, err)
+	}
+	return nil
+}
+
+// DeleteVerdict removes d's verdict (its circuit is closed). Deleting a
+// missing entry is not an error.
+func (k *Kernel) DeleteVerdict(d Dest) error {
+	key := d.Key()
+	if err := k.objs.Verdicts.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("deleting verdict for %s: %w", d, err)
+	}
+	return nil
+}
+
+// Verdict reads d's verdict; ok is false when there is none.
+func (k *Kernel) Verdict(d Dest) (v Verdict, ok bool, err error) {
+	key := d.Key()
+	var raw bpf.BreakerVerdict
+	if err := k.objs.Verdicts.Lookup(&key, &raw); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return Verdict{}, false, nil
+		}
+		return Verdict{}, false, fmt.Errorf("reading verdict for %s: %w", d, err)
+	}
+	return verdictFromRaw(&raw), true, nil
+}
+
+// Verdicts iterates over every verdict entry; a read error ends the
+// iteration early (AllVerdicts reports it).
+func (k *Kernel) Verdicts() iter.Seq2[Dest, Verdict] {
+	return iterVerdicts(k.objs.Verdicts, nil)
+}
+
+// AllVerdicts reads every verdict entry.
+func (k *Kernel) AllVerdicts() (map[Dest]Verdict, error) {
+	var err error
+	out := map[Dest]Verdict{}
+	for d, v := range iterVerdicts(k.objs.Verdicts, &err) {
+		out[d] = v
+	}
+	if err != nil {
+		return out, fmt.Errorf("iterating verdicts: %w", err)
+	}
+	return out, nil
+}
+
+func iterVerdicts(m *ebpf.Map, errp *error) iter.Seq2[Dest, Verdict] {
+	return func(yield func(Dest, Verdict) bool) {
+		var key bpf.BreakerDestKey
+		var raw bpf.BreakerVerdict
+		it := m.Iterate()
+		for it.Next(&key, &raw) {
+			if !yield(DestFromKey(&key), verdictFromRaw(&raw)) {
+				return
+			}
+		}
+		if errp != nil {
+			*errp = it.Err()
+		}
+	}
+}
+
+// VerdictCount returns the number of verdict entries and the map's
+// capacity.
+func (k *Kernel) VerdictCount() (n int, capacity uint32) {
+	for range k.Verdicts() {
+		n++
+	}
+	return n, k.objs.Verdicts.MaxEntries()
+}
+
+// Now is the kernel's monotonic clock (bpf_ktime_get_ns), the time base of
+// Verdict.Due, Settings.Heartbeat and event timestamps.
+func Now() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return time.Duration(ts.Nano())
+}
