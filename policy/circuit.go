@@ -1,0 +1,433 @@
+package policy
+
+import (
+	"math"
+	"syscall"
+	"time"
+)
+
+// State is a circuit's state.
+type State uint8
+
+// The states. Disabled records metrics and never rejects.
+const (
+	Closed State = iota
+	Open
+	HalfOpen
+	ForcedOpen
+	ForcedClosed
+	Disabled
+)
+
+var stateNames = [...]string{"closed", "open", "half_open", "forced_open", "forced_closed", "disabled"}
+
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return "unknown"
+}
+
+// Rejects reports whether the kernel should hold a verdict for this state.
+func (s State) Rejects() bool { return s == Open || s == HalfOpen || s == ForcedOpen }
+
+// Kind is how a call ended, as the policy counts it.
+type Kind uint8
+
+// The kinds of result.
+const (
+	// Success: the connection was established (slow if its handshake took
+	// at least slow_call_duration).
+	Success Kind = iota
+	// Failure: refused, timed out, unreachable, reset or stalled.
+	Failure
+	// Abandoned: the application closed a connecting socket; nothing
+	// before slow_call_duration, slow (or, with count_abandoned, failed)
+	// after.
+	Abandoned
+)
+
+// Result is one call's outcome fed to a circuit.
+type Result struct {
+	Kind Kind
+	// Duration is the handshake time (Success) or the time spent
+	// connecting (Failure, Abandoned).
+	Duration time.Duration
+	// Probe is set for a connection the kernel admitted as a half-open
+	// probe.
+	Probe bool
+}
+
+// Reason says why a transition happened.
+type Reason string
+
+// The reasons.
+const (
+	ReasonFailureRate    Reason = "failure_rate"
+	ReasonSlowCallRate   Reason = "slow_call_rate"
+	ReasonConsecutive    Reason = "consecutive_failures"
+	ReasonDue            Reason = "open_duration_elapsed"
+	ReasonProbeFailed    Reason = "probe_failed"
+	ReasonProbeTimeout   Reason = "probe_timeout"
+	ReasonProbesOK       Reason = "probes_succeeded"
+	ReasonEjectionLimit  Reason = "max_ejection_percent"
+	ReasonForcedOpen     Reason = "forced_open"
+	ReasonForcedClosed   Reason = "forced_closed"
+	ReasonDisabled       Reason = "disabled"
+	ReasonReleased       Reason = "override_released"
+	ReasonReset          Reason = "reset"
+	ReasonRestoredFromKV Reason = "adopted_from_kernel"
+)
+
+// Transition is a change of a circuit's state, with what the daemon needs
+// to write the verdict map, log and count it. A transition with From == To
+// is a notice (an endpoint kept closed by max_ejection_percent).
+type Transition struct {
+	From, To State
+	Reason   Reason
+	// FailureRate and SlowRate are the window's ratios at the transition.
+	FailureRate, SlowRate float64
+	// Calls is the number of calls in the window.
+	Calls int
+	// At is when it happened; OpenUntil when an open circuit becomes due
+	// (zero unless To is Open).
+	At, OpenUntil time.Time
+	// Trip counts the consecutive trips without a clean close (0 for the
+	// first).
+	Trip int
+	// Probes, ProbeTimeout and Errno are the verdict's settings.
+	Probes       int
+	ProbeTimeout time.Duration
+	Errno        syscall.Errno
+}
+
+// Circuit is one circuit's state machine. It is not safe for concurrent
+// use; the daemon serialises calls.
+type Circuit struct {
+	opts  *Options
+	group *Group
+	rand  func() float64
+
+	state       State
+	win         window
+	consecutive int
+	trips       int
+	openUntil   time.Time
+	halfOpenAt  time.Time
+	probeOK     int
+	blocked     bool
+	last        time.Time
+}
+
+// NewCircuit makes a closed circuit (or one in the override's state) with
+// options o, in endpoint group g (nil outside endpoint scope). rnd returns
+// numbers in [0, 1) for jitter.
+func NewCircuit(o *Options, override Override, g *Group, now time.Time, rnd func() float64) *Circuit {
+	c := &Circuit{opts: o, group: g, rand: rnd, win: newWindow(o, now), last: now}
+	c.state = overrideState(override)
+	if g != nil {
+		g.endpoints++
+	}
+	return c
+}
+
+func overrideState(o Override) State {
+	switch o {
+	case ForceOpen:
+		return ForcedOpen
+	case ForceClosed:
+		return ForcedClosed
+	case DisableState:
+		return Disabled
+	}
+	return Closed
+}
+
+// Release removes the circuit from its group; call it when the circuit is
+// dropped.
+func (c *Circuit) Release() {
+	if c.group == nil {
+		return
+	}
+	c.group.endpoints--
+	if c.state == Open || c.state == HalfOpen {
+		c.group.ejected--
+	}
+	c.group = nil
+}
+
+// State returns the current state.
+func (c *Circuit) State() State { return c.state }
+
+// Options returns the circuit's options.
+func (c *Circuit) Options() *Options { return c.opts }
+
+// LastActivity is when the circuit last recorded a call or changed state.
+func (c *Circuit) LastActivity() time.Time { return c.last }
+
+// Record feeds one call's result and returns the transition it caused.
+func (c *Circuit) Record(now time.Time, r Result) (Transition, bool) {
+	c.last = now
+	failed, slow, counts := c.classify(r)
+	if !counts {
+		return Transition{}, false
+	}
+	switch c.state {
+	case Open:
+		if !r.Probe {
+			// Started before the circuit opened: neither reopens nor
+			// extends it.
+			return Transition{}, false
+		}
+		// The kernel's round record was lost: the probe says it began.
+		c.halfOpen(now)
+		return c.probeResult(now, failed)
+	case HalfOpen:
+		if !r.Probe {
+			return Transition{}, false
+		}
+		return c.probeResult(now, failed)
+	case Closed:
+	default: // forced or disabled: metrics only
+		c.win.record(now, failed, slow)
+		return Transition{}, false
+	}
+
+	c.win.record(now, failed, slow)
+	if failed {
+		c.consecutive++
+	} else {
+		c.consecutive = 0
+	}
+	reason, ok := c.shouldOpen()
+	if !ok {
+		c.blocked = false
+		return Transition{}, false
+	}
+	if c.group != nil && !c.group.mayEject() {
+		if c.blocked {
+			return Transition{}, false
+		}
+		c.blocked = true
+		t := c.transition(now, Closed, ReasonEjectionLimit)
+		return t, true
+	}
+	return c.open(now, reason, false), true
+}
+
+func (c *Circuit) classify(r Result) (failed, slow, counts bool) {
+	switch r.Kind {
+	case Success:
+		return false, r.Duration >= c.opts.SlowCallDuration, true
+	case Failure:
+		return true, false, true
+	case Abandoned:
+		if r.Duration < c.opts.SlowCallDuration {
+			return false, false, false
+		}
+		if c.opts.CountAbandoned {
+			return true, false, true
+		}
+		return false, true, true
+	}
+	return false, false, false
+}
+
+func (c *Circuit) shouldOpen() (Reason, bool) {
+	if c.opts.ConsecutiveFailures > 0 && c.consecutive >= c.opts.ConsecutiveFailures {
+		return ReasonConsecutive, true
+	}
+	// record has just aged the window to now.
+	calls, failures, slow := c.win.calls, c.win.failures, c.win.slow
+	if calls < c.opts.MinRequests || calls == 0 {
+		return "", false
+	}
+	if float64(failures)/float64(calls) >= c.opts.FailureRateThreshold {
+		return ReasonFailureRate, true
+	}
+	if float64(slow)/float64(calls) >= c.opts.SlowCallRateThreshold {
+		return ReasonSlowCallRate, true
+	}
+	return "", false
+}
+
+func (c *Circuit) transition(now time.Time, to State, reason Reason) Transition {
+	calls, failures, slow := c.win.counts(now)
+	t := Transition{
+		From: c.state, To: to, Reason: reason, At: now, Calls: calls, Trip: c.trips,
+		Probes: c.opts.HalfOpenProbes, ProbeTimeout: c.opts.ProbeTimeout, Errno: c.opts.RejectErrno,
+	}
+	if calls > 0 {
+		t.FailureRate = float64(failures) / float64(calls)
+		t.SlowRate = float64(slow) / float64(calls)
+	}
+	return t
+}
+
+// OpenDuration returns the open period of trip n (0 for the first),
+// before jitter: open_duration × multiplier^n, capped.
+func (o *Options) OpenDurationOf(n int) time.Duration {
+	d := float64(o.OpenDuration) * math.Pow(o.OpenDurationMultiplier, float64(n))
+	if d > float64(o.MaxOpenDuration) || math.IsInf(d, 0) {
+		return o.MaxOpenDuration
+	}
+	return time.Duration(d)
+}
+
+func (c *Circuit) open(now time.Time, reason Reason, fromHalfOpen bool) Transition {
+	if fromHalfOpen {
+		c.trips++
+	} else {
+		c.trips = 0
+		if c.group != nil {
+			c.group.ejected++
+		}
+	}
+	d := c.opts.OpenDurationOf(c.trips)
+	if c.opts.Jitter > 0 && c.rand != nil {
+		d += time.Duration(float64(d) * c.opts.Jitter * c.rand())
+	}
+	t := c.transition(now, Open, reason)
+	t.Trip = c.trips
+	t.OpenUntil = now.Add(d)
+	c.state, c.openUntil, c.blocked = Open, t.OpenUntil, false
+	c.consecutive = 0
+	return t
+}
+
+func (c *Circuit) halfOpen(now time.Time) Transition {
+	t := c.transition(now, HalfOpen, ReasonDue)
+	c.state, c.halfOpenAt, c.probeOK = HalfOpen, now, 0
+	return t
+}
+
+func (c *Circuit) probeResult(now time.Time, failed bool) (Transition, bool) {
+	if failed {
+		return c.open(now, ReasonProbeFailed, true), true
+	}
+	c.probeOK++
+	if c.probeOK < c.opts.HalfOpenSuccessThreshold {
+		return Transition{}, false
+	}
+	return c.close(now, ReasonProbesOK), true
+}
+
+func (c *Circuit) close(now time.Time, reason Reason) Transition {
+	t := c.transition(now, Closed, reason)
+	if c.group != nil && (c.state == Open || c.state == HalfOpen) {
+		c.group.ejected--
+	}
+	c.state, c.trips, c.consecutive, c.blocked = Closed, 0, 0, false
+	c.win.reset(now)
+	return t
+}
+
+// BeginHalfOpen is called when the kernel reports that it began a probe
+// round (the open period elapsed and a connection came).
+func (c *Circuit) BeginHalfOpen(now time.Time) (Transition, bool) {
+	c.last = now
+	switch c.state {
+	case Open:
+		return c.halfOpen(now), true
+	case HalfOpen:
+		// The kernel re-issued the tokens after the probe timeout; the
+		// timeout transition (Tick) has normally reopened it first.
+		c.halfOpenAt = now
+	}
+	return Transition{}, false
+}
+
+// Tick advances time: a half-open circuit whose probes have not succeeded
+// within probe_timeout reopens. The daemon calls it periodically.
+func (c *Circuit) Tick(now time.Time) (Transition, bool) {
+	if c.state == HalfOpen && now.Sub(c.halfOpenAt) >= c.opts.ProbeTimeout {
+		c.last = now
+		return c.open(now, ReasonProbeTimeout, true), true
+	}
+	return Transition{}, false
+}
+
+// Override applies an operator's change: forced_open, forced_closed,
+// disabled, or NoOverride to release an override (back to closed, fresh).
+func (c *Circuit) Override(now time.Time, o Override) Transition {
+	c.last = now
+	to := overrideState(o)
+	reason := map[Override]Reason{ForceOpen: ReasonForcedOpen, ForceClosed: ReasonForcedClosed, DisableState: ReasonDisabled, NoOverride: ReasonReleased}[o]
+	if to == Closed {
+		return c.close(now, reason)
+	}
+	t := c.close(now, reason)
+	t.To = to
+	c.state = to
+	return t
+}
+
+// Reset closes the circuit and forgets its window and trips.
+func (c *Circuit) Reset(now time.Time) Transition {
+	c.last = now
+	if c.state == ForcedOpen || c.state == ForcedClosed || c.state == Disabled {
+		// An override stays; only the counts are forgotten.
+		s := c.state
+		t := c.close(now, ReasonReset)
+		t.To, c.state = s, s
+		return t
+	}
+	return c.close(now, ReasonReset)
+}
+
+// Restore puts the circuit in the open or half-open state the kernel's
+// verdict map shows (a restarted daemon adopting its predecessor's
+// circuits), due at openUntil.
+func (c *Circuit) Restore(now time.Time, s State, openUntil time.Time) {
+	if s != Open && s != HalfOpen {
+		return
+	}
+	if c.group != nil && c.state != Open && c.state != HalfOpen {
+		c.group.ejected++
+	}
+	c.state, c.openUntil, c.halfOpenAt, c.last = s, openUntil, now, now
+}
+
+// Status is a circuit's state and window, for the admin API and metrics.
+type Status struct {
+	State                 State
+	Calls, Failures, Slow int
+	FailureRate, SlowRate float64
+	ConsecutiveFailures   int
+	OpenUntil             time.Time
+	Trip                  int
+	ProbesSucceeded       int
+}
+
+// Status reports the circuit's state at now.
+func (c *Circuit) Status(now time.Time) Status {
+	calls, failures, slow := c.win.counts(now)
+	s := Status{State: c.state, Calls: calls, Failures: failures, Slow: slow, ConsecutiveFailures: c.consecutive, Trip: c.trips, ProbesSucceeded: c.probeOK}
+	if calls > 0 {
+		s.FailureRate = float64(failures) / float64(calls)
+		s.SlowRate = float64(slow) / float64(calls)
+	}
+	if c.state == Open {
+		s.OpenUntil = c.openUntil
+	}
+	return s
+}
+
+// Group is the set of endpoint circuits of one endpoint-scoped target; it
+// keeps no more than MaxEjectionPercent of its endpoints open (or half-open)
+// at once.
+type Group struct {
+	// MaxEjectionPercent is the cap, in percent of the known endpoints.
+	MaxEjectionPercent int
+	endpoints, ejected int
+}
+
+// NewGroup makes an endpoint group.
+func NewGroup(maxEjectionPercent int) *Group { return &Group{MaxEjectionPercent: maxEjectionPercent} }
+
+func (g *Group) mayEject() bool {
+	return (g.ejected+1)*100 <= g.MaxEjectionPercent*g.endpoints
+}
+
+// Counts returns the group's known and ejected endpoints.
+func (g *Group) Counts() (endpoints, ejected int) { return g.endpoints, g.ejected }

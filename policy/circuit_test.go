@@ -1,0 +1,438 @@
+package policy
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// clock is a fake clock for the state machine.
+type clock struct{ t time.Time }
+
+func newClock() *clock                   { return &clock{t: time.Unix(1_700_000_000, 0)} }
+func (c *clock) now() time.Time          { return c.t }
+func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
+
+func opts(mod func(*Options)) *Options {
+	o := DefaultOptions()
+	o.Jitter = 0
+	if mod != nil {
+		mod(&o)
+	}
+	return &o
+}
+
+var (
+	ok   = Result{Kind: Success, Duration: time.Millisecond}
+	fail = Result{Kind: Failure}
+	slow = Result{Kind: Success, Duration: 2 * time.Second}
+)
+
+func feed(t *testing.T, c *Circuit, clk *clock, rs ...Result) []Transition {
+	t.Helper()
+	var out []Transition
+	for _, r := range rs {
+		if tr, ok := c.Record(clk.now(), r); ok {
+			out = append(out, tr)
+		}
+	}
+	return out
+}
+
+func repeat(r Result, n int) []Result {
+	out := make([]Result, n)
+	for i := range out {
+		out[i] = r
+	}
+	return out
+}
+
+func TestOpensOnFailureRateOnlyWithMinRequests(t *testing.T) {
+	clk := newClock()
+	c := NewCircuit(opts(func(o *Options) { o.ConsecutiveFailures = 0; o.MinRequests = 10; o.WindowSize = 20 }), NoOverride, nil, clk.now(), nil)
+	// A burst of 9 failures: below min_requests, stays closed.
+	if trs := feed(t, c, clk, repeat(fail, 9)...); len(trs) != 0 {
+		t.Fatalf("opened below min_requests: %+v", trs)
+	}
+	trs := feed(t, c, clk, fail)
+	if len(trs) != 1 || trs[0].To != Open || trs[0].Reason != ReasonFailureRate || trs[0].FailureRate != 1 || trs[0].Calls != 10 {
+		t.Fatalf("10th failure: %+v", trs)
+	}
+	if want := clk.now().Add(10 * time.Second); !trs[0].OpenUntil.Equal(want) {
+		t.Fatalf("open until %v, want %v", trs[0].OpenUntil, want)
+	}
+}
+
+func TestFailureRateBelowThresholdStaysClosed(t *testing.T) {
+	clk := newClock()
+	c := NewCircuit(opts(func(o *Options) { o.ConsecutiveFailures = 0; o.FailureRateThreshold = 0.5 }), NoOverride, nil, clk.now(), nil)
+	for i := 0; i < 100; i++ {
+		r := ok
+		if i%3 == 0 {
+			r = fail
+		}
+		if trs := feed(t, c, clk, r); len(trs) != 0 {
+			t.Fatalf("opened at a 1/3 failure rate: %+v", trs)
+		}
+	}
+}
+
+func TestConsecutiveFailures(t *testing.T) {
+	clk := newClock()
+	c := NewCircuit(opts(func(o *Options) { o.ConsecutiveFailures = 3; o.MinRequests = 20 }), NoOverride, nil, clk.now(), nil)
+	if trs := feed(t, c, clk, fail, fail, ok, fail, fail); len(trs) != 0 {
+		t.Fatalf("a success must break the run: %+v", trs)
+	}
+	trs := feed(t, c, clk, fail)
+	if len(trs) != 1 || trs[0].Reason != ReasonConsecutive {
+		t.Fatalf("%+v", trs)
+	}
+}
+
+func TestSlowCallRate(t *testing.T) {
+	clk := newClock()
+	c := NewCircuit(opts(func(o *Options) { o.SlowCallRateThreshold = 0.5; o.MinRequests = 4; o.SlowCallDuration = time.Second }), NoOverride, nil, clk.now(), nil)
+	trs := feed(t, c, clk, ok, slow, ok, slow)
+	if len(trs) != 1 || trs[0].Reason != ReasonSlowCallRate || trs[0].SlowRate != 0.5 {
+		t.Fatalf("%+v", trs)
+	}
+}
+
+func TestAbandoned(t *testing.T) {
+	clk := newClock()
+	o := opts(func(o *Options) { o.ConsecutiveFailures = 0; o.MinRequests = 2; o.SlowCallRateThreshold = 1; o.FailureRateThreshold = 1 })
+	c := NewCircuit(o, NoOverride, nil, clk.now(), nil)
+	quick := Result{Kind: Abandoned, Duration: 10 * time.Millisecond}
+	late := Result{Kind: Abandoned, Duration: 5 * time.Second}
+	feed(t, c, clk, quick, quick, quick)
+	if s := c.Status(clk.now()); s.Calls != 0 {
+		t.Fatalf("quick abandons counted: %+v", s)
+	}
+	trs := feed(t, c, clk, late, late)
+	if len(trs) != 1 || trs[0].Reason != ReasonSlowCallRate {
+		t.Fatalf("late abandons should count as slow: %+v", trs)
+	}
+	o2 := *o
+	o2.CountAbandoned = true
+	c2 := NewCircuit(&o2, NoOverride, nil, clk.now(), nil)
+	if trs := feed(t, c2, clk, late, late); len(trs) != 1 || trs[0].Reason != ReasonFailureRate {
+		t.Fatalf("count_abandoned: %+v", trs)
+	}
+}
+
+func TestTimeWindowAgesOut(t *testing.T) {
+	clk := newClock()
+	c := NewCircuit(opts(func(o *Options) {
+		o.ConsecutiveFailures = 0
+		o.WindowDuration = 10 * time.Second
+		o.MinRequests = 5
+	}), NoOverride, nil, clk.now(), nil)
+	feed(t, c, clk, repeat(fail, 4)...)
+	clk.advance(11 * time.Second)
+	if s := c.Status(clk.now()); s.Calls != 0 || s.Failures != 0 {
+		t.Fatalf("window did not age out: %+v", s)
+	}
+	// Four old failures are gone, so one more does not reach min_requests.
+	if trs := feed(t, c, clk, fail); len(trs) != 0 {
+		t.Fatalf("aged-out calls still counted: %+v", trs)
+	}
+	// Spread over the window they count.
+	for i := 0; i < 4; i++ {
+		clk.advance(time.Second)
+		if trs := feed(t, c, clk, fail); i == 3 && len(trs) != 1 {
+			t.Fatalf("5 failures within 10s did not open: %+v", trs)
+		}
+	}
+}
+
+func TestHalfOpenProbesAndGrowth(t *testing.T) {
+	clk := newClock()
+	o := opts(func(o *Options) {
+		o.ConsecutiveFailures = 1
+		o.OpenDuration = time.Second
+		o.OpenDurationMultiplier = 2
+		o.MaxOpenDuration = 5 * time.Second
+		o.HalfOpenProbes = 2
+		o.HalfOpenSuccessThreshold = 2
+		o.ProbeTimeout = 3 * time.Second
+	})
+	c := NewCircuit(o, NoOverride, nil, clk.now(), nil)
+	tr := feed(t, c, clk, fail)[0]
+	want := []time.Duration{time.Second}
+	got := []time.Duration{tr.OpenUntil.Sub(tr.At)}
+	// Outcomes of connections from before the trip change nothing.
+	if trs := feed(t, c, clk, fail, ok, fail); len(trs) != 0 || c.State() != Open {
+		t.Fatalf("late outcomes moved an open circuit: %+v", trs)
+	}
+	// Four failed half-opens: 2s, 4s, 5s (capped), 5s.
+	for _, d := range []time.Duration{2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second} {
+		clk.advance(tr.OpenUntil.Sub(clk.now()))
+		if h, ok := c.BeginHalfOpen(clk.now()); !ok || h.To != HalfOpen {
+			t.Fatalf("round: %+v", h)
+		}
+		trs := feed(t, c, clk, Result{Kind: Failure, Probe: true})
+		if len(trs) != 1 || trs[0].Reason != ReasonProbeFailed {
+			t.Fatalf("probe failure: %+v", trs)
+		}
+		tr = trs[0]
+		want = append(want, d)
+		got = append(got, tr.OpenUntil.Sub(tr.At))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("open durations %v, want %v", got, want)
+		}
+	}
+	// Recover: two successful probes close it; the next trip is back to 1s.
+	clk.advance(tr.OpenUntil.Sub(clk.now()))
+	c.BeginHalfOpen(clk.now())
+	if trs := feed(t, c, clk, Result{Kind: Success, Probe: true}); len(trs) != 0 {
+		t.Fatalf("closed after 1 of 2 probes: %+v", trs)
+	}
+	trs := feed(t, c, clk, Result{Kind: Success, Probe: true})
+	if len(trs) != 1 || trs[0].To != Closed || trs[0].Reason != ReasonProbesOK {
+		t.Fatalf("%+v", trs)
+	}
+	tr = feed(t, c, clk, fail)[0]
+	if d := tr.OpenUntil.Sub(tr.At); d != time.Second {
+		t.Fatalf("open duration after a clean close %v, want the base 1s", d)
+	}
+}
+
+func TestHalfOpenWithoutOutcomeTimesOut(t *testing.T) {
+	clk := newClock()
+	c := NewCircuit(opts(func(o *Options) { o.ConsecutiveFailures = 1; o.ProbeTimeout = 5 * time.Second }), NoOverride, nil, clk.now(), nil)
+	feed(t, c, clk, fail)
+	clk.advance(time.Minute)
+	c.BeginHalfOpen(clk.now())
+	clk.advance(4 * time.Second)
+	if _, ok := c.Tick(clk.now()); ok {
+		t.Fatal("timed out early")
+	}
+	// A non-probe outcome does not count in half-open.
+	feed(t, c, clk, ok)
+	clk.advance(time.Second)
+	tr, ok := c.Tick(clk.now())
+	if !ok || tr.To != Open || tr.Reason != ReasonProbeTimeout || tr.Trip != 1 {
+		t.Fatalf("%+v %v", tr, ok)
+	}
+}
+
+func TestLostRoundRecordProbeStillCounts(t *testing.T) {
+	clk := newClock()
+	c := NewCircuit(opts(func(o *Options) { o.ConsecutiveFailures = 1 }), NoOverride, nil, clk.now(), nil)
+	feed(t, c, clk, fail)
+	clk.advance(time.Minute)
+	trs := feed(t, c, clk, Result{Kind: Success, Probe: true})
+	if len(trs) != 1 || trs[0].To != Closed {
+		t.Fatalf("%+v", trs)
+	}
+}
+
+func TestEndpointGroupEjectionLimit(t *testing.T) {
+	clk := newClock()
+	o := opts(func(o *Options) { o.ConsecutiveFailures = 2 })
+	g := NewGroup(40)
+	var cs []*Circuit
+	for i := 0; i < 5; i++ {
+		cs = append(cs, NewCircuit(o, NoOverride, g, clk.now(), nil))
+	}
+	for i := 0; i < 2; i++ {
+		if trs := feed(t, cs[i], clk, fail, fail); len(trs) != 1 || trs[0].To != Open {
+			t.Fatalf("endpoint %d: %+v", i, trs)
+		}
+	}
+	trs := feed(t, cs[2], clk, fail, fail, fail, fail)
+	if len(trs) != 1 || trs[0].To != Closed || trs[0].Reason != ReasonEjectionLimit {
+		t.Fatalf("third endpoint: %+v (state %v)", trs, cs[2].State())
+	}
+	if _, ej := g.Counts(); ej != 2 {
+		t.Fatalf("%d ejected, want 2", ej)
+	}
+	// One recovers: the third may now go.
+	clk.advance(time.Minute)
+	cs[0].BeginHalfOpen(clk.now())
+	feed(t, cs[0], clk, Result{Kind: Success, Probe: true})
+	if trs := feed(t, cs[2], clk, fail); len(trs) != 1 || trs[0].To != Open {
+		t.Fatalf("after a recovery: %+v", trs)
+	}
+	cs[1].Release()
+	if n, ej := g.Counts(); n != 4 || ej != 1 {
+		t.Fatalf("after release: %d endpoints %d ejected", n, ej)
+	}
+}
+
+func TestOverrides(t *testing.T) {
+	clk := newClock()
+	o := opts(func(o *Options) { o.ConsecutiveFailures = 1 })
+	c := NewCircuit(o, ForceOpen, nil, clk.now(), nil)
+	if trs := feed(t, c, clk, fail, ok, Result{Kind: Success, Probe: true}); len(trs) != 0 || c.State() != ForcedOpen {
+		t.Fatalf("forced open moved: %+v", trs)
+	}
+	if tr := c.Override(clk.now(), ForceClosed); tr.To != ForcedClosed || c.State().Rejects() {
+		t.Fatalf("%+v", tr)
+	}
+	if trs := feed(t, c, clk, repeat(fail, 50)...); len(trs) != 0 {
+		t.Fatalf("forced closed opened: %+v", trs)
+	}
+	if tr := c.Override(clk.now(), NoOverride); tr.To != Closed || tr.Reason != ReasonReleased {
+		t.Fatalf("%+v", tr)
+	}
+	if trs := feed(t, c, clk, fail); len(trs) != 1 {
+		t.Fatal("released circuit does not trip")
+	}
+	d := NewCircuit(o, DisableState, nil, clk.now(), nil)
+	feed(t, d, clk, repeat(fail, 20)...)
+	if s := d.Status(clk.now()); s.State != Disabled || s.Failures != 20 {
+		t.Fatalf("disabled keeps metrics only: %+v", s)
+	}
+}
+
+// TestInvariantsOverRandomSequences drives circuits with random events and
+// checks what must always hold.
+func TestInvariantsOverRandomSequences(t *testing.T) {
+	for seed := uint64(1); seed <= 300; seed++ {
+		rng := rand.New(rand.NewPCG(seed, seed*7))
+		clk := newClock()
+		o := opts(func(o *Options) {
+			o.ConsecutiveFailures = rng.IntN(4)
+			o.MinRequests = 1 + rng.IntN(5)
+			o.WindowSize = o.MinRequests + rng.IntN(10)
+			if rng.IntN(2) == 0 {
+				o.WindowDuration = time.Duration(1+rng.IntN(20)) * time.Second
+			}
+			o.OpenDuration = time.Duration(1+rng.IntN(5)) * time.Second
+			o.MaxOpenDuration = o.OpenDuration * time.Duration(1+rng.IntN(8))
+			o.OpenDurationMultiplier = 1 + rng.Float64()*3
+			o.Jitter = rng.Float64()
+			o.HalfOpenProbes = 1 + rng.IntN(4)
+			o.HalfOpenSuccessThreshold = 1 + rng.IntN(o.HalfOpenProbes)
+		})
+		g := NewGroup(rng.IntN(101))
+		var cs []*Circuit
+		for i := 0; i < 1+rng.IntN(6); i++ {
+			cs = append(cs, NewCircuit(o, NoOverride, g, clk.now(), rng.Float64))
+		}
+		probesInRound := make([]int, len(cs))
+		for step := 0; step < 400; step++ {
+			clk.advance(time.Duration(rng.IntN(2000)) * time.Millisecond)
+			i := rng.IntN(len(cs))
+			c := cs[i]
+			var tr Transition
+			var moved bool
+			switch rng.IntN(6) {
+			case 0:
+				tr, moved = c.BeginHalfOpen(clk.now())
+				if moved {
+					probesInRound[i] = 0
+				}
+			case 1:
+				tr, moved = c.Tick(clk.now())
+			default:
+				r := Result{Kind: Kind(rng.IntN(3)), Duration: time.Duration(rng.IntN(3000)) * time.Millisecond}
+				if c.State() == HalfOpen && rng.IntN(2) == 0 {
+					// The kernel never admits more than half_open_probes.
+					if probesInRound[i] >= o.HalfOpenProbes {
+						continue
+					}
+					probesInRound[i]++
+					r.Probe = true
+				}
+				before := c.State()
+				tr, moved = c.Record(clk.now(), r)
+				if before == Closed && c.State() == Closed && moved && tr.Reason != ReasonEjectionLimit {
+					t.Fatalf("seed %d: closed→closed transition %+v", seed, tr)
+				}
+			}
+			if moved && tr.To == Open {
+				max := time.Duration(float64(o.MaxOpenDuration) * (1 + o.Jitter))
+				if d := tr.OpenUntil.Sub(tr.At); d > max || d < o.OpenDuration {
+					t.Fatalf("seed %d: open for %v, outside [%v, %v]", seed, d, o.OpenDuration, max)
+				}
+			}
+			if c.State() == Closed && c.State().Rejects() {
+				t.Fatalf("seed %d: a closed circuit rejects", seed)
+			}
+			n, ej := g.Counts()
+			open := 0
+			for _, x := range cs {
+				if x.State() == Open || x.State() == HalfOpen {
+					open++
+				}
+			}
+			if open != ej || ej*100 > g.MaxEjectionPercent*n {
+				t.Fatalf("seed %d: %d open (group says %d) of %d, limit %d%%", seed, open, ej, n, g.MaxEjectionPercent)
+			}
+		}
+	}
+}
+
+func FuzzCircuitEvents(f *testing.F) {
+	f.Add([]byte{0, 1, 1, 1, 1, 1, 2, 3, 4, 5, 0, 0})
+	f.Add([]byte{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 9, 9, 9, 2, 2})
+	f.Fuzz(func(t *testing.T, ev []byte) {
+		clk := newClock()
+		o := opts(func(o *Options) { o.ConsecutiveFailures = 3; o.MinRequests = 2; o.WindowDuration = 5 * time.Second; o.HalfOpenProbes = 2 })
+		g := NewGroup(50)
+		c := NewCircuit(o, NoOverride, g, clk.now(), func() float64 { return 0.5 })
+		NewCircuit(o, NoOverride, g, clk.now(), nil)
+		for _, b := range ev {
+			clk.advance(time.Duration(b>>4) * 700 * time.Millisecond)
+			switch b % 8 {
+			case 0, 1, 2:
+				c.Record(clk.now(), Result{Kind: Kind(b % 3), Duration: time.Duration(b) * 10 * time.Millisecond})
+			case 3:
+				c.Record(clk.now(), Result{Kind: Kind(b % 2), Probe: true})
+			case 4:
+				c.BeginHalfOpen(clk.now())
+			case 5:
+				c.Tick(clk.now())
+			case 6:
+				c.Override(clk.now(), []Override{NoOverride, ForceOpen, ForceClosed, DisableState}[b>>6])
+			case 7:
+				c.Reset(clk.now())
+			}
+			s := c.Status(clk.now())
+			if s.Calls < 0 || s.Failures < 0 || s.Failures > s.Calls || s.Slow > s.Calls {
+				t.Fatalf("window counts %+v", s)
+			}
+			if _, ej := g.Counts(); ej < 0 || ej > 1 {
+				t.Fatalf("group ejected %d", ej)
+			}
+		}
+	})
+}
+
+func BenchmarkRecord(b *testing.B) {
+	for _, mode := range []string{"count", "time"} {
+		b.Run(mode, func(b *testing.B) {
+			clk := newClock()
+			o := opts(func(o *Options) {
+				o.ConsecutiveFailures = 0
+				o.WindowSize = 100
+				o.MinRequests = 10
+				o.FailureRateThreshold = 1
+				o.SlowCallRateThreshold = 1
+				if mode == "time" {
+					o.WindowDuration = 10 * time.Second
+				}
+			})
+			c := NewCircuit(o, NoOverride, nil, clk.now(), nil)
+			rs := []Result{ok, fail, slow, ok}
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				clk.t = clk.t.Add(time.Millisecond)
+				c.Record(clk.t, rs[i&3])
+			}
+		})
+	}
+}
+
+func BenchmarkStatus(b *testing.B) {
+	clk := newClock()
+	c := NewCircuit(opts(nil), NoOverride, nil, clk.now(), nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = c.Status(clk.t)
+	}
+}

@@ -1,0 +1,541 @@
+// Package policy is breakerd's brain: the configuration (schema, defaults,
+// validation, reload diff), the matching of destinations to targets, and the
+// circuit state machine. It is pure Go: no kernel, no clock or randomness of
+// its own (both are injected), so all of it is testable without root.
+//
+// Choices made where the design is silent:
+//   - Target names are lowercased (viper's keys are case-insensitive) and
+//     must match [a-z0-9_-]+.
+//   - A named target's scope defaults to service; max_ejection_percent
+//     defaults to 50 and only applies to endpoint scope. The share is of the
+//     endpoints the group has seen, rounded down (Envoy's rule), so with 5
+//     endpoints and 40% at most 2 are ejected.
+//   - Jitter only lengthens an open period (up to jitter × duration), so an
+//     open duration never exceeds max_open_duration × (1 + jitter).
+//   - A half-open circuit counts only probe outcomes; outcomes of
+//     connections started before it opened are ignored in open and
+//     half-open.
+package policy
+
+import (
+	"bytes"
+	_ "embed"
+	"fmt"
+	"net/netip"
+	"os"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/viper"
+)
+
+// Mode is enforce or shadow.
+type Mode string
+
+// The modes.
+const (
+	Enforce Mode = "enforce"
+	Shadow  Mode = "shadow"
+)
+
+// Scope says how many circuits a target has.
+type Scope string
+
+// The scopes.
+const (
+	// ServiceScope: one circuit for the whole target.
+	ServiceScope Scope = "service"
+	// EndpointScope: one circuit per address and port, grouped under
+	// max_ejection_percent.
+	EndpointScope Scope = "endpoint"
+)
+
+// Override is an operator's fixed state for a target.
+type Override string
+
+// The overrides.
+const (
+	NoOverride   Override = ""
+	ForceOpen    Override = "forced_open"
+	ForceClosed  Override = "forced_closed"
+	DisableState Override = "disabled"
+)
+
+// Config is a whole, validated configuration.
+type Config struct {
+	// Mode is enforce or shadow (circuits run, the kernel rejects nothing).
+	Mode Mode
+	// MaxCircuits bounds the dynamic circuits made for `all`.
+	MaxCircuits int
+	// FailsafeTimeout: the kernel ignores every verdict when the daemon's
+	// heartbeat is older than this.
+	FailsafeTimeout time.Duration
+	// MaxRTO is how many retransmission timeouts make an established
+	// connection stalled.
+	MaxRTO int
+	// All holds the options of every destination no target names.
+	All Options
+	// Targets are the named services, by name.
+	Targets map[string]*Target
+	// Exclude lists destinations never protected.
+	Exclude []Match
+}
+
+// Target is a named service.
+type Target struct {
+	// Name is the target's key under `targets`.
+	Name string
+	// Match says which destinations belong to it.
+	Match Match
+	// Scope is service or endpoint.
+	Scope Scope
+	// MaxEjectionPercent caps the share of endpoints open at once
+	// (endpoint scope).
+	MaxEjectionPercent int
+	// State is an operator's override, or empty.
+	State Override
+	// Options are the target's own options (defaults, not `all`, for what
+	// it leaves out).
+	Options Options
+}
+
+// Match selects destinations.
+type Match struct {
+	// Prefixes are the CIDRs and addresses (as /32 or /128).
+	Prefixes []netip.Prefix
+	// Hosts are DNS names, resolved and refreshed by the daemon.
+	Hosts []string
+	// Ports are single ports or ranges; empty means every port.
+	Ports []PortRange
+	// Proto is tcp, udp or any.
+	Proto string
+}
+
+// PortRange is an inclusive range of ports; a single port has Lo == Hi.
+type PortRange struct{ Lo, Hi uint16 }
+
+func (p PortRange) String() string {
+	if p.Lo == p.Hi {
+		return strconv.Itoa(int(p.Lo))
+	}
+	return fmt.Sprintf("%d-%d", p.Lo, p.Hi)
+}
+
+// topField describes a top-level key.
+var topFields = []struct {
+	key, def, unit, doc string
+}{
+	{"mode", "enforce", "enforce | shadow", "`shadow` runs every circuit and reports what it would reject; the kernel rejects nothing."},
+	{"max_circuits", "100000", "circuits", "Bound on the dynamic circuits made for `all` (one per address and port); idle closed ones are evicted first."},
+	{"failsafe_timeout", "10s", "duration", "The kernel ignores every verdict when the daemon's heartbeat is older than this (a dead daemon never strands open circuits)."},
+	{"max_rto", "3", "timeouts", "Retransmission timeouts on an established connection that make it stalled (a failure)."},
+}
+
+var targetFields = []struct {
+	key, def, unit, doc string
+}{
+	{"match.cidrs", "[]", "list of CIDRs or addresses", "Destinations by address (`10.0.0.0/8`, `192.0.2.7`, `2001:db8::/48`)."},
+	{"match.hosts", "[]", "list of DNS names", "Destinations by name, resolved and re-resolved by the daemon."},
+	{"match.ports", "[] (every port)", "list of ports or ranges", "`443`, `8000-8100`."},
+	{"match.protocol", "tcp", "tcp | udp | any", "Transport protocol. UDP is enforced on sendmsg and connected UDP."},
+	{"scope", "service", "service | endpoint", "`service`: one circuit for the target; `endpoint`: one per address and port."},
+	{"max_ejection_percent", "50", "percent", "Endpoint scope: never more than this share of the target's known endpoints open at once."},
+	{"state", "(none)", "forced_open | forced_closed | disabled", "Operator override: always reject, never reject, or metrics only."},
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9_-]+$`)
+
+//go:embed default.yaml
+var defaultYAML []byte
+
+// DefaultYAML is the embedded default configuration, used when none is
+// given.
+func DefaultYAML() []byte { return bytes.Clone(defaultYAML) }
+
+// Problem is one thing wrong with a configuration.
+type Problem struct {
+	// Path is the key path, like targets.payments.min_requests.
+	Path string
+	// Msg says what is wrong.
+	Msg string
+}
+
+// ValidationError lists every problem of a configuration.
+type ValidationError struct {
+	Problems []Problem
+}
+
+func (e *ValidationError) Error() string {
+	lines := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		lines[i] = p.Path + ": " + p.Msg
+	}
+	return "invalid configuration:\n  " + strings.Join(lines, "\n  ")
+}
+
+type decoder struct{ problems []Problem }
+
+func (d *decoder) add(path, format string, args ...any) {
+	d.problems = append(d.problems, Problem{Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+// LoadFile reads, decodes and validates a configuration file, with
+// BREAKERD_… environment variables overriding its keys. An empty path
+// means the embedded default.
+func LoadFile(path string) (*Config, error) {
+	if path == "" {
+		return Parse(defaultYAML, true)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading configuration: %w", err)
+	}
+	return Parse(data, true)
+}
+
+// Parse decodes and validates a YAML configuration. With env set,
+// BREAKERD_… variables override keys (BREAKERD_ALL_OPEN_DURATION=30s,
+// BREAKERD_MODE=shadow, and any key present in the file, such as
+// BREAKERD_TARGETS_PAYMENTS_MIN_REQUESTS).
+func Parse(data []byte, env bool) (*Config, error) {
+	v := viper.New()
+	v.SetConfigType("yaml")
+	if env {
+		v.SetEnvPrefix("BREAKERD")
+		v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+		v.AutomaticEnv()
+		for _, f := range topFields {
+			v.SetDefault(f.key, f.def)
+		}
+		for _, f := range optionFields {
+			v.SetDefault("all."+f.key, f.def)
+		}
+	}
+	if err := v.ReadConfig(bytes.NewReader(data)); err != nil {
+		return nil, &ValidationError{Problems: []Problem{{Path: "(file)", Msg: "not valid YAML: " + err.Error()}}}
+	}
+	return decode(v.AllSettings())
+}
+
+func decode(raw map[string]any) (*Config, error) {
+	d := &decoder{}
+	c := &Config{Mode: Enforce, MaxCircuits: 100000, FailsafeTimeout: 10 * time.Second, MaxRTO: 3, All: DefaultOptions(), Targets: map[string]*Target{}}
+	for _, k := range sortedKeys(raw) {
+		val := raw[k]
+		switch k {
+		case "mode":
+			s, _ := asString(val)
+			switch Mode(strings.ToLower(s)) {
+			case Enforce, Shadow:
+				c.Mode = Mode(strings.ToLower(s))
+			default:
+				d.add(k, "%v is not enforce or shadow", val)
+			}
+		case "max_circuits":
+			if err := setInt(&c.MaxCircuits, val, 1, 10_000_000); err != nil {
+				d.add(k, "%v", err)
+			}
+		case "failsafe_timeout":
+			if err := setDuration(&c.FailsafeTimeout, val, time.Second, time.Hour); err != nil {
+				d.add(k, "%v", err)
+			}
+		case "max_rto":
+			if err := setInt(&c.MaxRTO, val, 1, 30); err != nil {
+				d.add(k, "%v", err)
+			}
+		case "all":
+			m, ok := asMap(val)
+			if !ok {
+				d.add(k, "must be a mapping of options")
+				continue
+			}
+			c.All = d.options("all", m, nil)
+		case "targets":
+			if val == nil {
+				continue
+			}
+			m, ok := asMap(val)
+			if !ok {
+				d.add(k, "must be a mapping of target names to blocks")
+				continue
+			}
+			for _, name := range sortedKeys(m) {
+				if t := d.target(name, m[name]); t != nil {
+					c.Targets[name] = t
+				}
+			}
+		case "exclude":
+			if val == nil {
+				continue
+			}
+			list, ok := val.([]any)
+			if !ok {
+				d.add(k, "must be a list of match blocks")
+				continue
+			}
+			for i, e := range list {
+				path := fmt.Sprintf("exclude[%d]", i)
+				m, ok := asMap(e)
+				if !ok {
+					d.add(path, "must be a match block (cidrs, hosts, ports, protocol)")
+					continue
+				}
+				mt := d.match(path, m)
+				if len(mt.Prefixes) == 0 && len(mt.Hosts) == 0 {
+					d.add(path, "names no cidrs or hosts")
+				}
+				c.Exclude = append(c.Exclude, mt)
+			}
+		default:
+			d.add(k, "unknown key")
+		}
+	}
+	d.overlaps(c)
+	if len(d.problems) > 0 {
+		return nil, &ValidationError{Problems: d.problems}
+	}
+	return c, nil
+}
+
+// options decodes an options block; extra lists the other keys the block
+// may hold (a target's match, scope …), which are skipped here.
+func (d *decoder) options(path string, m map[string]any, extra map[string]bool) Options {
+	o := DefaultOptions()
+	known := map[string]*optionField{}
+	for i := range optionFields {
+		known[optionFields[i].key] = &optionFields[i]
+	}
+	for _, k := range sortedKeys(m) {
+		if extra[k] {
+			continue
+		}
+		f, ok := known[k]
+		if !ok {
+			d.add(path+"."+k, "unknown key%s", suggest(k))
+			continue
+		}
+		if err := f.set(&o, m[k]); err != nil {
+			d.add(path+"."+k, "%v", err)
+		}
+	}
+	d.contradictions(path, m, &o)
+	return o
+}
+
+func (d *decoder) contradictions(path string, m map[string]any, o *Options) {
+	if o.WindowDuration == 0 && o.MinRequests > o.WindowSize {
+		d.add(path+".min_requests", "%d exceeds window_size %d", o.MinRequests, o.WindowSize)
+	}
+	if o.HalfOpenSuccessThreshold > o.HalfOpenProbes {
+		d.add(path+".half_open_success_threshold", "%d exceeds half_open_probes %d", o.HalfOpenSuccessThreshold, o.HalfOpenProbes)
+	}
+	if o.MaxOpenDuration < o.OpenDuration {
+		d.add(path+".max_open_duration", "%v is shorter than open_duration %v", o.MaxOpenDuration, o.OpenDuration)
+	}
+	if o.ProbeTimeout < o.ConnectTimeout {
+		d.add(path+".probe_timeout", "%v is shorter than connect_timeout %v (a probe would time out while still connecting)", o.ProbeTimeout, o.ConnectTimeout)
+	}
+	if o.WindowDuration != 0 && o.WindowDuration < WindowBuckets*time.Millisecond {
+		d.add(path+".window_duration", "%v is shorter than %v", o.WindowDuration, WindowBuckets*time.Millisecond)
+	}
+}
+
+var targetKeys = map[string]bool{"match": true, "scope": true, "max_ejection_percent": true, "state": true}
+
+func (d *decoder) target(name string, val any) *Target {
+	path := "targets." + name
+	if !nameRE.MatchString(name) {
+		d.add(path, "target names must match [a-z0-9_-]+")
+		return nil
+	}
+	m, ok := asMap(val)
+	if !ok {
+		d.add(path, "must be a mapping (match, scope, options …)")
+		return nil
+	}
+	t := &Target{Name: name, Scope: ServiceScope, MaxEjectionPercent: 50}
+	t.Options = d.options(path, m, targetKeys)
+	if mv, ok := m["match"]; ok {
+		mm, ok := asMap(mv)
+		if !ok {
+			d.add(path+".match", "must be a mapping (cidrs, hosts, ports, protocol)")
+		} else {
+			t.Match = d.match(path+".match", mm)
+		}
+	}
+	if len(t.Match.Prefixes) == 0 && len(t.Match.Hosts) == 0 {
+		d.add(path+".match", "names no cidrs or hosts")
+	}
+	if v, ok := m["scope"]; ok {
+		s, _ := asString(v)
+		switch Scope(s) {
+		case ServiceScope, EndpointScope:
+			t.Scope = Scope(s)
+		default:
+			d.add(path+".scope", "%v is not service or endpoint", v)
+		}
+	}
+	if v, ok := m["max_ejection_percent"]; ok {
+		if err := setInt(&t.MaxEjectionPercent, v, 0, 100); err != nil {
+			d.add(path+".max_ejection_percent", "%v", err)
+		}
+	}
+	if v, ok := m["state"]; ok {
+		s, _ := asString(v)
+		switch Override(s) {
+		case ForceOpen, ForceClosed, DisableState:
+			t.State = Override(s)
+		default:
+			d.add(path+".state", "%v is not forced_open, forced_closed or disabled", v)
+		}
+	}
+	return t
+}
+
+func (d *decoder) match(path string, m map[string]any) Match {
+	mt := Match{Proto: "tcp"}
+	for _, k := range sortedKeys(m) {
+		v := m[k]
+		switch k {
+		case "cidrs":
+			for i, s := range d.strings(path+".cidrs", v) {
+				p, err := parsePrefix(s)
+				if err != nil {
+					d.add(fmt.Sprintf("%s.cidrs[%d]", path, i), "%v", err)
+					continue
+				}
+				mt.Prefixes = append(mt.Prefixes, p)
+			}
+		case "hosts":
+			for i, s := range d.strings(path+".hosts", v) {
+				if s == "" || strings.ContainsAny(s, " /:") {
+					d.add(fmt.Sprintf("%s.hosts[%d]", path, i), "%q is not a host name", s)
+					continue
+				}
+				mt.Hosts = append(mt.Hosts, strings.ToLower(s))
+			}
+		case "ports":
+			for i, s := range d.strings(path+".ports", v) {
+				pr, err := parsePorts(s)
+				if err != nil {
+					d.add(fmt.Sprintf("%s.ports[%d]", path, i), "%v", err)
+					continue
+				}
+				mt.Ports = append(mt.Ports, pr)
+			}
+		case "protocol":
+			s, _ := asString(v)
+			switch s {
+			case "tcp", "udp", "any":
+				mt.Proto = s
+			default:
+				d.add(path+".protocol", "%v is not tcp, udp or any", v)
+			}
+		default:
+			d.add(path+"."+k, "unknown key (match takes cidrs, hosts, ports, protocol)")
+		}
+	}
+	return mt
+}
+
+func (d *decoder) strings(path string, v any) []string {
+	list, ok := v.([]any)
+	if !ok {
+		if s, ok := v.(string); ok {
+			// Environment variables arrive as one string: split on commas
+			// and spaces.
+			return strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' })
+		}
+		d.add(path, "must be a list")
+		return nil
+	}
+	out := make([]string, 0, len(list))
+	for _, e := range list {
+		out = append(out, strings.TrimSpace(fmt.Sprint(e)))
+	}
+	return out
+}
+
+func parsePrefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return p, fmt.Errorf("%q is not a CIDR", s)
+		}
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is not an address or CIDR", s)
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+func parsePorts(s string) (PortRange, error) {
+	lo, hi, isRange := strings.Cut(s, "-")
+	a, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+	b := a
+	var err2 error
+	if isRange {
+		b, err2 = strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
+	}
+	if err1 != nil || err2 != nil || a == 0 || b < a {
+		return PortRange{}, fmt.Errorf("%q is not a port (1-65535) or a range like 8000-8100", s)
+	}
+	return PortRange{uint16(a), uint16(b)}, nil
+}
+
+func asMap(v any) (map[string]any, bool) {
+	m, ok := v.(map[string]any)
+	return m, ok
+}
+
+func sortedKeys(m map[string]any) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// suggest names the known option closest to a misspelt key.
+func suggest(k string) string {
+	best, bestD := "", 4
+	for _, f := range optionFields {
+		if d := editDistance(k, f.key); d < bestD {
+			best, bestD = f.key, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return " (did you mean " + best + "?)"
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

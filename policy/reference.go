@@ -1,0 +1,47 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Reference renders the configuration reference (docs/configuration.md)
+// from the schema, so the document cannot drift from the decoder.
+func Reference() string {
+	var b strings.Builder
+	b.WriteString("# Configuration reference\n\n")
+	b.WriteString("<!-- Generated from policy/options.go and policy/config.go by `go test ./policy -run TestReference -update`; do not edit. -->\n\n")
+	b.WriteString("breakerd reads one YAML file (`--config`; the embedded `policy/default.yaml` when none is given). ")
+	b.WriteString("Every key has a default. Environment variables `BREAKERD_<KEY PATH>` override the file, with `.` written as `_` ")
+	b.WriteString("(`BREAKERD_MODE=shadow`, `BREAKERD_ALL_OPEN_DURATION=30s`; a target's key only when the file has it). ")
+	b.WriteString("Durations are strings like `250ms`, `30s`, `5m`. Unknown keys are errors. ")
+	b.WriteString("Validation reports every problem at once, each with its key path, at start-up, on every reload ")
+	b.WriteString("(an invalid reload changes nothing) and in `breakerctl config validate`.\n\n")
+	b.WriteString("## Top level\n\n| key | default | unit | meaning |\n|---|---|---|---|\n")
+	for _, f := range topFields {
+		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s |\n", f.key, f.def, f.unit, f.doc)
+	}
+	b.WriteString("| `all` | (the options below) | mapping | Options for every destination no target names; each such address and port gets its own circuit. |\n")
+	b.WriteString("| `targets.<name>` | none | mapping | A named service: the target keys below plus its own options. |\n")
+	b.WriteString("| `exclude` | `[]` | list of match blocks | Destinations never protected (`cidrs`, `hosts`, `ports`, `protocol` as in a target's `match`). Exclude wins over every target. |\n\n")
+	b.WriteString("## Options (in `all` and in each target)\n\n")
+	b.WriteString("A target's block **stands in for** `all` rather than layering over it: an option the target leaves out takes the built-in default below, not the value from `all`.\n\n")
+	b.WriteString("| key | default | unit | meaning |\n|---|---|---|---|\n")
+	for _, f := range optionFields {
+		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s |\n", f.key, f.def, f.unit, f.doc)
+	}
+	b.WriteString("\nContradictions are errors too: `min_requests` above `window_size` (count-based), `half_open_success_threshold` above `half_open_probes`, `max_open_duration` below `open_duration`, `probe_timeout` below `connect_timeout`.\n\n")
+	b.WriteString("## Target keys\n\n| key | default | unit | meaning |\n|---|---|---|---|\n")
+	for _, f := range targetFields {
+		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s |\n", f.key, f.def, f.unit, f.doc)
+	}
+	b.WriteString("\nTarget names are lowercase `[a-z0-9_-]+`. A destination belongs to the most specific match: the longest prefix, then an exact port over a range over any port. Two targets matching a destination equally specifically is an error that names both.\n\n")
+	b.WriteString("## What counts\n\n")
+	b.WriteString("A call is one outbound TCP connection. Established is a success (slow when its handshake took at least `slow_call_duration`); refused, timed out (`connect_timeout`), unreachable, reset and stalled (`max_rto`) are failures; a connect the application abandons counts as nothing before `slow_call_duration` and as slow (or failed, with `count_abandoned`) after. breakerd's own rejections never enter the window.\n\n")
+	b.WriteString("## States\n\n")
+	b.WriteString("closed → open when, with at least `min_requests` calls in the window, the failure rate reaches `failure_rate_threshold` or the slow-call rate reaches `slow_call_rate_threshold`, or after `consecutive_failures` failures in a row. ")
+	b.WriteString("open → half-open when `open_duration` has passed and a connection comes: the kernel admits `half_open_probes` of them. ")
+	b.WriteString("half-open → closed after `half_open_success_threshold` successful probes; → open again on a failed probe or when no probe succeeded within `probe_timeout`, for `open_duration × open_duration_multiplier^n` (capped at `max_open_duration`, plus up to `jitter` of it at random). ")
+	b.WriteString("A clean close returns the open duration to its base. `forced_open` always rejects and never probes, `forced_closed` never rejects, `disabled` keeps metrics only.\n")
+	return b.String()
+}
