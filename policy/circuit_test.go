@@ -100,7 +100,12 @@ func TestSlowCallRate(t *testing.T) {
 
 func TestAbandoned(t *testing.T) {
 	clk := newClock()
-	o := opts(func(o *Options) { o.ConsecutiveFailures = 0; o.MinRequests = 2; o.SlowCallRateThreshold = 1; o.FailureRateThreshold = 1 })
+	o := opts(func(o *Options) {
+		o.ConsecutiveFailures = 0
+		o.MinRequests = 2
+		o.SlowCallRateThreshold = 1
+		o.FailureRateThreshold = 1
+	})
 	c := NewCircuit(o, NoOverride, nil, clk.now(), nil)
 	quick := Result{Kind: Abandoned, Duration: 10 * time.Millisecond}
 	late := Result{Kind: Abandoned, Duration: 5 * time.Second}
@@ -372,7 +377,12 @@ func FuzzCircuitEvents(f *testing.F) {
 	f.Add([]byte{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 9, 9, 9, 2, 2})
 	f.Fuzz(func(t *testing.T, ev []byte) {
 		clk := newClock()
-		o := opts(func(o *Options) { o.ConsecutiveFailures = 3; o.MinRequests = 2; o.WindowDuration = 5 * time.Second; o.HalfOpenProbes = 2 })
+		o := opts(func(o *Options) {
+			o.ConsecutiveFailures = 3
+			o.MinRequests = 2
+			o.WindowDuration = 5 * time.Second
+			o.HalfOpenProbes = 2
+		})
 		g := NewGroup(50)
 		c := NewCircuit(o, NoOverride, g, clk.now(), func() float64 { return 0.5 })
 		NewCircuit(o, NoOverride, g, clk.now(), nil)
