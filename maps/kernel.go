@@ -68,6 +68,9 @@ type Options struct {
 	// MaxVerdicts overrides the verdict map's capacity (default 1<<20). It
 	// is fixed when the map is first created; an adopted map keeps its own.
 	MaxVerdicts uint32
+	// RingBytes overrides the ring buffer's size (default 4 MiB, 65536
+	// records); a power of two multiple of the page size.
+	RingBytes uint32
 	// Logger receives load and adoption messages (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -150,6 +153,9 @@ func Load(opts Options) (*Kernel, error) {
 	}
 	if opts.MaxVerdicts != 0 {
 		spec.Maps[bpf.BreakerMapVerdicts].MaxEntries = opts.MaxVerdicts
+	}
+	if opts.RingBytes != 0 {
+		spec.Maps[bpf.BreakerMapEvents].MaxEntries = opts.RingBytes
 	}
 	err = spec.LoadAndAssign(&k.objs, &ebpf.CollectionOptions{
 		Maps: ebpf.MapOptions{PinPath: dir},

@@ -62,7 +62,8 @@ type DialSpec struct {
 	Addr netip.AddrPort
 	// Op is "connect" (default), "connect-read" (connect, then read once:
 	// reports the read's errno), "sendto" (unconnected UDP datagram) or
-	// "abandon" (non-blocking connect, close after Hold).
+	// "abandon" (non-blocking connect, close after Hold) or
+	// "connect-send" (connect, wait Hold, write, wait Linger, close).
 	Op string
 	// Count connects are made, Parallel at a time (default 1 and 1).
 	Count, Parallel int
@@ -70,6 +71,8 @@ type DialSpec struct {
 	Timeout time.Duration
 	// Hold keeps each socket open this long after its connect.
 	Hold time.Duration
+	// Linger is how long "connect-send" keeps the socket after writing.
+	Linger time.Duration
 	// Barrier makes all Parallel workers start their first connect at the
 	// same instant.
 	Barrier bool
@@ -200,6 +203,14 @@ func dialOnce(spec DialSpec) DialResult {
 	case "abandon":
 		if r.Errno == unix.EINPROGRESS {
 			r.Errno = 0
+		}
+	case "connect-send":
+		if err == nil {
+			time.Sleep(spec.Hold)
+			_, werr := unix.Write(fd, make([]byte, 1000))
+			r.Errno = errnoOf(werr)
+			time.Sleep(spec.Linger)
+			return r
 		}
 	}
 	if spec.Hold > 0 {

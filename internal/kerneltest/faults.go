@@ -58,8 +58,18 @@ func (h *Host) DropSYNs(tb testing.TB, port uint16) {
 }
 
 // RejectUnreachable makes the host answer every TCP packet to port with
-// ICMP host-unreachable: a client's connect fails with EHOSTUNREACH.
+// ICMP host-unreachable: a client's connect fails with EHOSTUNREACH. Over
+// veth the answer to the first SYN arrives while connect() still holds the
+// socket lock, where the kernel keeps an ICMP error as a soft error; the
+// answer to the SYN retransmitted 1 s later fails the connect.
 func (h *Host) RejectUnreachable(tb testing.TB, port uint16) {
+	tb.Helper()
+	// The test host answers every time: no ICMP rate limit.
+	for _, k := range []string{"net/ipv4/icmp_ratemask", "net/ipv4/icmp_ratelimit", "net/ipv6/icmp/ratelimit"} {
+		if err := h.Sysctl(k, "0"); err != nil {
+			tb.Fatalf("lifting the ICMP rate limit on %s: %v", h.Name, err)
+		}
+	}
 	h.addRule(tb, port, "reject with icmpx type host-unreachable")
 }
 

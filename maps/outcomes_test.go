@@ -1,0 +1,315 @@
+package maps
+
+import (
+	"errors"
+	"net/netip"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+)
+
+// watcher collects the test cgroup's outcome records in the background.
+type watcher struct {
+	mu     sync.Mutex
+	events []Event
+	rd     *EventReader
+	done   chan struct{}
+}
+
+func (e *env) watch(t *testing.T) *watcher {
+	t.Helper()
+	rd, err := e.k.NewEventReader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &watcher{rd: rd, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		var ev Event
+		for {
+			if err := rd.Read(&ev); err != nil {
+				if errors.Is(err, ErrReaderClosed) {
+					return
+				}
+				if !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Errorf("reading events: %v", err)
+					return
+				}
+				continue
+			}
+			w.mu.Lock()
+			w.events = append(w.events, ev)
+			w.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { rd.Close(); <-w.done })
+	return w
+}
+
+// wait returns the records for port once there are n of them (or after
+// the timeout, whatever there is).
+func (w *watcher) wait(port uint16, n int, timeout time.Duration) []Event {
+	var out []Event
+	kerneltest.WaitFor(timeout, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		out = out[:0]
+		for _, ev := range w.events {
+			if ev.Dest.Addr.Port() == port {
+				out = append(out, ev)
+			}
+		}
+		return len(out) >= n
+	})
+	return out
+}
+
+func outcomes(evs []Event) []Outcome {
+	var out []Outcome
+	for _, e := range evs {
+		out = append(out, e.Outcome)
+	}
+	return out
+}
+
+func expectOutcomes(t *testing.T, evs []Event, want ...Outcome) {
+	t.Helper()
+	got := outcomes(evs)
+	if len(got) != len(want) {
+		t.Fatalf("outcomes %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("outcomes %v, want %v", got, want)
+		}
+	}
+}
+
+func TestOutcomes(t *testing.T) {
+	e := newEnv(t, Options{})
+	w := e.watch(t)
+	cgID, err := e.cg.ID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Keep the timed-out case short: 1 SYN retransmission (1 s + 2 s).
+	if err := e.topo.Client.Sysctl("net/ipv4/tcp_syn_retries", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, MaxRTO: 2}); err != nil {
+		t.Fatal(err)
+	}
+	srv := e.srv
+	srv.DropSYNs(t, 9002)
+	srv.RejectUnreachable(t, 9003)
+	srv.ServeReset(t, 9004)
+	srv.ServeHold(t, 9005)
+	srv.SlowHandshakes(t, 9006, 1)
+	srv.ServeHold(t, 9006)
+	srv.ServeHold(t, 9008)
+	srv.ServeHold(t, 9099)
+	// Resolve the neighbours both ways first (ARP, IPv6 ND), so no first
+	// SYN waits on them and no early retransmit record muddies a case.
+	for _, network := range []string{"tcp4", "tcp6"} {
+		e.dial(t, e.cg, kerneltest.DialSpec{Network: network, Addr: e.dest(9099, network == "tcp6").Addr})
+	}
+
+	checkCommon := func(t *testing.T, ev Event, d Dest) {
+		t.Helper()
+		if ev.Dest != d {
+			t.Errorf("dest %v, want %v", ev.Dest, d)
+		}
+		if ev.CgroupID != cgID {
+			t.Errorf("cgroup id %d, want %d", ev.CgroupID, cgID)
+		}
+		if ev.Cookie == 0 || ev.Time == 0 || ev.Time > Now() {
+			t.Errorf("cookie %d time %v", ev.Cookie, ev.Time)
+		}
+	}
+
+	t.Run("refused", func(t *testing.T) {
+		for _, v6 := range []bool{false, true} {
+			port := uint16(9001)
+			network := "tcp4"
+			if v6 {
+				port, network = 9011, "tcp6"
+			}
+			d := e.dest(port, v6)
+			e.dial(t, e.cg, kerneltest.DialSpec{Network: network, Addr: d.Addr})
+			evs := w.wait(port, 1, 2*time.Second)
+			expectOutcomes(t, evs, Refused)
+			checkCommon(t, evs[0], d)
+			if evs[0].Err != unix.ECONNREFUSED || evs[0].Probe {
+				t.Errorf("%+v", evs[0])
+			}
+		}
+	})
+	t.Run("timed out, with an early retransmit record", func(t *testing.T) {
+		d := e.dest(9002, false)
+		e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Timeout: 6 * time.Second})
+		evs := w.wait(9002, 2, 2*time.Second)
+		expectOutcomes(t, evs, SYNRetrans, TimedOut)
+		if d := evs[0].Duration; d < 900*time.Millisecond || d > 1500*time.Millisecond {
+			t.Errorf("first retransmit after %v, want about 1s", d)
+		}
+		if evs[1].Err != unix.ETIMEDOUT || evs[1].Duration < 2500*time.Millisecond {
+			t.Errorf("timed out: %+v", evs[1])
+		}
+	})
+	t.Run("unreachable", func(t *testing.T) {
+		d := e.dest(9003, false)
+		e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr})
+		evs := w.wait(9003, 2, 3*time.Second)
+		// Over veth the first ICMP error arrives while connect() holds the
+		// socket lock and stays a soft error (see RejectUnreachable): the
+		// retransmitted SYN's answer fails the connect.
+		expectOutcomes(t, evs, SYNRetrans, Unreachable)
+		checkCommon(t, evs[1], d)
+		if evs[1].Err != unix.EHOSTUNREACH {
+			t.Errorf("err %v", evs[1].Err)
+		}
+	})
+	t.Run("reset", func(t *testing.T) {
+		d := e.dest(9004, true)
+		e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp6", Addr: d.Addr, Op: "connect-read"})
+		evs := w.wait(9004, 2, 2*time.Second)
+		expectOutcomes(t, evs, Established, Reset)
+		checkCommon(t, evs[1], d)
+		if evs[0].Cookie != evs[1].Cookie {
+			t.Errorf("cookies differ: %d %d", evs[0].Cookie, evs[1].Cookie)
+		}
+	})
+	t.Run("stalled", func(t *testing.T) {
+		d := e.dest(9005, false)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Op: "connect-send", Hold: 500 * time.Millisecond, Linger: 3 * time.Second})
+		}()
+		if evs := w.wait(9005, 1, 2*time.Second); len(evs) != 1 || evs[0].Outcome != Established {
+			t.Fatalf("no established record: %v", outcomes(evs))
+		}
+		srv.DropAll(t, 9005) // the host goes dark after the handshake
+		wg.Wait()
+		evs := w.wait(9005, 2, 2*time.Second)
+		expectOutcomes(t, evs, Established, Stalled)
+		if evs[1].Count < 2 {
+			t.Errorf("stalled after %d RTOs, want ≥ max_rto 2", evs[1].Count)
+		}
+	})
+	t.Run("slow handshake", func(t *testing.T) {
+		d := e.dest(9006, false)
+		e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Timeout: 5 * time.Second})
+		evs := w.wait(9006, 2, 2*time.Second)
+		// The dropped SYN's retransmission is reported early, then the
+		// handshake completes.
+		expectOutcomes(t, evs, SYNRetrans, Established)
+		if d := evs[1].Duration; d < 900*time.Millisecond || d > 2500*time.Millisecond {
+			t.Errorf("handshake took %v, want about 1s", d)
+		}
+	})
+	t.Run("abandoned", func(t *testing.T) {
+		d := e.dest(9002, false)
+		before := len(w.wait(9002, 0, 0))
+		e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Op: "abandon", Hold: 300 * time.Millisecond})
+		evs := w.wait(9002, before+1, 2*time.Second)[before:]
+		expectOutcomes(t, evs, Abandoned)
+		if d := evs[0].Duration; d < 300*time.Millisecond || d > time.Second {
+			t.Errorf("abandoned after %v, want about 300ms", d)
+		}
+	})
+	t.Run("probe mark", func(t *testing.T) {
+		d := e.dest(9008, false)
+		if err := e.k.PutVerdict(d, OpenVerdict(Now(), 1, time.Minute, 0, 11)); err != nil {
+			t.Fatal(err)
+		}
+		res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 3})
+		if got := errnos(res); got[0] != 1 {
+			t.Fatalf("errnos %v, want one probe through", got)
+		}
+		evs := w.wait(9008, 2, 2*time.Second)
+		expectOutcomes(t, evs, ProbeRound, Established)
+		if !evs[1].Probe || evs[0].Dest != d {
+			t.Fatalf("records %+v", evs)
+		}
+	})
+	t.Run("outside the cgroup", func(t *testing.T) {
+		d := e.dest(9009, false)
+		e.dial(t, nil, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 5})
+		if evs := w.wait(9009, 1, 500*time.Millisecond); len(evs) != 0 {
+			t.Fatalf("a process outside the cgroup produced %v", outcomes(evs))
+		}
+	})
+}
+
+func TestRingOverflowIsCounted(t *testing.T) {
+	e := newEnv(t, Options{RingBytes: 4096})
+	rd, err := e.k.NewEventReader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	const n = 300
+	d := e.dest(9010, false)
+	res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: n})
+	if got := errnos(res); got[unix.ECONNREFUSED] != n {
+		t.Fatalf("errnos %v", got)
+	}
+	read := 0
+	var ev Event
+	for {
+		rd.SetDeadline(time.Now().Add(200 * time.Millisecond))
+		if err := rd.Read(&ev); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				break
+			}
+			t.Fatal(err)
+		}
+		if ev.Outcome != Refused {
+			t.Fatalf("unexpected %v", ev.Outcome)
+		}
+		read++
+	}
+	st, err := e.k.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.EventsLost == 0 || uint64(read)+st.EventsLost != n {
+		t.Fatalf("read %d + lost %d, want %d in all with some lost", read, st.EventsLost, n)
+	}
+}
+
+func TestDecodeEventAllocatesNothing(t *testing.T) {
+	b := make([]byte, EventSize)
+	b[10], b[11], b[12], b[15] = 0xff, 0xff, 198, 7
+	b[16], b[17], b[18], b[20], b[21] = 0x1f, 0x90, 6, byte(Refused), 1
+	var ev Event
+	allocs := testing.AllocsPerRun(100, func() { _ = DecodeEvent(b, &ev) })
+	if allocs != 0 {
+		t.Fatalf("%v allocations per decode", allocs)
+	}
+	want := Dest{Proto: TCP, Addr: netip.MustParseAddrPort("198.0.0.7:8080")}
+	if ev.Dest != want || ev.Outcome != Refused || !ev.Probe {
+		t.Fatalf("decoded %+v", ev)
+	}
+	if err := DecodeEvent(b[:10], &ev); !errors.Is(err, ErrShortRecord) {
+		t.Fatalf("short record: %v", err)
+	}
+}
+
+func BenchmarkDecodeEvent(b *testing.B) {
+	buf := make([]byte, EventSize)
+	buf[18], buf[20] = 6, byte(Established)
+	var ev Event
+	b.ReportAllocs()
+	b.SetBytes(int64(EventSize))
+	for b.Loop() {
+		_ = DecodeEvent(buf, &ev)
+	}
+}
