@@ -144,3 +144,18 @@ func (k *Kernel) Stats() (Stats, error) {
 	s.StorageFailed, err = read(bpf.BreakerStatIndexSTAT_STORAGE_FAILED)
 	return s, err
 }
+
+// ProgramStats returns each attached program's run count and total run
+// time. The kernel keeps them only while stats are enabled
+// (kernel.bpf_stats_enabled, or ebpf.EnableStats).
+func (k *Kernel) ProgramStats() (map[string]*ebpf.ProgramStats, error) {
+	out := map[string]*ebpf.ProgramStats{}
+	for _, h := range hooks {
+		st, err := h.prog(&k.objs).Stats()
+		if err != nil {
+			return nil, fmt.Errorf("reading stats of %s: %w", h.name, err)
+		}
+		out[h.name] = st
+	}
+	return out, nil
+}

@@ -235,3 +235,26 @@ func Now() time.Duration {
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	return time.Duration(ts.Nano())
 }
+
+// PutVerdicts writes the same verdict for many destinations in batches
+// (adoption, benchmarks); it returns how many were written.
+func (k *Kernel) PutVerdicts(dests []Dest, v Verdict) (int, error) {
+	const batch = 4096
+	keys := make([]bpf.BreakerDestKey, 0, batch)
+	vals := make([]bpf.BreakerVerdict, 0, batch)
+	raw := v.raw()
+	written := 0
+	for i := 0; i < len(dests); i += batch {
+		keys, vals = keys[:0], vals[:0]
+		for _, d := range dests[i:min(i+batch, len(dests))] {
+			keys = append(keys, d.Key())
+			vals = append(vals, raw)
+		}
+		n, err := k.objs.Verdicts.BatchUpdate(keys, vals, nil)
+		written += n
+		if err != nil {
+			return written, fmt.Errorf("writing verdicts: %w", err)
+		}
+	}
+	return written, nil
+}

@@ -296,3 +296,23 @@ func FuzzParse(f *testing.F) {
 		NewMatcher(c, nil).Match(netip.MustParseAddr("10.1.2.3"), 80, "tcp")
 	})
 }
+
+// TestREADMEExampleIsValid keeps the README's example configuration true.
+func TestREADMEExampleIsValid(t *testing.T) {
+	data, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(data), "```yaml\n")
+	if !ok {
+		t.Fatal("README has no yaml example")
+	}
+	example, _, _ := strings.Cut(rest, "```")
+	c, err := Parse([]byte(example), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := c.Targets["payments"]; p == nil || p.Scope != EndpointScope || p.MaxEjectionPercent != 40 {
+		t.Fatalf("example decoded to %+v", c.Targets)
+	}
+}

@@ -79,6 +79,14 @@ func (h *Host) DropAll(tb testing.TB, port uint16) {
 	h.addRule(tb, port, "drop")
 }
 
+// RejectOutgoing makes the host itself refuse its own connects to port
+// with an nftables `reject with tcp reset` in its output hook: the
+// in-kernel refusal breakerd's rejection is compared with.
+func (h *Host) RejectOutgoing(tb testing.TB, port uint16) {
+	tb.Helper()
+	h.nft(tb, fmt.Sprintf("add chain inet %[1]s output { type filter hook output priority 0; policy accept; }\nadd rule inet %[1]s output tcp dport %[2]d reject with tcp reset\n", h.nftTable, port))
+}
+
 // SlowHandshakes makes the host drop the first drops (1 or 2) SYNs of every
 // connection to port, keyed by the client's source port, so each handshake
 // waits for the client's SYN retransmissions: about 1 s for one drop, about

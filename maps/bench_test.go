@@ -1,0 +1,204 @@
+package maps
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+)
+
+// BenchmarkConnectCost measures the connect() system call alone (the
+// socket is created before the clock starts and closed after it stops) from
+// a client namespace to a listener on a test host, side by side in one run
+// with interleaved rounds: no program; breakerd attached with an (almost)
+// empty verdict map, with 100,000 and with 1,000,000 entries; a connect
+// rejected by breakerd; and one rejected by an nftables `reject with tcp
+// reset` rule in the client's output hook. It reports medians and p99 and
+// each connect4 program's own run time per call (kernel BPF stats).
+//
+// Run it with scripts/bench-connect (go test -bench ConnectCost
+// -benchtime 1x ./maps); it prints the table BENCHMARKS.md records.
+func BenchmarkConnectCost(b *testing.B) {
+	kerneltest.RequireKernel(b)
+	topo := kerneltest.NewTopology(b, 1)
+	srv := topo.Servers[0]
+	const healthy, breakerRejected, nftRejected = 7000, 7001, 7002
+	srv.ServeHold(b, healthy)
+	topo.Client.RejectOutgoing(b, nftRejected)
+
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		b.Fatalf("enabling BPF stats: %v", err)
+	}
+	defer stats.Close()
+
+	type config struct {
+		name    string
+		cg      *kerneltest.Cgroup
+		k       *Kernel
+		port    uint16
+		entries int
+		want    unix.Errno
+		nanos   []int64
+		run0    *ebpf.ProgramStats
+		obs0    *ebpf.ProgramStats
+	}
+	load := func(entries int) (*kerneltest.Cgroup, *Kernel) {
+		cg := kerneltest.NewCgroup(b)
+		dir := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+		k, err := Load(Options{Dir: dir, Cgroup: cg.Path})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { k.Uninstall(); os.RemoveAll(dir) })
+		if err := k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour}); err != nil {
+			b.Fatal(err)
+		}
+		if entries > 0 {
+			dests := make([]Dest, entries)
+			for i := range dests {
+				dests[i] = Dest{Proto: TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 19, byte(i >> 16), byte(i >> 8)}), uint16(1+i&0xff))}
+			}
+			if n, err := k.PutVerdicts(dests, Verdict{State: ForcedOpen}); err != nil || n != entries {
+				b.Fatalf("filling %d verdicts: %d written: %v", entries, n, err)
+			}
+		}
+		return cg, k
+	}
+	none := kerneltest.NewCgroup(b)
+	cgEmpty, kEmpty := load(0)
+	cg100k, k100k := load(100_000)
+	cg1M, k1M := load(1_000_000)
+	cgRej, kRej := load(0)
+	d := Dest{Proto: TCP, Addr: netip.AddrPortFrom(srv.IPv4, breakerRejected)}
+	if err := kRej.PutVerdict(d, Verdict{State: ForcedOpen}); err != nil {
+		b.Fatal(err)
+	}
+	configs := []*config{
+		{name: "no program", cg: none, port: healthy},
+		{name: "breakerd, empty map", cg: cgEmpty, k: kEmpty, port: healthy},
+		{name: "breakerd, 100k entries", cg: cg100k, k: k100k, port: healthy, entries: 100_000},
+		{name: "breakerd, 1M entries", cg: cg1M, k: k1M, port: healthy, entries: 1_000_000},
+		{name: "rejected by breakerd", cg: cgRej, k: kRej, port: breakerRejected, want: unix.ECONNREFUSED},
+		{name: "rejected by nftables", cg: none, port: nftRejected, want: unix.ECONNREFUSED},
+	}
+	for _, c := range configs {
+		if c.k != nil {
+			st, err := c.k.ProgramStats()
+			if err != nil {
+				b.Fatal(err)
+			}
+			c.run0, c.obs0 = st["connect4"], st["sockops"]
+		}
+	}
+	rounds, perRound := 12, 200
+	if testing.Short() {
+		rounds, perRound = 2, 50
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for r := 0; r < rounds; r++ {
+		order := rng.Perm(len(configs))
+		for _, i := range order {
+			c := configs[i]
+			res := topo.Client.Dial(b, c.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(srv.IPv4, c.port), Count: perRound})
+			for _, x := range res {
+				if x.Errno != c.want {
+					b.Fatalf("%s: errno %v, want %v", c.name, x.Errno, c.want)
+				}
+				c.nanos = append(c.nanos, x.Nanos)
+			}
+		}
+	}
+
+	base := median(configs[0].nanos)
+	var out strings.Builder
+	kv, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	fmt.Fprintf(&out, "kernel %s, %d rounds × %d connects per line, interleaved\n\n", strings.TrimSpace(string(kv)), rounds, perRound)
+	fmt.Fprintf(&out, "| connect() to a listener over veth | median | p99 | median vs no program | connect4 run time per call | sockops run time per connection |\n|---|---|---|---|---|---|\n")
+	for _, c := range configs {
+		prog, obs := "–", "–"
+		if c.k != nil {
+			st, err := c.k.ProgramStats()
+			if err != nil {
+				b.Fatal(err)
+			}
+			s := st["connect4"]
+			if n := s.RunCount - c.run0.RunCount; n > 0 {
+				prog = fmt.Sprintf("%d ns (%d runs)", (s.Runtime-c.run0.Runtime).Nanoseconds()/int64(n), n)
+			}
+			// sockops runs several times per connection (connect,
+			// established, state changes): its time per connection.
+			o := st["sockops"]
+			if o.RunCount > c.obs0.RunCount {
+				obs = fmt.Sprintf("%d ns (%.1f runs)", (o.Runtime-c.obs0.Runtime).Nanoseconds()/int64(len(c.nanos)), float64(o.RunCount-c.obs0.RunCount)/float64(len(c.nanos)))
+			}
+		}
+		m := median(c.nanos)
+		fmt.Fprintf(&out, "| %s | %.2f µs | %.2f µs | %.3f× | %s | %s |\n", c.name, float64(m)/1e3, float64(pct(c.nanos, 99))/1e3, float64(m)/float64(base), prog, obs)
+	}
+	b.Log("\n" + out.String())
+	if path := os.Getenv("BREAKERD_BENCH_OUT"); path != "" {
+		if err := os.WriteFile(path, []byte(out.String()), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(median(configs[4].nanos)), "reject-ns")
+	b.ReportMetric(float64(base), "healthy-ns")
+}
+
+func median(xs []int64) int64 { return pct(xs, 50) }
+
+func pct(xs []int64, p int) int64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[min(len(s)-1, len(s)*p/100)]
+}
+
+// BenchmarkReaderDrain fills the ring buffer with real records (refused
+// connects from the test cgroup, nobody reading) and times how fast one
+// EventReader drains and decodes them on one goroutine.
+func BenchmarkReaderDrain(b *testing.B) {
+	kerneltest.RequireKernel(b)
+	cg := kerneltest.NewCgroup(b)
+	topo := kerneltest.NewTopology(b, 1)
+	dir := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+	k, err := Load(Options{Dir: dir, Cgroup: cg.Path})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { k.Uninstall(); os.RemoveAll(dir) }()
+	rd, err := k.NewEventReader()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rd.Close()
+	const n = 60000
+	topo.Client.Dial(b, cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(topo.Servers[0].IPv4, 9), Count: n, Parallel: 2})
+	var ev Event
+	read := 0
+	t0 := time.Now()
+	for {
+		rd.SetDeadline(time.Now().Add(100 * time.Millisecond))
+		if err := rd.Read(&ev); err != nil {
+			break
+		}
+		read++
+	}
+	el := time.Since(t0) - 100*time.Millisecond
+	st, _ := k.Stats()
+	b.Logf("drained %d records (lost %d) in %v: %.0f records/s on one goroutine", read, st.EventsLost, el, float64(read)/el.Seconds())
+	b.ReportMetric(float64(read)/el.Seconds(), "records/s")
+}
