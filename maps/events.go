@@ -39,6 +39,7 @@ var outcomeNames = [...]string{
 	ProbeRound: "probe_round",
 }
 
+// String returns the outcome's metric label (refused, timed_out, …).
 func (o Outcome) String() string {
 	if int(o) < len(outcomeNames) && outcomeNames[o] != "" {
 		return outcomeNames[o]

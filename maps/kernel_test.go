@@ -405,3 +405,30 @@ func TestReloadAdoptsPinsWithoutGap(t *testing.T) {
 		t.Fatal("links were not pinned on a kernel with bpf_link")
 	}
 }
+
+func TestOtherLayoutVersionsAreRemoved(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	cg := kerneltest.NewCgroup(t)
+	dir := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	// An "older release" left pins in v0 (an empty map stands in for them).
+	old, err := Load(Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(old.PinDir(), filepath.Join(dir, "v0")); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	k, err := Load(Options{Dir: dir, Cgroup: cg.Path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Uninstall()
+	if _, err := os.Stat(filepath.Join(dir, "v0")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the v0 pins are still there: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(k.PinDir(), "link_connect4")); err != nil {
+		t.Fatalf("new link not pinned: %v", err)
+	}
+}

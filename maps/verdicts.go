@@ -23,6 +23,7 @@ const (
 	UDP Proto = unix.IPPROTO_UDP
 )
 
+// String returns "tcp" or "udp".
 func (p Proto) String() string {
 	switch p {
 	case TCP:
@@ -40,6 +41,7 @@ type Dest struct {
 	Addr  netip.AddrPort
 }
 
+// String returns proto/addr:port, e.g. tcp/198.18.0.2:80.
 func (d Dest) String() string { return d.Proto.String() + "/" + d.Addr.String() }
 
 // Key returns the kernel's key for d.
@@ -72,6 +74,7 @@ const (
 	ForcedOpen = State(bpf.BreakerVerdictStateVERDICT_FORCED_OPEN)
 )
 
+// String returns the state's name as bpftool users know it.
 func (s State) String() string {
 	switch s {
 	case Open:

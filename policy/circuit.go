@@ -21,6 +21,7 @@ const (
 
 var stateNames = [...]string{"closed", "open", "half_open", "forced_open", "forced_closed", "disabled"}
 
+// String returns the state's name (closed, open, half_open, …).
 func (s State) String() string {
 	if int(s) < len(stateNames) {
 		return stateNames[s]
@@ -264,7 +265,7 @@ func (c *Circuit) transition(now time.Time, to State, reason Reason) Transition 
 	return t
 }
 
-// OpenDuration returns the open period of trip n (0 for the first),
+// OpenDurationOf returns the open period of trip n (0 for the first),
 // before jitter: open_duration × multiplier^n, capped.
 func (o *Options) OpenDurationOf(n int) time.Duration {
 	d := float64(o.OpenDuration) * math.Pow(o.OpenDurationMultiplier, float64(n))

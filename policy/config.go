@@ -117,6 +117,7 @@ type Match struct {
 // PortRange is an inclusive range of ports; a single port has Lo == Hi.
 type PortRange struct{ Lo, Hi uint16 }
 
+// String returns "443" or "8000-8100".
 func (p PortRange) String() string {
 	if p.Lo == p.Hi {
 		return strconv.Itoa(int(p.Lo))
@@ -168,6 +169,7 @@ type ValidationError struct {
 	Problems []Problem
 }
 
+// Error lists every problem, one per line, as "key.path: reason".
 func (e *ValidationError) Error() string {
 	lines := make([]string, len(e.Problems))
 	for i, p := range e.Problems {
