@@ -125,19 +125,20 @@ func (p PortRange) String() string {
 	return fmt.Sprintf("%d-%d", p.Lo, p.Hi)
 }
 
-// topField describes a top-level key.
-var topFields = []struct {
-	key, def, unit, doc string
-}{
+// docField documents a key that is not an option: its default, unit and
+// meaning, for the configuration reference.
+type docField struct{ key, def, unit, doc string }
+
+// topFields are the top-level keys.
+var topFields = []docField{
 	{"mode", "enforce", "enforce | shadow", "`shadow` runs every circuit and reports what it would reject; the kernel rejects nothing."},
 	{"max_circuits", "100000", "circuits", "Bound on the dynamic circuits made for `all` (one per address and port); idle closed ones are evicted first."},
 	{"failsafe_timeout", "10s", "duration", "The kernel ignores every verdict when the daemon's heartbeat is older than this (a dead daemon never strands open circuits)."},
 	{"max_rto", "3", "timeouts", "Retransmission timeouts on an established connection that make it stalled (a failure)."},
 }
 
-var targetFields = []struct {
-	key, def, unit, doc string
-}{
+// targetFields are a target's keys besides its options.
+var targetFields = []docField{
 	{"match.cidrs", "[]", "list of CIDRs or addresses", "Destinations by address (`10.0.0.0/8`, `192.0.2.7`, `2001:db8::/48`)."},
 	{"match.hosts", "[]", "list of DNS names", "Destinations by name, resolved and re-resolved by the daemon."},
 	{"match.ports", "[] (every port)", "list of ports or ranges", "`443`, `8000-8100`."},

@@ -17,24 +17,21 @@ func Reference() string {
 	b.WriteString("Durations are strings like `250ms`, `30s`, `5m`. Unknown keys are errors. ")
 	b.WriteString("Validation reports every problem at once, each with its key path, at start-up, on every reload ")
 	b.WriteString("(an invalid reload changes nothing) and in `breakerctl config validate`.\n\n")
-	b.WriteString("## Top level\n\n| key | default | unit | meaning |\n|---|---|---|---|\n")
-	for _, f := range topFields {
-		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s |\n", f.key, f.def, f.unit, f.doc)
-	}
+	b.WriteString("## Top level\n\n")
+	writeTable(&b, topFields)
 	b.WriteString("| `all` | (the options below) | mapping | Options for every destination no target names; each such address and port gets its own circuit. |\n")
 	b.WriteString("| `targets.<name>` | none | mapping | A named service: the target keys below plus its own options. |\n")
 	b.WriteString("| `exclude` | `[]` | list of match blocks | Destinations never protected (`cidrs`, `hosts`, `ports`, `protocol` as in a target's `match`). Exclude wins over every target. |\n\n")
 	b.WriteString("## Options (in `all` and in each target)\n\n")
 	b.WriteString("A target's block **stands in for** `all` rather than layering over it: an option the target leaves out takes the built-in default below, not the value from `all`.\n\n")
-	b.WriteString("| key | default | unit | meaning |\n|---|---|---|---|\n")
-	for _, f := range optionFields {
-		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s |\n", f.key, f.def, f.unit, f.doc)
+	opts := make([]docField, len(optionFields))
+	for i, f := range optionFields {
+		opts[i] = docField{f.key, f.def, f.unit, f.doc}
 	}
+	writeTable(&b, opts)
 	b.WriteString("\nContradictions are errors too: `min_requests` above `window_size` (count-based), `half_open_success_threshold` above `half_open_probes`, `max_open_duration` below `open_duration`, `probe_timeout` below `connect_timeout`.\n\n")
-	b.WriteString("## Target keys\n\n| key | default | unit | meaning |\n|---|---|---|---|\n")
-	for _, f := range targetFields {
-		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s |\n", f.key, f.def, f.unit, f.doc)
-	}
+	b.WriteString("## Target keys\n\n")
+	writeTable(&b, targetFields)
 	b.WriteString("\nTarget names are lowercase `[a-z0-9_-]+`. A destination belongs to the most specific match: the longest prefix, then an exact port over a range over any port. Two targets matching a destination equally specifically is an error that names both.\n\n")
 	b.WriteString("## What counts\n\n")
 	b.WriteString("A call is one outbound TCP connection. Established is a success (slow when its handshake took at least `slow_call_duration`); refused, timed out (`connect_timeout`), unreachable, reset and stalled (`max_rto`) are failures; a connect the application abandons counts as nothing before `slow_call_duration` and as slow (or failed, with `count_abandoned`) after. breakerd's own rejections never enter the window.\n\n")
@@ -44,4 +41,11 @@ func Reference() string {
 	b.WriteString("half-open → closed after `half_open_success_threshold` successful probes; → open again on a failed probe or when no probe succeeded within `probe_timeout`, for `open_duration × open_duration_multiplier^n` (capped at `max_open_duration`, plus up to `jitter` of it at random). ")
 	b.WriteString("A clean close returns the open duration to its base. `forced_open` always rejects and never probes, `forced_closed` never rejects, `disabled` keeps metrics only.\n")
 	return b.String()
+}
+
+func writeTable(b *strings.Builder, fields []docField) {
+	b.WriteString("| key | default | unit | meaning |\n|---|---|---|---|\n")
+	for _, f := range fields {
+		fmt.Fprintf(b, "| `%s` | `%s` | %s | %s |\n", f.key, f.def, f.unit, f.doc)
+	}
 }
