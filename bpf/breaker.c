@@ -430,16 +430,20 @@ static __always_inline void on_close(struct bpf_sock_ops *ops, struct sock_state
 SEC("sockops")
 int observe(struct bpf_sock_ops *ops)
 {
-	__u64 now = bpf_ktime_get_ns();
 	struct sock_state *st;
 
+	/* The cgroup hook is called for every callback type of every socket;
+	 * leave the ones breakerd does not use before any helper call. */
 	switch (ops->op) {
 	case BPF_SOCK_OPS_TCP_CONNECT_CB:
-		on_connect(ops, now);
+		on_connect(ops, bpf_ktime_get_ns());
 		return 1;
+	case BPF_SOCK_OPS_STATE_CB:
+		if (ops->args[1] != TCP_CLOSE)
+			return 1;
+		break;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 	case BPF_SOCK_OPS_RTO_CB:
-	case BPF_SOCK_OPS_STATE_CB:
 		break;
 	default:
 		return 1;
@@ -451,6 +455,7 @@ int observe(struct bpf_sock_ops *ops)
 	if (!st || !(st->flags & SOCK_TRACKED))
 		return 1;
 
+	__u64 now = bpf_ktime_get_ns();
 	switch (ops->op) {
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 		st->flags |= SOCK_ESTABLISHED;
@@ -477,8 +482,7 @@ int observe(struct bpf_sock_ops *ops)
 		}
 		break;
 	case BPF_SOCK_OPS_STATE_CB:
-		if (ops->args[1] == TCP_CLOSE)
-			on_close(ops, st, ops->args[0], now);
+		on_close(ops, st, ops->args[0], now);
 		break;
 	}
 	return 1;
