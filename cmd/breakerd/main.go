@@ -1,21 +1,141 @@
-// Command breakerd is the circuit breaker daemon. Until the daemon lands
-// (see the README) it loads and checks the kernel side: breakerd probe
-// prints what the running kernel offers.
+// Command breakerd is the circuit breaker daemon: a thin main over package
+// daemon.
+//
+//	breakerd [run] [flags]   run the daemon (the default)
+//	breakerd uninstall       detach the programs and remove every pin
+//	breakerd probe           print what the running kernel offers
+//
+// Every flag is also a BREAKERD_… environment variable (--admin-addr is
+// BREAKERD_ADMIN_ADDR).
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
 
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+
+	"github.com/breakerd/breakerd/daemon"
+	"github.com/breakerd/breakerd/internal/cgroup2"
 	"github.com/breakerd/breakerd/maps"
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] != "probe" {
-		fmt.Fprintf(os.Stderr, "breakerd: unknown command %q (only \"probe\" exists yet)\n", os.Args[1])
-		os.Exit(2)
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "breakerd:", err)
+		os.Exit(1)
 	}
-	out, _ := json.MarshalIndent(maps.ProbeFeatures(), "", "  ")
-	fmt.Println(string(out))
+}
+
+func run(args []string) error {
+	cmd := "run"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	fs := pflag.NewFlagSet("breakerd", pflag.ContinueOnError)
+	fs.String("config", "", "configuration file (default: the embedded default)")
+	fs.String("cgroup", "", "cgroup v2 directory whose processes are protected (default: the cgroup v2 root, from /proc/mounts)")
+	fs.String("bpffs", maps.DefaultDir, "bpffs directory for pins")
+	fs.String("admin-addr", "127.0.0.1:9677", "loopback address of the admin HTTP API (empty: off)")
+	fs.String("admin-socket", "/run/breakerd/admin.sock", "unix socket of the admin API, where changes by hand are allowed (empty: off)")
+	fs.String("admin-token-file", "", "file with a bearer token that allows changes over the TCP admin API")
+	fs.String("log-level", "info", "debug, info, warn or error")
+	fs.String("log-format", "text", "text or json")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%w (see breakerd --help)", err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	v := viper.New()
+	v.SetEnvPrefix("BREAKERD")
+	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
+	v.AutomaticEnv()
+	if err := v.BindPFlags(fs); err != nil {
+		return err
+	}
+
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(v.GetString("log-level"))); err != nil {
+		return fmt.Errorf("--log-level: %q is not debug, info, warn or error", v.GetString("log-level"))
+	}
+	hopts := &slog.HandlerOptions{Level: level}
+	var log *slog.Logger
+	switch v.GetString("log-format") {
+	case "text":
+		log = slog.New(slog.NewTextHandler(os.Stderr, hopts))
+	case "json":
+		log = slog.New(slog.NewJSONHandler(os.Stderr, hopts))
+	default:
+		return fmt.Errorf("--log-format: %q is not text or json", v.GetString("log-format"))
+	}
+	slog.SetDefault(log)
+
+	switch cmd {
+	case "probe":
+		out, _ := json.MarshalIndent(maps.ProbeFeatures(), "", "  ")
+		fmt.Println(string(out))
+		return nil
+	case "run", "uninstall":
+	default:
+		return fmt.Errorf("unknown command %q (run, uninstall, probe)", cmd)
+	}
+
+	cg := v.GetString("cgroup")
+	if cg == "" {
+		root, err := cgroup2.Mount()
+		if err != nil {
+			return err
+		}
+		cg = root
+	}
+	opts := daemon.Options{
+		ConfigPath: v.GetString("config"), Cgroup: cg, BPFFS: v.GetString("bpffs"),
+		AdminAddr: v.GetString("admin-addr"), AdminSocket: v.GetString("admin-socket"),
+		TokenFile: v.GetString("admin-token-file"), Logger: log,
+	}
+	if cmd == "uninstall" {
+		opts.AdminAddr, opts.AdminSocket = "", ""
+		d, err := daemon.New(opts)
+		if err != nil {
+			return err
+		}
+		if err := d.Uninstall(); err != nil {
+			return fmt.Errorf("uninstalling: %w", err)
+		}
+		log.Info("uninstalled: programs detached, pins removed", "bpffs", opts.BPFFS)
+		return nil
+	}
+
+	d, err := daemon.New(opts)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				_ = d.Reload() // logged with every key path when refused
+			}
+		}
+	}()
+	if err := d.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
 }

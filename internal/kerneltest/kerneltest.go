@@ -18,16 +18,15 @@
 package kerneltest
 
 import (
-	"bufio"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf/rlimit"
+
+	"github.com/breakerd/breakerd/internal/cgroup2"
 	"golang.org/x/sys/unix"
 )
 
@@ -92,23 +91,5 @@ func kernelMissing() string {
 }
 
 // CgroupV2Mount returns the mount point of the cgroup v2 hierarchy, read
-// from /proc/mounts (it is /sys/fs/cgroup on unified systems and
-// /sys/fs/cgroup/unified on hybrid ones).
-func CgroupV2Mount() (string, error) {
-	f, err := os.Open("/proc/mounts")
-	if err != nil {
-		return "", fmt.Errorf("reading mounts: %w", err)
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		fields := strings.Fields(s.Text())
-		if len(fields) >= 3 && fields[2] == "cgroup2" {
-			return fields[1], nil
-		}
-	}
-	if err := s.Err(); err != nil {
-		return "", fmt.Errorf("reading mounts: %w", err)
-	}
-	return "", errors.New("no cgroup v2 mount in /proc/mounts")
-}
+// from /proc/mounts (never hard-coded).
+func CgroupV2Mount() (string, error) { return cgroup2.Mount() }

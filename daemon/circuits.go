@@ -1,0 +1,252 @@
+package daemon
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+	"time"
+
+	"github.com/breakerd/breakerd/maps"
+	"github.com/breakerd/breakerd/policy"
+)
+
+// allTarget is the target label of dynamic circuits (those of `all`).
+const allTarget = "all"
+
+// circuit is one circuit with what the daemon knows around it: its name,
+// target, the destinations its verdict covers and its counter slot.
+type circuit struct {
+	name   string
+	target string // allTarget for dynamic circuits
+	scope  policy.Scope
+	id     uint32
+	c      *policy.Circuit
+	dests  map[maps.Dest]bool // destinations whose verdict this circuit writes
+}
+
+// registry holds every circuit. It is used under Daemon.mu.
+type registry struct {
+	byName  map[string]*circuit
+	byDest  map[maps.Dest]*circuit
+	groups  map[string]*policy.Group
+	freeIDs []uint32
+	nextID  uint32
+	dynamic int
+}
+
+func newRegistry() *registry {
+	return &registry{byName: map[string]*circuit{}, byDest: map[maps.Dest]*circuit{}, groups: map[string]*policy.Group{}, nextID: 1}
+}
+
+// allocID hands out a counter slot; 0 is the shared slot when all are
+// taken (counters then merge, enforcement is unaffected).
+func (r *registry) allocID() uint32 {
+	if n := len(r.freeIDs); n > 0 {
+		id := r.freeIDs[n-1]
+		r.freeIDs = r.freeIDs[:n-1]
+		return id
+	}
+	if r.nextID < maps.MaxCircuitIDs {
+		r.nextID++
+		return r.nextID - 1
+	}
+	return 0
+}
+
+func dynamicName(d maps.Dest) string { return d.String() }
+
+func endpointName(target string, d maps.Dest) string { return target + "/" + d.Addr.String() }
+
+// lookup finds or makes the circuit of destination d under cfg. It
+// returns nil for an excluded destination, or a dynamic one past
+// max_circuits when no idle closed circuit can be evicted.
+func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
+	if c, ok := d.reg.byDest[dst]; ok {
+		return c
+	}
+	cfg := d.cfg
+	target, excluded := d.matcher.Match(dst.Addr.Addr(), dst.Addr.Port(), dst.Proto.String())
+	if excluded {
+		return nil
+	}
+	if target == "" {
+		if d.reg.dynamic >= cfg.MaxCircuits && !d.evictIdle() {
+			d.metrics.circuitsRefused.Inc()
+			return nil
+		}
+		c := d.newCircuit(dynamicName(dst), allTarget, "", &cfg.All, policy.NoOverride, nil, now)
+		d.reg.dynamic++
+		d.attach(c, dst)
+		return c
+	}
+	t := cfg.Targets[target]
+	switch t.Scope {
+	case policy.EndpointScope:
+		name := endpointName(target, dst)
+		c, ok := d.reg.byName[name]
+		if !ok {
+			g := d.reg.groups[target]
+			if g == nil {
+				g = policy.NewGroup(t.MaxEjectionPercent)
+				d.reg.groups[target] = g
+			}
+			c = d.newCircuit(name, target, policy.EndpointScope, &t.Options, t.State, g, now)
+		}
+		d.attach(c, dst)
+		return c
+	default:
+		c, ok := d.reg.byName[target]
+		if !ok {
+			c = d.newCircuit(target, target, policy.ServiceScope, &t.Options, t.State, nil, now)
+		}
+		d.attach(c, dst)
+		return c
+	}
+}
+
+func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.Options, ov policy.Override, g *policy.Group, now time.Time) *circuit {
+	c := &circuit{name: name, target: target, scope: scope, id: d.reg.allocID(), dests: map[maps.Dest]bool{},
+		c: policy.NewCircuit(o, ov, g, now, d.rand)}
+	if err := d.k.ResetCounters(c.id); err != nil {
+		d.log.Warn("resetting counters", "circuit", name, "err", err)
+	}
+	d.reg.byName[name] = c
+	if ov == policy.ForceOpen {
+		d.writeVerdicts(c, policy.Transition{To: policy.ForcedOpen, At: now})
+	}
+	return c
+}
+
+// attach adds dst to c; if c already rejects, the new destination's
+// verdict is written at once.
+func (d *Daemon) attach(c *circuit, dst maps.Dest) {
+	if c.dests[dst] {
+		return
+	}
+	c.dests[dst] = true
+	d.reg.byDest[dst] = c
+	if s := c.c.State(); s.Rejects() {
+		d.writeVerdict(c, dst, s, c.c.Status(d.now()).OpenUntil)
+	}
+}
+
+// staticDests lists the destinations a named target covers that can be
+// enumerated: full-length prefixes (single addresses) and resolved host
+// names, times explicit ports (ranges up to 256 ports). Wider CIDRs and
+// "any port" are covered as destinations are seen.
+func staticDests(t *policy.Target, resolved map[string][]netip.Addr) []maps.Dest {
+	var addrs []netip.Addr
+	for _, p := range t.Match.Prefixes {
+		if p.IsSingleIP() {
+			addrs = append(addrs, p.Addr())
+		}
+	}
+	for _, h := range t.Match.Hosts {
+		addrs = append(addrs, resolved[h]...)
+	}
+	var ports []uint16
+	for _, pr := range t.Match.Ports {
+		if int(pr.Hi)-int(pr.Lo) > 255 {
+			continue
+		}
+		for p := int(pr.Lo); p <= int(pr.Hi); p++ {
+			ports = append(ports, uint16(p))
+		}
+	}
+	var protos []maps.Proto
+	switch t.Match.Proto {
+	case "udp":
+		protos = []maps.Proto{maps.UDP}
+	case "any":
+		protos = []maps.Proto{maps.TCP, maps.UDP}
+	default:
+		protos = []maps.Proto{maps.TCP}
+	}
+	var out []maps.Dest
+	for _, a := range addrs {
+		for _, p := range ports {
+			for _, pr := range protos {
+				out = append(out, maps.Dest{Proto: pr, Addr: netip.AddrPortFrom(a.Unmap(), p)})
+			}
+		}
+	}
+	return out
+}
+
+// evictIdle drops the least recently active closed dynamic circuit.
+func (d *Daemon) evictIdle() bool {
+	var victim *circuit
+	for _, c := range d.reg.byName {
+		if c.target != allTarget || c.c.State() != policy.Closed {
+			continue
+		}
+		if victim == nil || c.c.LastActivity().Before(victim.c.LastActivity()) {
+			victim = c
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	d.drop(victim)
+	d.metrics.circuitsEvicted.Inc()
+	return true
+}
+
+// drop forgets a circuit and removes its verdicts.
+func (d *Daemon) drop(c *circuit) {
+	for dst := range c.dests {
+		if err := d.k.DeleteVerdict(dst); err != nil {
+			d.log.Warn("deleting verdict", "dest", dst, "err", err)
+		}
+		delete(d.reg.byDest, dst)
+	}
+	c.c.Release()
+	delete(d.reg.byName, c.name)
+	if c.target == allTarget {
+		d.reg.dynamic--
+	}
+	if c.id != 0 {
+		d.reg.freeIDs = append(d.reg.freeIDs, c.id)
+	}
+}
+
+// writeVerdicts makes the kernel enforce what a transition says, for every
+// destination of the circuit.
+func (d *Daemon) writeVerdicts(c *circuit, t policy.Transition) {
+	for dst := range c.dests {
+		d.writeVerdict(c, dst, t.To, t.OpenUntil)
+	}
+}
+
+func (d *Daemon) writeVerdict(c *circuit, dst maps.Dest, s policy.State, openUntil time.Time) {
+	o := c.c.Options()
+	var err error
+	switch s {
+	case policy.Open:
+		due := maps.Now() + openUntil.Sub(d.now())
+		err = d.k.PutVerdict(dst, maps.OpenVerdict(due, uint32(o.HalfOpenProbes), o.ProbeTimeout, o.RejectErrno, c.id))
+	case policy.HalfOpen:
+		// The kernel moved it to half-open itself; nothing to write.
+		return
+	case policy.ForcedOpen:
+		err = d.k.PutVerdict(dst, maps.Verdict{State: maps.ForcedOpen, Errno: o.RejectErrno, CircuitID: c.id})
+	default:
+		err = d.k.DeleteVerdict(dst)
+	}
+	if err != nil {
+		d.metrics.verdictWriteErrors.Inc()
+		d.log.Error("writing verdict (the kernel fails open for this destination)", "circuit", c.name, "dest", dst, "err", err)
+	}
+}
+
+// sortedCircuits returns the circuits by name.
+func (d *Daemon) sortedCircuits() []*circuit {
+	out := make([]*circuit, 0, len(d.reg.byName))
+	for _, c := range d.reg.byName {
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+func (c *circuit) String() string { return fmt.Sprintf("%s(%s)", c.name, c.c.State()) }

@@ -1,0 +1,522 @@
+// Package daemon ties breakerd together: outcome records from the kernel
+// are matched to circuits (made on first sight for `all`, looked up for
+// targets), fed to the state machine of package policy, and every
+// transition is written to the verdict map, logged, counted and kept for
+// the admin API. It also keeps the kernel's fail-safe heartbeat fresh,
+// counts connections that outlive connect_timeout as timed out, re-resolves
+// host names, reloads its configuration on SIGHUP or when the file changes,
+// and on start adopts the open circuits a previous daemon left in the
+// pinned verdict map.
+//
+// Shutdown order (Run's return path): the context is cancelled; the ring
+// buffer reader is closed (its Read does not watch the context); the event,
+// tick and watch goroutines are waited for; the admin servers are shut
+// down; then the kernel handles are closed. Pins and links stay, so the
+// programs keep enforcing under the heartbeat until a new daemon adopts
+// them, or the fail-safe timeout lets everything through.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/breakerd/breakerd/maps"
+	"github.com/breakerd/breakerd/policy"
+)
+
+// Options configure a daemon.
+type Options struct {
+	// ConfigPath is the configuration file; empty means the embedded
+	// default.
+	ConfigPath string
+	// Cgroup is the cgroup v2 directory to protect.
+	Cgroup string
+	// BPFFS is the bpffs directory for pins (default maps.DefaultDir).
+	BPFFS string
+	// AdminAddr is the loopback TCP address of the admin API (read-only
+	// unless TokenFile is set); empty disables it.
+	AdminAddr string
+	// AdminSocket is the unix socket of the admin API (mode 0600, all
+	// calls); empty disables it.
+	AdminSocket string
+	// TokenFile holds a bearer token that allows mutating calls over TCP.
+	TokenFile string
+	// Logger receives the transition and reload log (default
+	// slog.Default()).
+	Logger *slog.Logger
+	// TickInterval is how often timers run (default 100ms).
+	TickInterval time.Duration
+	// ResolveInterval is how often host names are re-resolved (default
+	// 30s).
+	ResolveInterval time.Duration
+}
+
+// Daemon is a running breakerd.
+type Daemon struct {
+	opts    Options
+	log     *slog.Logger
+	k       *maps.Kernel
+	metrics *metrics
+	rand    func() float64
+
+	mu       sync.Mutex // guards everything below
+	cfg      *policy.Config
+	matcher  *policy.Matcher
+	resolved map[string][]netip.Addr
+	reg      *registry
+	pending  map[uint64]pendingConn // connecting sockets seen retransmitting SYNs, by cookie
+	counted  map[uint64]bool        // sockets already counted as timed out
+	events   []TransitionEvent
+	ready    bool
+
+	lastBeat time.Time
+}
+
+type pendingConn struct {
+	dest  maps.Dest
+	start time.Time
+	probe bool
+}
+
+// TransitionEvent is one transition as the admin API reports it.
+type TransitionEvent struct {
+	Time        time.Time `json:"time"`
+	Circuit     string    `json:"circuit"`
+	Target      string    `json:"target"`
+	From        string    `json:"from"`
+	To          string    `json:"to"`
+	Reason      string    `json:"reason"`
+	FailureRate float64   `json:"failure_rate"`
+	SlowRate    float64   `json:"slow_rate"`
+	Calls       int       `json:"calls"`
+	OpenUntil   time.Time `json:"open_until,omitzero"`
+	Trip        int       `json:"trip"`
+}
+
+const maxEvents = 1000
+
+// New loads the configuration (an invalid one is an error: the daemon does
+// not start), loads or adopts the kernel side and attaches it.
+func New(opts Options) (*Daemon, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.TickInterval == 0 {
+		opts.TickInterval = 100 * time.Millisecond
+	}
+	if opts.ResolveInterval == 0 {
+		opts.ResolveInterval = 30 * time.Second
+	}
+	cfg, err := policy.LoadFile(opts.ConfigPath)
+	if err != nil {
+		return nil, fmt.Errorf("configuration %s: %w", configName(opts.ConfigPath), err)
+	}
+	if opts.Cgroup == "" {
+		return nil, errors.New("no cgroup to protect")
+	}
+	feats := maps.ProbeFeatures()
+	opts.Logger.Info("kernel features", "set_retval", feats.SetRetval, "ring_buffer", feats.RingBuf,
+		"reject_errno", map[bool]string{true: "configured errno", false: "EPERM (no bpf_set_retval before 5.18)"}[feats.SetRetval])
+	k, err := maps.Load(maps.Options{Dir: opts.BPFFS, Cgroup: opts.Cgroup, Logger: opts.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("loading the kernel side: %w", err)
+	}
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
+	d := &Daemon{
+		opts: opts, log: opts.Logger, k: k, rand: rng.Float64,
+		reg: newRegistry(), pending: map[uint64]pendingConn{}, counted: map[uint64]bool{},
+		resolved: map[string][]netip.Addr{},
+	}
+	d.metrics = newMetrics(d)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.applyConfig(cfg)
+	d.resolve(context.Background())
+	if err := d.adopt(); err != nil {
+		k.Close()
+		return nil, err
+	}
+	if err := d.heartbeat(); err != nil {
+		k.Close()
+		return nil, err
+	}
+	d.metrics.reloadOK.Set(1)
+	d.metrics.reloadTime.SetToCurrentTime()
+	return d, nil
+}
+
+func configName(p string) string {
+	if p == "" {
+		return "(embedded default)"
+	}
+	return p
+}
+
+func (d *Daemon) now() time.Time { return time.Now() }
+
+// Kernel returns the daemon's kernel side (for tests and breakerctl).
+func (d *Daemon) Kernel() *maps.Kernel { return d.k }
+
+// Run serves until ctx is cancelled, then shuts down in the documented
+// order and closes the kernel handles, leaving pins in place.
+func (d *Daemon) Run(ctx context.Context) error {
+	rd, err := d.k.NewEventReader()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	srv, err := d.startAdmin()
+	if err != nil {
+		rd.Close()
+		return err
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { d.readEvents(rd) })
+	wg.Go(func() { d.tickLoop(ctx) })
+	wg.Go(func() { d.watchConfig(ctx) })
+	d.mu.Lock()
+	d.ready = true
+	d.mu.Unlock()
+	d.log.Info("breakerd ready", "cgroup", d.opts.Cgroup, "pins", d.k.PinDir(), "admin", d.opts.AdminAddr, "socket", d.opts.AdminSocket)
+
+	<-ctx.Done()
+	d.log.Info("shutting down; pins stay so protection continues")
+	d.mu.Lock()
+	d.ready = false
+	d.mu.Unlock()
+	rd.Close()
+	wg.Wait()
+	srv.shutdown()
+	return d.k.Close()
+}
+
+// Uninstall detaches the programs and removes every pin.
+func (d *Daemon) Uninstall() error { return d.k.Uninstall() }
+
+func (d *Daemon) readEvents(rd *maps.EventReader) {
+	var ev maps.Event
+	for {
+		if err := rd.Read(&ev); err != nil {
+			if errors.Is(err, maps.ErrReaderClosed) {
+				return
+			}
+			d.log.Warn("reading outcome records", "err", err)
+			continue
+		}
+		d.mu.Lock()
+		d.handle(&ev, d.now())
+		d.mu.Unlock()
+	}
+}
+
+// handle feeds one kernel record to its circuit.
+func (d *Daemon) handle(ev *maps.Event, now time.Time) {
+	if ev.Outcome == maps.ProbeRound {
+		if c, ok := d.reg.byDest[ev.Dest]; ok {
+			if t, moved := c.c.BeginHalfOpen(now); moved {
+				d.apply(c, t)
+			}
+		}
+		return
+	}
+	c := d.lookup(ev.Dest, now)
+	if c == nil {
+		return
+	}
+	target := c.target
+	d.metrics.outcomes.WithLabelValues(ev.Outcome.String(), target).Inc()
+	if ev.Outcome == maps.SYNRetrans {
+		d.pending[ev.Cookie] = pendingConn{dest: ev.Dest, start: now.Add(-ev.Duration), probe: ev.Probe}
+		return
+	}
+	delete(d.pending, ev.Cookie)
+	if d.counted[ev.Cookie] {
+		// Already counted as timed out by connect_timeout.
+		delete(d.counted, ev.Cookie)
+		return
+	}
+	var r policy.Result
+	switch ev.Outcome {
+	case maps.Established:
+		r = policy.Result{Kind: policy.Success, Duration: ev.Duration, Probe: ev.Probe}
+		d.metrics.handshake.WithLabelValues(target).Observe(ev.Duration.Seconds())
+	case maps.Abandoned:
+		r = policy.Result{Kind: policy.Abandoned, Duration: ev.Duration, Probe: ev.Probe}
+	case maps.Refused, maps.TimedOut, maps.Unreachable, maps.Reset, maps.Stalled, maps.Error:
+		r = policy.Result{Kind: policy.Failure, Duration: ev.Duration, Probe: ev.Probe}
+	default:
+		return
+	}
+	if t, moved := c.c.Record(now, r); moved {
+		d.apply(c, t)
+	}
+}
+
+// apply writes a transition to the kernel, the log, the metrics and the
+// event list.
+func (d *Daemon) apply(c *circuit, t policy.Transition) {
+	if t.From != t.To {
+		d.writeVerdicts(c, t)
+		d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason)).Inc()
+	}
+	attrs := []any{"circuit", c.name, "target", c.target, "from", t.From.String(), "to", t.To.String(),
+		"reason", string(t.Reason), "failure_ratio", round3(t.FailureRate), "slow_ratio", round3(t.SlowRate), "calls", t.Calls}
+	if !t.OpenUntil.IsZero() {
+		attrs = append(attrs, "open_until", t.OpenUntil.UTC().Format(time.RFC3339Nano), "trip", t.Trip)
+	}
+	msg := "circuit transition"
+	if t.From == t.To {
+		msg = "circuit kept " + t.To.String()
+	}
+	d.log.Info(msg, attrs...)
+	ev := TransitionEvent{Time: t.At, Circuit: c.name, Target: c.target, From: t.From.String(), To: t.To.String(),
+		Reason: string(t.Reason), FailureRate: t.FailureRate, SlowRate: t.SlowRate, Calls: t.Calls, OpenUntil: t.OpenUntil, Trip: t.Trip}
+	if len(d.events) == maxEvents {
+		copy(d.events, d.events[1:])
+		d.events = d.events[:maxEvents-1]
+	}
+	d.events = append(d.events, ev)
+}
+
+func round3(f float64) float64 { return float64(int(f*1000+0.5)) / 1000 }
+
+func (d *Daemon) tickLoop(ctx context.Context) {
+	tick := time.NewTicker(d.opts.TickInterval)
+	defer tick.Stop()
+	resolve := time.NewTicker(d.opts.ResolveInterval)
+	defer resolve.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			d.mu.Lock()
+			d.tick(d.now())
+			d.mu.Unlock()
+		case <-resolve.C:
+			d.mu.Lock()
+			d.resolve(ctx)
+			d.mu.Unlock()
+		}
+	}
+}
+
+// tick runs the timers: heartbeat, connect timeouts, probe timeouts.
+func (d *Daemon) tick(now time.Time) {
+	if now.Sub(d.lastBeat) >= d.cfg.FailsafeTimeout/4 {
+		if err := d.heartbeat(); err != nil {
+			d.log.Error("heartbeat", "err", err)
+		}
+	}
+	for cookie, p := range d.pending {
+		c := d.reg.byDest[p.dest]
+		if c == nil {
+			delete(d.pending, cookie)
+			continue
+		}
+		if now.Sub(p.start) < c.c.Options().ConnectTimeout {
+			continue
+		}
+		delete(d.pending, cookie)
+		d.counted[cookie] = true
+		d.metrics.outcomes.WithLabelValues("connect_timeout", c.target).Inc()
+		if t, moved := c.c.Record(now, policy.Result{Kind: policy.Failure, Duration: now.Sub(p.start), Probe: p.probe}); moved {
+			d.apply(c, t)
+		}
+	}
+	if len(d.counted) > 100000 {
+		clear(d.counted) // final records of those sockets were lost
+	}
+	for _, c := range d.reg.byName {
+		if t, moved := c.c.Tick(now); moved {
+			d.apply(c, t)
+		}
+	}
+}
+
+func (d *Daemon) heartbeat() error {
+	s := maps.Settings{Heartbeat: maps.Now(), FailSafe: d.cfg.FailsafeTimeout, Shadow: d.cfg.Mode == policy.Shadow, MaxRTO: uint32(d.cfg.MaxRTO)}
+	if err := d.k.SetSettings(s); err != nil {
+		return fmt.Errorf("writing heartbeat: %w", err)
+	}
+	d.lastBeat = d.now()
+	return nil
+}
+
+// resolve re-resolves every host name of targets and excludes; changed
+// addresses rebuild the matcher and the static destinations.
+func (d *Daemon) resolve(ctx context.Context) {
+	hosts := map[string]bool{}
+	for _, t := range d.cfg.Targets {
+		for _, h := range t.Match.Hosts {
+			hosts[h] = true
+		}
+	}
+	for _, ex := range d.cfg.Exclude {
+		for _, h := range ex.Hosts {
+			hosts[h] = true
+		}
+	}
+	if len(hosts) == 0 {
+		return
+	}
+	changed := false
+	r := net.DefaultResolver
+	for h := range hosts {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		ips, err := r.LookupNetIP(rctx, "ip", h)
+		cancel()
+		if err != nil {
+			d.log.Warn("resolving host name (keeping its last addresses)", "host", h, "err", err)
+			continue
+		}
+		for i := range ips {
+			ips[i] = ips[i].Unmap()
+		}
+		if fmt.Sprint(ips) != fmt.Sprint(d.resolved[h]) {
+			d.resolved[h] = ips
+			changed = true
+			d.log.Info("host name resolved", "host", h, "addresses", fmt.Sprint(ips))
+		}
+	}
+	if changed {
+		d.rematch()
+	}
+}
+
+// applyConfig installs a new configuration (first start or reload) and
+// rebuilds what depends on it.
+func (d *Daemon) applyConfig(cfg *policy.Config) {
+	old := d.cfg
+	d.cfg = cfg
+	if old != nil {
+		ch := policy.Diff(old, cfg)
+		for _, c := range d.sortedCircuits() {
+			drop := (c.target == allTarget && ch.AllChanged) || contains(ch.Changed, c.target) || contains(ch.Removed, c.target)
+			if drop {
+				d.drop(c)
+			}
+		}
+		d.log.Info("configuration reloaded", "all_changed", ch.AllChanged, "mode_changed", ch.ModeChanged,
+			"added", ch.Added, "changed", ch.Changed, "removed", ch.Removed, "unchanged", ch.Unchanged)
+		if ch.ModeChanged {
+			if err := d.heartbeat(); err != nil {
+				d.log.Error("writing mode", "err", err)
+			}
+		}
+	}
+	d.rematch()
+}
+
+// rematch rebuilds the matcher, drops circuits whose destinations now
+// belong elsewhere, and makes the circuits of targets whose destinations
+// can be enumerated (so forced states and open verdicts cover them before
+// any traffic).
+func (d *Daemon) rematch() {
+	d.matcher = policy.NewMatcher(d.cfg, d.resolved)
+	now := d.now()
+	for _, c := range d.sortedCircuits() {
+		for dst := range c.dests {
+			target, excluded := d.matcher.Match(dst.Addr.Addr(), dst.Addr.Port(), dst.Proto.String())
+			if target == "" {
+				target = allTarget
+			}
+			if excluded || target != c.target {
+				d.drop(c)
+				break
+			}
+		}
+	}
+	for _, name := range sortedKeys(d.cfg.Targets) {
+		for _, dst := range staticDests(d.cfg.Targets[name], d.resolved) {
+			d.lookup(dst, now)
+		}
+	}
+}
+
+func sortedKeys(m map[string]*policy.Target) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Reload reads the configuration file again. An invalid file changes
+// nothing; the error names every offending key.
+func (d *Daemon) Reload() error {
+	cfg, err := policy.LoadFile(d.opts.ConfigPath)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		d.metrics.reloadOK.Set(0)
+		d.log.Error("configuration reload refused; keeping the last valid one", "file", configName(d.opts.ConfigPath), "err", err)
+		return err
+	}
+	d.applyConfig(cfg)
+	d.resolve(context.Background())
+	d.metrics.reloadOK.Set(1)
+	d.metrics.reloadTime.SetToCurrentTime()
+	return nil
+}
+
+// adopt rebuilds open and half-open circuits from the verdict map a
+// previous daemon left, with their remaining open time.
+func (d *Daemon) adopt() error {
+	all, err := d.k.AllVerdicts()
+	if err != nil {
+		return fmt.Errorf("reading pinned verdicts: %w", err)
+	}
+	now, mono := d.now(), maps.Now()
+	adopted := 0
+	for dst, v := range all {
+		c := d.lookup(dst, now)
+		if c == nil {
+			// Excluded or no longer protected under this configuration.
+			_ = d.k.DeleteVerdict(dst)
+			continue
+		}
+		switch v.State {
+		case maps.Open, maps.HalfOpen:
+			if c.c.State() == policy.Closed {
+				c.c.Restore(now, map[maps.State]policy.State{maps.Open: policy.Open, maps.HalfOpen: policy.HalfOpen}[v.State], now.Add(v.Due-mono))
+				d.log.Info("adopted open circuit", "circuit", c.name, "dest", dst, "state", v.State.String(), "due_in", (v.Due - mono).String())
+				adopted++
+			}
+			if v.CircuitID != c.id {
+				// Keep the kernel entry as it is; only re-point counters.
+				v.CircuitID = c.id
+				_ = d.k.PutVerdict(dst, v)
+			}
+		case maps.ForcedOpen:
+			if c.c.State() != policy.ForcedOpen {
+				// The override was not in the new configuration.
+				_ = d.k.DeleteVerdict(dst)
+			}
+		}
+	}
+	if adopted > 0 {
+		d.log.Info("adopted circuits from the pinned verdict map", "count", adopted)
+	}
+	return nil
+}

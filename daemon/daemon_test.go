@@ -1,0 +1,462 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+)
+
+func TestMain(m *testing.M) { kerneltest.Main(m) }
+
+// syncBuffer is a log sink tests can read while the daemon writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type fixture struct {
+	t      *testing.T
+	cg     *kerneltest.Cgroup
+	topo   *kerneltest.Topology
+	srv    *kerneltest.Host
+	config string
+	bpffs  string
+	socket string
+	logs   *syncBuffer
+	d      *Daemon
+	stop   func()
+}
+
+// newFixture makes the cgroup, the hosts and a configuration file whose
+// text has SRV replaced by the server host's IPv4 address.
+func newFixture(t *testing.T, yaml string) *fixture {
+	t.Helper()
+	kerneltest.RequireKernel(t)
+	f := &fixture{t: t, cg: kerneltest.NewCgroup(t), topo: kerneltest.NewTopology(t, 1), logs: &syncBuffer{}}
+	f.srv = f.topo.Servers[0]
+	f.srv.StartCounting(t)
+	dir := t.TempDir()
+	f.config = filepath.Join(dir, "breakerd.yaml")
+	f.socket = filepath.Join(dir, "admin.sock")
+	f.bpffs = filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+	t.Cleanup(func() { os.RemoveAll(f.bpffs) })
+	f.writeConfig(yaml)
+	return f
+}
+
+func (f *fixture) writeConfig(yaml string) {
+	f.t.Helper()
+	yaml = strings.ReplaceAll(yaml, "SRV", f.srv.IPv4.String())
+	if err := os.WriteFile(f.config+".tmp", []byte(yaml), 0o644); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := os.Rename(f.config+".tmp", f.config); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// start runs a daemon in this process until the test ends (or stop).
+func (f *fixture) start() *Daemon {
+	f.t.Helper()
+	d, err := New(Options{
+		ConfigPath: f.config, Cgroup: f.cg.Path, BPFFS: f.bpffs, AdminSocket: f.socket,
+		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(f.logs), nil)), TickInterval: 20 * time.Millisecond,
+	})
+	if err != nil {
+		f.t.Fatalf("New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	var once sync.Once
+	f.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				f.t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	f.t.Cleanup(f.stop)
+	f.d = d
+	if !kerneltest.WaitFor(2*time.Second, func() bool { d.mu.Lock(); defer d.mu.Unlock(); return d.ready }) {
+		f.t.Fatal("daemon not ready")
+	}
+	return d
+}
+
+func (f *fixture) dial(port uint16, n int, timeout time.Duration) []kerneltest.DialResult {
+	f.t.Helper()
+	return f.topo.Client.Dial(f.t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, port), Count: n, Timeout: timeout})
+}
+
+func (f *fixture) circuit(name string) (CircuitInfo, bool) {
+	for _, c := range f.d.Circuits() {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return CircuitInfo{}, false
+}
+
+func (f *fixture) waitState(name, state string, timeout time.Duration) {
+	f.t.Helper()
+	ok := kerneltest.WaitFor(timeout, func() bool {
+		c, ok := f.circuit(name)
+		return ok && c.State == state
+	})
+	if !ok {
+		c, _ := f.circuit(name)
+		f.t.Fatalf("circuit %s is %q, want %q within %v (logs:\n%s)", name, c.State, state, timeout, f.logs.String())
+	}
+}
+
+func errnos(rs []kerneltest.DialResult) map[unix.Errno]int {
+	m := map[unix.Errno]int{}
+	for _, r := range rs {
+		m[r.Errno]++
+	}
+	return m
+}
+
+const svcConfig = `
+failsafe_timeout: 2s
+targets:
+  svc:
+    match: {cidrs: [SRV], ports: ["8080"]}
+    consecutive_failures: 3
+    open_duration: 1s
+    jitter: 0
+    connect_timeout: 1s
+    probe_timeout: 2s
+    reject_errno: EHOSTUNREACH
+`
+
+func TestRefusedTripsRejectsFastAndRecovers(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.start()
+	// The target names one address and port: its circuit and verdict
+	// coverage exist before any traffic.
+	f.waitState("svc", "closed", time.Second)
+
+	res := f.dial(8080, 3, 0)
+	if got := errnos(res); got[unix.ECONNREFUSED] != 3 {
+		t.Fatalf("no listener: %v", got)
+	}
+	f.waitState("svc", "open", 2*time.Second)
+
+	syns := f.srv.SYNs(t)
+	res = f.dial(8080, 20, 0)
+	for _, r := range res {
+		if r.Errno != unix.EHOSTUNREACH {
+			t.Fatalf("open circuit: errno %v, want the configured EHOSTUNREACH", r.Errno)
+		}
+		if r.Nanos > int64(time.Millisecond) {
+			t.Errorf("a rejection took %v", time.Duration(r.Nanos))
+		}
+	}
+	if n := f.srv.SYNs(t) - syns; n != 0 {
+		t.Fatalf("%d SYNs reached the host of an open circuit", n)
+	}
+	if !strings.Contains(f.logs.String(), "circuit=svc target=svc from=closed to=open reason=consecutive_failures") {
+		t.Fatalf("no transition log line:\n%s", f.logs.String())
+	}
+
+	// The server comes back; after the open duration one probe closes it.
+	f.srv.ServeHold(t, 8080)
+	time.Sleep(1100 * time.Millisecond)
+	if got := errnos(f.dial(8080, 1, 0)); got[0] != 1 {
+		t.Fatalf("probe: %v", got)
+	}
+	f.waitState("svc", "closed", 2*time.Second)
+	if got := errnos(f.dial(8080, 5, 0)); got[0] != 5 {
+		t.Fatalf("after recovery: %v", got)
+	}
+	var reasons []string
+	for _, e := range f.d.Events() {
+		reasons = append(reasons, e.From+">"+e.To+":"+e.Reason)
+	}
+	want := "closed>open:consecutive_failures open>half_open:open_duration_elapsed half_open>closed:probes_succeeded"
+	if strings.Join(reasons, " ") != want {
+		t.Fatalf("events %v, want %s", reasons, want)
+	}
+}
+
+func TestBlackHoleTripsOnConnectTimeout(t *testing.T) {
+	f := newFixture(t, `
+all:
+  consecutive_failures: 2
+  connect_timeout: 1s
+  open_duration: 1m
+`)
+	f.srv.DropSYNs(t, 9090)
+	f.start()
+	name := fmt.Sprintf("tcp/%s:9090", f.srv.IPv4)
+	t0 := time.Now()
+	// Two clients that would wait for 4 s each; the daemon counts them as
+	// timed out after connect_timeout.
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { f.dial(9090, 1, 4*time.Second) })
+	}
+	f.waitState(name, "open", 4*time.Second)
+	if el := time.Since(t0); el > 3*time.Second {
+		t.Fatalf("opened after %v, want about connect_timeout (1s) plus the first SYN retransmit", el)
+	}
+	res := f.dial(9090, 3, 5*time.Second)
+	for _, r := range res {
+		if r.Errno != unix.ECONNREFUSED || r.Nanos > int64(time.Millisecond) {
+			t.Fatalf("after the trip: errno %v in %v", r.Errno, time.Duration(r.Nanos))
+		}
+	}
+	wg.Wait()
+}
+
+func TestReload(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.start()
+	f.dial(8080, 3, 0)
+	f.waitState("svc", "open", 2*time.Second)
+
+	f.writeConfig(strings.Replace(svcConfig, "consecutive_failures: 3", "consecutive_failures: 3\n    min_requests: 200\n    window_size: 100\n    failure_rate_treshold: 0.5", 1))
+	err := f.d.Reload()
+	if err == nil || !strings.Contains(err.Error(), "targets.svc.min_requests: 200 exceeds window_size 100") || !strings.Contains(err.Error(), "targets.svc.failure_rate_treshold: unknown key") {
+		t.Fatalf("bad reload: %v", err)
+	}
+	if c, _ := f.circuit("svc"); c.State != "open" {
+		t.Fatalf("bad reload changed the circuit: %+v", c)
+	}
+	if v := testutil.ToFloat64(f.d.metrics.reloadOK); v != 0 {
+		t.Fatalf("reload_successful %v after a refused reload", v)
+	}
+	if got := errnos(f.dial(8080, 2, 0)); got[unix.EHOSTUNREACH] != 2 {
+		t.Fatalf("enforcement after a refused reload: %v", got)
+	}
+
+	// A good reload that leaves svc unchanged (only `all` moves) keeps it.
+	f.writeConfig(svcConfig + "all:\n  open_duration: 30s\n")
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := f.circuit("svc"); c.State != "open" {
+		t.Fatalf("good reload reset an unchanged target: %+v", c)
+	}
+	if v := testutil.ToFloat64(f.d.metrics.reloadOK); v != 1 {
+		t.Fatalf("reload_successful %v", v)
+	}
+	// A change of svc's options resets its circuit.
+	f.writeConfig(strings.Replace(svcConfig, "open_duration: 1s", "open_duration: 2s", 1))
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	f.waitState("svc", "closed", time.Second)
+	if got := errnos(f.dial(8080, 1, 0)); got[unix.ECONNREFUSED] != 1 {
+		t.Fatalf("after a changed target the old verdict stayed: %v", got)
+	}
+}
+
+func TestReloadOnFileChange(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.start()
+	// A ConfigMap-style swap: the file is replaced by a rename.
+	f.writeConfig(svcConfig + "mode: shadow\n")
+	ok := kerneltest.WaitFor(3*time.Second, func() bool {
+		f.d.mu.Lock()
+		defer f.d.mu.Unlock()
+		return f.d.cfg.Mode == "shadow"
+	})
+	if !ok {
+		t.Fatalf("the file change was not picked up:\n%s", f.logs.String())
+	}
+	s, err := f.d.k.Settings()
+	if err != nil || !s.Shadow {
+		t.Fatalf("shadow not written to the kernel: %+v %v", s, err)
+	}
+}
+
+func TestRestartAdoptsWithoutGap(t *testing.T) {
+	f := newFixture(t, strings.Replace(svcConfig, "open_duration: 1s", "open_duration: 1m", 1))
+	f.start()
+	f.dial(8080, 3, 0)
+	f.waitState("svc", "open", 2*time.Second)
+
+	// A client hammers the open destination while the daemon stops and a
+	// new one starts: it must be rejected throughout.
+	var res []kerneltest.DialResult
+	var wg sync.WaitGroup
+	var done atomic.Bool
+	wg.Go(func() {
+		res = f.topo.Client.Dial(t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, 8080), Count: 400000, Parallel: 2})
+		done.Store(true)
+	})
+	time.Sleep(100 * time.Millisecond)
+	f.stop()
+	f.start()
+	if done.Load() {
+		t.Fatal("the client finished before the new daemon started; the test proves nothing (raise Count)")
+	}
+	wg.Wait()
+	if got := errnos(res); got[unix.EHOSTUNREACH] != len(res) {
+		t.Fatalf("during the restart: %v", got)
+	}
+	c, _ := f.circuit("svc")
+	if c.State != "open" || time.Until(c.OpenUntil) < 50*time.Second {
+		t.Fatalf("adopted circuit %+v, want open with about a minute left", c)
+	}
+	if !strings.Contains(f.logs.String(), "adopted open circuit") {
+		t.Fatal("no adoption log line")
+	}
+}
+
+func TestDeadDaemonFailsOpen(t *testing.T) {
+	f := newFixture(t, strings.Replace(svcConfig, "failsafe_timeout: 2s", "failsafe_timeout: 1s", 1))
+	f.srv.ServeHold(t, 8080)
+	f.start()
+	if _, err := f.d.Force("svc", "open"); err != nil {
+		t.Fatal(err)
+	}
+	if got := errnos(f.dial(8080, 1, 0)); got[unix.EHOSTUNREACH] != 1 {
+		t.Fatalf("forced open: %v", got)
+	}
+	// The daemon goes away (its heartbeat stops); the verdict stays pinned.
+	f.stop()
+	time.Sleep(1200 * time.Millisecond)
+	if got := errnos(f.dial(8080, 3, 0)); got[0] != 3 {
+		t.Fatalf("after the fail-safe timeout: %v, want traffic to flow", got)
+	}
+}
+
+func unixClient(path string) *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", path)
+	}}}
+}
+
+func TestAdminAPI(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.start()
+	tcp := httptest.NewServer(f.d.handler(false, nil))
+	defer tcp.Close()
+	post := func(c *http.Client, url, body string, hdr ...string) (int, string) {
+		req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+		if len(hdr) > 0 {
+			req.Header.Set("Authorization", hdr[0])
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := post(tcp.Client(), tcp.URL+"/v1/circuits/svc", `{"action":"open"}`); code != http.StatusForbidden || !strings.Contains(body, "unix socket") {
+		t.Fatalf("mutating over TCP without a token: %d %s", code, body)
+	}
+	withToken := httptest.NewServer(f.d.handler(false, []byte("s3cret")))
+	defer withToken.Close()
+	if code, _ := post(withToken.Client(), withToken.URL+"/v1/circuits/svc", `{"action":"open"}`, "Bearer wrong"); code != http.StatusUnauthorized {
+		t.Fatalf("wrong token: %d", code)
+	}
+	sock := unixClient(f.socket)
+	code, body := post(sock, "http://breakerd/v1/circuits/svc", `{"action":"open"}`)
+	if code != http.StatusOK || !strings.Contains(body, `"state": "forced_open"`) {
+		t.Fatalf("force open over the socket: %d %s", code, body)
+	}
+	if got := errnos(f.dial(8080, 1, 0)); got[unix.EHOSTUNREACH] != 1 {
+		t.Fatalf("forced open not enforced: %v", got)
+	}
+	if !strings.Contains(f.logs.String(), "circuit changed by hand") {
+		t.Fatal("the change is not logged")
+	}
+	for _, bad := range []struct{ url, body, want string }{
+		{"/v1/circuits/svc", `{"action":"explode"}`, "unknown action"},
+		{"/v1/circuits/svc", `{"verb":"open"}`, "unknown field"},
+		{"/v1/circuits/nope", `{"action":"open"}`, "no such circuit"},
+	} {
+		code, body := post(sock, "http://breakerd"+bad.url, bad.body)
+		var e apiError
+		if code/100 != 4 || json.Unmarshal([]byte(body), &e) != nil || !strings.Contains(e.Error, bad.want) {
+			t.Errorf("%s %s: %d %s", bad.url, bad.body, code, body)
+		}
+	}
+	if code, body := post(sock, "http://breakerd/v1/circuits/svc", `{"action":"release"}`); code != http.StatusOK || !strings.Contains(body, `"state": "closed"`) {
+		t.Fatalf("release: %d %s", code, body)
+	}
+	resp, err := sock.Get("http://breakerd/readyz")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("readyz: %v %v", resp, err)
+	}
+	resp.Body.Close()
+}
+
+func TestMetrics(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.start()
+	f.dial(8080, 3, 0)
+	f.waitState("svc", "open", 2*time.Second)
+	f.dial(8080, 4, 0)
+	problems, err := testutil.GatherAndLint(f.d.metrics.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("metric lint: %s: %s", p.Metric, p.Text)
+	}
+	rec := httptest.NewRecorder()
+	f.d.handler(false, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	for _, want := range []string{
+		`breakerd_transitions_total{from="closed",reason="consecutive_failures",to="open"} 1`,
+		`breakerd_circuit_state{state="open",target="svc"} 1`,
+		`breakerd_kernel_rejections_total{target="svc"} 4`,
+		`breakerd_connection_outcomes_total{outcome="refused",target="svc"} 3`,
+		`breakerd_config_last_reload_successful 1`,
+		`breakerd_verdict_map_entries 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("scrape lacks %s", want)
+		}
+	}
+}
+
+func TestShutdownLeavesNoGoroutine(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	before := goleak.IgnoreCurrent()
+	f.start()
+	f.dial(8080, 1, 0)
+	f.stop()
+	goleak.VerifyNone(t, before, goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+}

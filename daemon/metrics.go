@@ -1,0 +1,126 @@
+package daemon
+
+import (
+	"runtime/debug"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/breakerd/breakerd/policy"
+)
+
+// metrics are the daemon's Prometheus series. Label values come from
+// bounded sets: target names from the configuration (plus "all" for the
+// dynamic circuits), states, reasons and outcomes.
+type metrics struct {
+	reg                *prometheus.Registry
+	transitions        *prometheus.CounterVec
+	outcomes           *prometheus.CounterVec
+	handshake          *prometheus.HistogramVec
+	reloadOK           prometheus.Gauge
+	reloadTime         prometheus.Gauge
+	verdictWriteErrors prometheus.Counter
+	circuitsEvicted    prometheus.Counter
+	circuitsRefused    prometheus.Counter
+}
+
+func newMetrics(d *Daemon) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.transitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_transitions_total", Help: "Circuit state transitions, by from, to and reason."}, []string{"from", "to", "reason"})
+	m.outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_connection_outcomes_total", Help: "Outbound connection outcomes seen by the kernel, by outcome and target (all for unnamed destinations)."}, []string{"outcome", "target"})
+	m.handshake = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "breakerd_handshake_duration_seconds", Help: "TCP handshake duration of established connections, by target.",
+		Buckets: []float64{0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5}}, []string{"target"})
+	m.reloadOK = prometheus.NewGauge(prometheus.GaugeOpts{Name: "breakerd_config_last_reload_successful", Help: "1 when the last configuration load or reload succeeded, 0 when it was refused."})
+	m.reloadTime = prometheus.NewGauge(prometheus.GaugeOpts{Name: "breakerd_config_last_reload_success_timestamp_seconds", Help: "Time of the last successful configuration load."})
+	m.verdictWriteErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "breakerd_verdict_write_errors_total", Help: "Verdict map writes that failed (that destination stays unenforced: fail-open)."})
+	m.circuitsEvicted = prometheus.NewCounter(prometheus.CounterOpts{Name: "breakerd_circuits_evicted_total", Help: "Idle closed dynamic circuits evicted to stay within max_circuits."})
+	m.circuitsRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: "breakerd_circuits_refused_total", Help: "Destinations left unprotected because max_circuits was reached with nothing to evict."})
+	version := "devel"
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		version = bi.Main.Version
+	}
+	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "breakerd_build_info", Help: "Build information.", ConstLabels: prometheus.Labels{"version": version}})
+	build.Set(1)
+	m.reg.MustRegister(m.transitions, m.outcomes, m.handshake, m.reloadOK, m.reloadTime, m.verdictWriteErrors,
+		m.circuitsEvicted, m.circuitsRefused, build, &stateCollector{d: d},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// stateCollector reads circuit states and the kernel's counters at scrape
+// time (ebpf_exporter style).
+type stateCollector struct{ d *Daemon }
+
+var (
+	descState      = prometheus.NewDesc("breakerd_circuit_state", "1 for the state each named target's circuit is in (endpoint scope: count of endpoints in it).", []string{"target", "state"}, nil)
+	descDynamic    = prometheus.NewDesc("breakerd_dynamic_circuits", "Dynamic circuits (destinations no target names), by state.", []string{"state"}, nil)
+	descRejected   = prometheus.NewDesc("breakerd_kernel_rejections_total", "Connections and datagrams the kernel turned away, by target.", []string{"target"}, nil)
+	descShadow     = prometheus.NewDesc("breakerd_kernel_shadow_rejections_total", "Connections the kernel would have turned away in shadow mode, by target.", []string{"target"}, nil)
+	descProbes     = prometheus.NewDesc("breakerd_kernel_probes_total", "Half-open probes the kernel admitted, by target.", []string{"target"}, nil)
+	descLost       = prometheus.NewDesc("breakerd_events_lost_total", "Outcome records the kernel dropped because the ring buffer was full.", nil, nil)
+	descFailsafe   = prometheus.NewDesc("breakerd_kernel_failsafe_allowed_total", "Verdicts the kernel ignored because the daemon's heartbeat was stale.", nil, nil)
+	descEntries    = prometheus.NewDesc("breakerd_verdict_map_entries", "Entries in the kernel's verdict map.", nil, nil)
+	descCapacity   = prometheus.NewDesc("breakerd_verdict_map_capacity", "Capacity of the kernel's verdict map.", nil, nil)
+	allStates      = []policy.State{policy.Closed, policy.Open, policy.HalfOpen, policy.ForcedOpen, policy.ForcedClosed, policy.Disabled}
+	counterTargets = func(d *Daemon) []string {
+		names := sortedKeys(d.cfg.Targets)
+		return append(names, allTarget)
+	}
+)
+
+// Describe sends the collector's descriptors.
+func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descState, descDynamic, descRejected, descShadow, descProbes, descLost, descFailsafe, descEntries, descCapacity} {
+		ch <- d
+	}
+}
+
+// Collect reads the current values.
+func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	d := s.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	states := map[string]map[policy.State]int{}
+	dynamic := map[policy.State]int{}
+	type sums struct{ rej, shadow, probes uint64 }
+	perTarget := map[string]*sums{}
+	for _, t := range counterTargets(d) {
+		perTarget[t] = &sums{}
+		if t != allTarget {
+			states[t] = map[policy.State]int{}
+		}
+	}
+	for _, c := range d.reg.byName {
+		st := c.c.State()
+		if c.target == allTarget {
+			dynamic[st]++
+		} else if m := states[c.target]; m != nil {
+			m[st]++
+		}
+		if cnt, err := d.k.Counters(c.id); err == nil && perTarget[c.target] != nil {
+			perTarget[c.target].rej += cnt.Rejected
+			perTarget[c.target].shadow += cnt.ShadowRejected
+			perTarget[c.target].probes += cnt.Probes
+		}
+	}
+	for t, m := range states {
+		for _, st := range allStates {
+			ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, float64(m[st]), t, st.String())
+		}
+	}
+	for _, st := range allStates {
+		ch <- prometheus.MustNewConstMetric(descDynamic, prometheus.GaugeValue, float64(dynamic[st]), st.String())
+	}
+	for t, sm := range perTarget {
+		ch <- prometheus.MustNewConstMetric(descRejected, prometheus.CounterValue, float64(sm.rej), t)
+		ch <- prometheus.MustNewConstMetric(descShadow, prometheus.CounterValue, float64(sm.shadow), t)
+		ch <- prometheus.MustNewConstMetric(descProbes, prometheus.CounterValue, float64(sm.probes), t)
+	}
+	if st, err := d.k.Stats(); err == nil {
+		ch <- prometheus.MustNewConstMetric(descLost, prometheus.CounterValue, float64(st.EventsLost))
+		ch <- prometheus.MustNewConstMetric(descFailsafe, prometheus.CounterValue, float64(st.FailsafeAllowed))
+	}
+	n, capacity := d.k.VerdictCount()
+	ch <- prometheus.MustNewConstMetric(descEntries, prometheus.GaugeValue, float64(n))
+	ch <- prometheus.MustNewConstMetric(descCapacity, prometheus.GaugeValue, float64(capacity))
+}

@@ -1,0 +1,32 @@
+// Package cgroup2 finds the cgroup v2 hierarchy.
+package cgroup2
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// Mount returns the mount point of the cgroup v2 hierarchy, read
+// from /proc/mounts: /sys/fs/cgroup on unified systems,
+// /sys/fs/cgroup/unified on hybrid ones.
+func Mount() (string, error) {
+	f, err := os.Open("/proc/mounts")
+	if err != nil {
+		return "", fmt.Errorf("reading mounts: %w", err)
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) >= 3 && fields[2] == "cgroup2" {
+			return fields[1], nil
+		}
+	}
+	if err := s.Err(); err != nil {
+		return "", fmt.Errorf("reading mounts: %w", err)
+	}
+	return "", errors.New("no cgroup v2 mount in /proc/mounts")
+}
