@@ -89,6 +89,7 @@ type Features struct {
 
 // Kernel is breakerd's loaded kernel side.
 type Kernel struct {
+	View
 	objs     bpf.BreakerObjects
 	links    map[string]link.Link
 	dir      string
@@ -170,6 +171,8 @@ func Load(opts Options) (*Kernel, error) {
 		}
 		return nil, fmt.Errorf("loading BPF programs: %w", err)
 	}
+
+	k.View = viewOf(&k.objs)
 
 	if opts.Cgroup != "" {
 		if err := k.attach(opts.Cgroup); err != nil {

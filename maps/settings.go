@@ -42,9 +42,9 @@ func (k *Kernel) SetSettings(s Settings) error {
 }
 
 // Settings reads the settings.
-func (k *Kernel) Settings() (Settings, error) {
+func (v *View) Settings() (Settings, error) {
 	var raw bpf.BreakerSettings
-	if err := k.objs.Config.Lookup(uint32(0), &raw); err != nil {
+	if err := v.config.Lookup(uint32(0), &raw); err != nil {
 		return Settings{}, fmt.Errorf("reading settings: %w", err)
 	}
 	return Settings{
@@ -78,9 +78,9 @@ type Counters struct {
 }
 
 // Counters reads the counters of circuit id.
-func (k *Kernel) Counters(id uint32) (Counters, error) {
+func (v *View) Counters(id uint32) (Counters, error) {
 	var per []bpf.BreakerCircuitCounters
-	if err := k.objs.Counters.Lookup(id, &per); err != nil {
+	if err := v.counters.Lookup(id, &per); err != nil {
 		return Counters{}, fmt.Errorf("reading counters of circuit %d: %w", id, err)
 	}
 	var c Counters
@@ -121,10 +121,10 @@ type Stats struct {
 }
 
 // Stats reads the global statistics.
-func (k *Kernel) Stats() (Stats, error) {
+func (v *View) Stats() (Stats, error) {
 	read := func(i bpf.BreakerStatIndex) (uint64, error) {
 		var per []uint64
-		if err := k.objs.Stats.Lookup(uint32(i), &per); err != nil {
+		if err := v.stats.Lookup(uint32(i), &per); err != nil {
 			return 0, fmt.Errorf("reading stat %d: %w", i, err)
 		}
 		var sum uint64

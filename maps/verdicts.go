@@ -175,10 +175,10 @@ func (k *Kernel) DeleteVerdict(d Dest) error {
 }
 
 // Verdict reads d's verdict; ok is false when there is none.
-func (k *Kernel) Verdict(d Dest) (v Verdict, ok bool, err error) {
+func (v *View) Verdict(d Dest) (_ Verdict, ok bool, err error) {
 	key := d.Key()
 	var raw bpf.BreakerVerdict
-	if err := k.objs.Verdicts.Lookup(&key, &raw); err != nil {
+	if err := v.verdicts.Lookup(&key, &raw); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return Verdict{}, false, nil
 		}
@@ -189,15 +189,15 @@ func (k *Kernel) Verdict(d Dest) (v Verdict, ok bool, err error) {
 
 // Verdicts iterates over every verdict entry; a read error ends the
 // iteration early (AllVerdicts reports it).
-func (k *Kernel) Verdicts() iter.Seq2[Dest, Verdict] {
-	return iterVerdicts(k.objs.Verdicts, nil)
+func (v *View) Verdicts() iter.Seq2[Dest, Verdict] {
+	return iterVerdicts(v.verdicts, nil)
 }
 
 // AllVerdicts reads every verdict entry.
-func (k *Kernel) AllVerdicts() (map[Dest]Verdict, error) {
+func (v *View) AllVerdicts() (map[Dest]Verdict, error) {
 	var err error
 	out := map[Dest]Verdict{}
-	for d, v := range iterVerdicts(k.objs.Verdicts, &err) {
+	for d, v := range iterVerdicts(v.verdicts, &err) {
 		out[d] = v
 	}
 	if err != nil {
@@ -224,11 +224,11 @@ func iterVerdicts(m *ebpf.Map, errp *error) iter.Seq2[Dest, Verdict] {
 
 // VerdictCount returns the number of verdict entries and the map's
 // capacity.
-func (k *Kernel) VerdictCount() (n int, capacity uint32) {
-	for range k.Verdicts() {
+func (v *View) VerdictCount() (n int, capacity uint32) {
+	for range v.Verdicts() {
 		n++
 	}
-	return n, k.objs.Verdicts.MaxEntries()
+	return n, v.verdicts.MaxEntries()
 }
 
 // Now is the kernel's monotonic clock (bpf_ktime_get_ns), the time base of

@@ -1,0 +1,292 @@
+// Command breakerctl looks at and steers breakerd.
+//
+//	breakerctl config validate FILE     every problem with its key path; exit 1 if any
+//	breakerctl status [-o json]          circuits, from the daemon
+//	breakerctl events [-o json]          recent transitions, from the daemon
+//	breakerctl inspect [-o json]         the pinned maps, read directly (daemon or not)
+//	breakerctl force open|close|release|reset NAME
+//
+// Exit codes: 0 success, 1 the operation failed (invalid file, daemon
+// error), 2 bad usage.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/breakerd/breakerd/daemon"
+	"github.com/breakerd/breakerd/maps"
+	"github.com/breakerd/breakerd/policy"
+)
+
+type usageError struct{ msg string }
+
+func (u usageError) Error() string { return u.msg }
+
+func main() {
+	err := run(os.Args[1:], os.Stdout)
+	var ue usageError
+	switch {
+	case err == nil:
+	case errors.As(err, &ue):
+		fmt.Fprintln(os.Stderr, "breakerctl:", err)
+		fmt.Fprintln(os.Stderr, "usage: breakerctl config validate FILE | status | events | inspect | force open|close|release|reset NAME  [-o json] [--socket PATH | --addr HOST:PORT] [--bpffs DIR]")
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "breakerctl:", err)
+		os.Exit(1)
+	}
+}
+
+type client struct {
+	http *http.Client
+	base string
+}
+
+func run(args []string, out io.Writer) error {
+	fs := pflag.NewFlagSet("breakerctl", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	output := fs.StringP("output", "o", "text", "text or json")
+	socket := fs.String("socket", "/run/breakerd/admin.sock", "the daemon's admin unix socket")
+	addr := fs.String("addr", "", "the daemon's admin TCP address instead of the socket (read-only unless --token-file)")
+	tokenFile := fs.String("token-file", "", "bearer token for changes over --addr")
+	bpffs := fs.String("bpffs", maps.DefaultDir, "bpffs directory of the pins (inspect)")
+	if err := fs.Parse(args); err != nil {
+		return usageError{err.Error()}
+	}
+	if *output != "text" && *output != "json" {
+		return usageError{fmt.Sprintf("-o %q is not text or json", *output)}
+	}
+	asJSON := *output == "json"
+	a := fs.Args()
+	if len(a) == 0 {
+		return usageError{"no command"}
+	}
+	c := &client{base: "http://breakerd"}
+	if *addr != "" {
+		c.http, c.base = &http.Client{Timeout: 10 * time.Second}, "http://"+*addr
+	} else {
+		path := *socket
+		c.http = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		}}}
+	}
+	switch a[0] {
+	case "config":
+		if len(a) != 3 || a[1] != "validate" {
+			return usageError{"config validate FILE"}
+		}
+		return validate(a[2], out)
+	case "status":
+		var cs []daemon.CircuitInfo
+		if err := c.get("/v1/circuits", &cs); err != nil {
+			return err
+		}
+		if asJSON {
+			return writeJSON(out, cs)
+		}
+		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tTARGET\tSTATE\tFAILURE\tSLOW\tCALLS\tOPEN FOR\tREJECTED")
+		for _, ci := range cs {
+			open := "-"
+			if !ci.OpenUntil.IsZero() {
+				open = time.Until(ci.OpenUntil).Round(time.Second).String()
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f%%\t%.0f%%\t%d\t%s\t%d\n", ci.Name, ci.Target, ci.State, 100*ci.FailureRate, 100*ci.SlowRate, ci.Calls, open, ci.Rejected)
+		}
+		return tw.Flush()
+	case "events":
+		var evs []daemon.TransitionEvent
+		if err := c.get("/v1/events", &evs); err != nil {
+			return err
+		}
+		if asJSON {
+			return writeJSON(out, evs)
+		}
+		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "TIME\tCIRCUIT\tFROM\tTO\tREASON\tFAILURE\tSLOW")
+		for _, e := range evs {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\n", e.Time.Format(time.TimeOnly), e.Circuit, e.From, e.To, e.Reason, 100*e.FailureRate, 100*e.SlowRate)
+		}
+		return tw.Flush()
+	case "force":
+		if len(a) != 3 {
+			return usageError{"force open|close|release|reset NAME"}
+		}
+		switch a[1] {
+		case "open", "close", "release", "reset":
+		default:
+			return usageError{fmt.Sprintf("force %q: the action is open, close, release or reset", a[1])}
+		}
+		var token string
+		if *tokenFile != "" {
+			b, err := os.ReadFile(*tokenFile)
+			if err != nil {
+				return fmt.Errorf("reading token: %w", err)
+			}
+			token = strings.TrimSpace(string(b))
+		}
+		var ci daemon.CircuitInfo
+		if err := c.post("/v1/circuits/"+a[2], map[string]string{"action": a[1]}, token, &ci); err != nil {
+			return err
+		}
+		if asJSON {
+			return writeJSON(out, ci)
+		}
+		fmt.Fprintf(out, "%s is now %s\n", ci.Name, ci.State)
+		return nil
+	case "inspect":
+		return inspect(*bpffs, asJSON, out)
+	}
+	return usageError{fmt.Sprintf("unknown command %q", a[0])}
+}
+
+func validate(path string, out io.Writer) error {
+	cfg, err := policy.LoadFile(path)
+	if err != nil {
+		var ve *policy.ValidationError
+		if errors.As(err, &ve) {
+			for _, p := range ve.Problems {
+				fmt.Fprintf(out, "%s: %s\n", p.Path, p.Msg)
+			}
+			return fmt.Errorf("%s: %d problem(s)", path, len(ve.Problems))
+		}
+		return err
+	}
+	fmt.Fprintf(out, "%s: valid (mode %s, %d targets, %d excludes)\n", path, cfg.Mode, len(cfg.Targets), len(cfg.Exclude))
+	return nil
+}
+
+// InspectEntry is one verdict as inspect prints it.
+type InspectEntry struct {
+	Dest       string  `json:"dest"`
+	State      string  `json:"state"`
+	DueInSec   float64 `json:"due_in_seconds"`
+	Tokens     int32   `json:"tokens"`
+	Probes     uint32  `json:"probes"`
+	Errno      string  `json:"reject_errno"`
+	CircuitID  uint32  `json:"circuit_id"`
+	Rejected   uint64  `json:"rejected"`
+	ProbesUsed uint64  `json:"probes_admitted"`
+}
+
+// InspectReport is what inspect prints.
+type InspectReport struct {
+	HeartbeatAgeSec float64        `json:"heartbeat_age_seconds"`
+	FailsafeSec     float64        `json:"failsafe_seconds"`
+	Enforcing       bool           `json:"enforcing"`
+	Shadow          bool           `json:"shadow"`
+	EventsLost      uint64         `json:"events_lost"`
+	Verdicts        []InspectEntry `json:"verdicts"`
+}
+
+func inspect(dir string, asJSON bool, out io.Writer) error {
+	v, err := maps.OpenPinned(dir)
+	if err != nil {
+		return err
+	}
+	defer v.Close()
+	s, err := v.Settings()
+	if err != nil {
+		return err
+	}
+	now := maps.Now()
+	rep := InspectReport{HeartbeatAgeSec: (now - s.Heartbeat).Seconds(), FailsafeSec: s.FailSafe.Seconds(), Shadow: s.Shadow}
+	rep.Enforcing = s.Heartbeat != 0 && now-s.Heartbeat <= s.FailSafe
+	if st, err := v.Stats(); err == nil {
+		rep.EventsLost = st.EventsLost
+	}
+	all, err := v.AllVerdicts()
+	if err != nil {
+		return err
+	}
+	rep.Verdicts = []InspectEntry{}
+	for d, vd := range all {
+		e := InspectEntry{Dest: d.String(), State: vd.State.String(), Tokens: vd.Tokens, Probes: vd.Probes,
+			Errno: policy.ErrnoName(vd.Errno), CircuitID: vd.CircuitID}
+		if vd.State == maps.Open {
+			e.DueInSec = (vd.Due - now).Seconds()
+		}
+		if cnt, err := v.Counters(vd.CircuitID); err == nil {
+			e.Rejected, e.ProbesUsed = cnt.Rejected, cnt.Probes
+		}
+		rep.Verdicts = append(rep.Verdicts, e)
+	}
+	sort.Slice(rep.Verdicts, func(i, j int) bool { return rep.Verdicts[i].Dest < rep.Verdicts[j].Dest })
+	if asJSON {
+		return writeJSON(out, rep)
+	}
+	mode := "enforcing"
+	if !rep.Enforcing {
+		mode = "NOT enforcing (heartbeat stale: the kernel lets everything through)"
+	}
+	if rep.Shadow {
+		mode += ", shadow"
+	}
+	fmt.Fprintf(out, "heartbeat %.1fs ago, fail-safe %.0fs: %s; events lost %d\n", rep.HeartbeatAgeSec, rep.FailsafeSec, mode, rep.EventsLost)
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DEST\tSTATE\tDUE IN\tTOKENS\tERRNO\tCIRCUIT\tREJECTED")
+	for _, e := range rep.Verdicts {
+		fmt.Fprintf(tw, "%s\t%s\t%.1fs\t%d/%d\t%s\t%d\t%d\n", e.Dest, e.State, e.DueInSec, e.Tokens, e.Probes, e.Errno, e.CircuitID, e.Rejected)
+	}
+	return tw.Flush()
+}
+
+func writeJSON(out io.Writer, v any) error {
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (c *client) get(path string, v any) error {
+	resp, err := c.http.Get(c.base + path)
+	if err != nil {
+		return fmt.Errorf("reaching breakerd: %w", err)
+	}
+	return decode(resp, v)
+}
+
+func (c *client) post(path string, body any, token string, v any) error {
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequest("POST", c.base+path, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("reaching breakerd: %w", err)
+	}
+	return decode(resp, v)
+}
+
+func decode(resp *http.Response, v any) error {
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error string `json:"error"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		return fmt.Errorf("breakerd answered %s: %s", resp.Status, e.Error)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("decoding breakerd's answer: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/daemon"
+	"github.com/breakerd/breakerd/internal/kerneltest"
+)
+
+func TestMain(m *testing.M) { kerneltest.Main(m) }
+
+func TestConfigValidate(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(good, []byte("targets:\n  db: {match: {cidrs: [192.0.2.1]}}\n"), 0o644)
+	os.WriteFile(bad, []byte("all:\n  failure_rate_threshold: 1.5\n  windw_size: 3\n"), 0o644)
+	var out bytes.Buffer
+	if err := run([]string{"config", "validate", good}, &out); err != nil || !strings.Contains(out.String(), "valid (mode enforce, 1 targets") {
+		t.Fatalf("good file: %v %s", err, out.String())
+	}
+	out.Reset()
+	err := run([]string{"config", "validate", bad}, &out)
+	if err == nil || !strings.Contains(err.Error(), "2 problem(s)") {
+		t.Fatalf("bad file: %v", err)
+	}
+	for _, want := range []string{"all.failure_rate_threshold: 1.5 is not in (0, 1]", "all.windw_size: unknown key (did you mean window_size?)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	var ue usageError
+	if err := run([]string{"config", "check"}, &out); !errors.As(err, &ue) {
+		t.Fatalf("bad usage: %v", err)
+	}
+	if err := run([]string{"status", "-o", "yaml"}, &out); !errors.As(err, &ue) {
+		t.Fatalf("bad -o: %v", err)
+	}
+}
+
+func TestStatusForceAndInspectWithDaemonStopped(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	cg := kerneltest.NewCgroup(t)
+	topo := kerneltest.NewTopology(t, 1)
+	srv := topo.Servers[0]
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "b.yaml")
+	os.WriteFile(cfg, []byte(strings.ReplaceAll(`
+targets:
+  svc:
+    match: {cidrs: [SRV], ports: ["8080"]}
+    consecutive_failures: 2
+    open_duration: 1m
+`, "SRV", srv.IPv4.String())), 0o644)
+	bpffs := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+	t.Cleanup(func() { os.RemoveAll(bpffs) })
+	sock := filepath.Join(dir, "admin.sock")
+	d, err := daemon.New(daemon.Options{ConfigPath: cfg, Cgroup: cg.Path, BPFFS: bpffs, AdminSocket: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	dst := netip.AddrPortFrom(srv.IPv4, 8080)
+	topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: dst, Count: 2})
+	if !kerneltest.WaitFor(2*time.Second, func() bool { return d.Circuits()[0].State == "open" }) {
+		t.Fatal("circuit did not open")
+	}
+	if res := topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: dst, Count: 3}); res[0].Errno != unix.ECONNREFUSED {
+		t.Fatalf("not rejected: %+v", res)
+	}
+
+	var out bytes.Buffer
+	if err := run([]string{"status", "--socket", sock}, &out); err != nil || !strings.Contains(out.String(), "svc") || !strings.Contains(out.String(), "open") {
+		t.Fatalf("status: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	if err := run([]string{"events", "--socket", sock, "-o", "json"}, &out); err != nil || !strings.Contains(out.String(), `"reason": "consecutive_failures"`) {
+		t.Fatalf("events: %v\n%s", err, out.String())
+	}
+	if err := run([]string{"force", "reset", "nope", "--socket", sock}, &out); err == nil || !strings.Contains(err.Error(), "no such circuit") {
+		t.Fatalf("force on an unknown circuit: %v", err)
+	}
+	reported := d.Circuits()[0]
+
+	// Stop the daemon: the pins stay and inspect reads them directly.
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	done <- nil
+	out.Reset()
+	if err := run([]string{"inspect", "--bpffs", bpffs, "-o", "json"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var rep InspectReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if len(rep.Verdicts) != 1 {
+		t.Fatalf("inspect: %+v", rep)
+	}
+	v := rep.Verdicts[0]
+	if v.Dest != reported.Destinations[0] || v.State != reported.State || v.CircuitID != reported.CircuitID || v.Rejected != reported.Rejected || v.Rejected != 3 {
+		t.Fatalf("inspect %+v disagrees with the daemon's report %+v", v, reported)
+	}
+	if due := time.Until(reported.OpenUntil).Seconds(); v.DueInSec < due-2 || v.DueInSec > due+2 {
+		t.Fatalf("due in %.1fs, the daemon said %.1fs", v.DueInSec, due)
+	}
+	if !rep.Enforcing || rep.HeartbeatAgeSec > 5 {
+		t.Fatalf("heartbeat: %+v", rep)
+	}
+}
