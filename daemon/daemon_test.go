@@ -460,3 +460,50 @@ func TestShutdownLeavesNoGoroutine(t *testing.T) {
 	f.stop()
 	goleak.VerifyNone(t, before, goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
 }
+
+func TestMaxCircuitsEvictsIdleClosedFirst(t *testing.T) {
+	f := newFixture(t, `
+max_circuits: 2
+all:
+  consecutive_failures: 1
+  open_duration: 1m
+`)
+	f.srv.ServeHold(t, 7001)
+	f.start()
+	f.dial(7000, 1, 0) // refused: this circuit opens
+	f.dial(7001, 1, 0) // established: closed
+	f.dial(7002, 1, 0) // a third destination: the idle closed one goes
+	names := map[string]string{}
+	for _, c := range f.d.Circuits() {
+		names[c.Name] = c.State
+	}
+	ip := f.srv.IPv4.String()
+	if len(names) != 2 || names["tcp/"+ip+":7000"] != "open" || names["tcp/"+ip+":7002"] != "open" {
+		t.Fatalf("circuits %v: want the open one kept and the closed idle one evicted", names)
+	}
+	if v := testutil.ToFloat64(f.d.metrics.circuitsEvicted); v != 1 {
+		t.Fatalf("evictions %v", v)
+	}
+}
+
+func TestHostNamesResolveIntoTargets(t *testing.T) {
+	f := newFixture(t, `
+targets:
+  local:
+    match: {hosts: [localhost], ports: ["7444"], protocol: udp}
+    state: forced_open
+`)
+	f.start()
+	c, ok := f.circuit("local")
+	if !ok || c.State != "forced_open" {
+		t.Fatalf("circuit %+v", c)
+	}
+	if !strings.Contains(strings.Join(c.Destinations, " "), "udp/127.0.0.1:7444") {
+		t.Fatalf("localhost did not resolve into the target: %v", c.Destinations)
+	}
+	// A forced-open UDP target is enforced before any traffic.
+	res := f.topo.Client.Dial(t, f.cg, kerneltest.DialSpec{Network: "udp4", Addr: netip.MustParseAddrPort("127.0.0.1:7444"), Op: "sendto"})
+	if res[0].Errno != unix.ECONNREFUSED {
+		t.Fatalf("sendto a forced-open UDP target: %v", res[0].Errno)
+	}
+}
