@@ -22,10 +22,14 @@
 #define IPPROTO_TCP 6
 #define IPPROTO_UDP 17
 #define ECONNREFUSED 111
+#define EAGAIN 11
 
 #define TCP_ESTABLISHED 1
 #define TCP_SYN_SENT 2
+#define TCP_FIN_WAIT1 4
 #define TCP_CLOSE 7
+#define TCP_LAST_ACK 9
+#define TCP_CLOSING 11
 
 #define MAX_VERDICTS (1 << 20)
 #define MAX_CIRCUIT_IDS (1 << 16)
@@ -70,6 +74,23 @@ struct {
 } counters SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_CIRCUIT_IDS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct dest_key);
+	__type(value, struct limit);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} limits SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_CIRCUIT_IDS);
+	__type(key, __u32);
+	__type(value, struct bulk_count);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} bulk SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, STAT_MAX);
 	__type(key, __u32);
@@ -93,12 +114,19 @@ enum sock_flags {
 	SOCK_DONE = 1 << 5,        /* final record sent */
 };
 
+enum bulk_flags {
+	BULK_CONNECTING = 1 << 0,  /* counted in bulk_count.connecting */
+	BULK_CONNECTIONS = 1 << 1, /* counted in bulk_count.connections */
+};
+
 struct sock_state {
 	struct dest_key dest;
 	__u32 flags; /* enum sock_flags */
 	__u64 start_ns;
 	__u64 cgroup_id;
 	__u32 rtos;
+	__u32 bulk;      /* enum bulk_flags: what this socket holds */
+	__u32 bulk_slot; /* which bulk_count it holds it in */
 	__u32 _pad;
 };
 
@@ -116,6 +144,8 @@ const enum verdict_state *unused_state __attribute__((unused));
 const enum stat_index *unused_stat __attribute__((unused));
 const enum config_flags *unused_config_flags __attribute__((unused));
 const enum event_flags *unused_event_flags __attribute__((unused));
+const struct limit *unused_limit __attribute__((unused));
+const struct bulk_count *unused_bulk __attribute__((unused));
 
 static __always_inline void stat_inc(__u32 idx)
 {
@@ -211,31 +241,11 @@ static __always_inline enum decision decide(struct verdict *v, __u64 now, __u32 
 	return REJECT;
 }
 
-static __always_inline int heartbeat_fresh(__u64 now, __u32 *flags)
+
+/* verdict_allows applies an open, half-open or forced-open verdict. */
+static __always_inline int verdict_allows(struct bpf_sock_addr *ctx, struct dest_key *key,
+					  struct verdict *v, __u32 flags, __u64 now)
 {
-	__u32 zero = 0;
-	struct settings *c = bpf_map_lookup_elem(&config, &zero);
-	if (!c || !c->heartbeat_ns)
-		return 0;
-	if (now > c->heartbeat_ns && now - c->heartbeat_ns > c->failsafe_ns)
-		return 0;
-	*flags = c->flags;
-	return 1;
-}
-
-static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *key)
-{
-	struct verdict *v = bpf_map_lookup_elem(&verdicts, key);
-	if (!v)
-		return 1;
-
-	__u64 now = bpf_ktime_get_ns();
-	__u32 flags = 0;
-	if (!heartbeat_fresh(now, &flags)) {
-		stat_inc(STAT_FAILSAFE_ALLOWED);
-		return 1;
-	}
-
 	__u32 new_round = 0;
 	enum decision d = decide(v, now, &new_round);
 	struct circuit_counters *c = counters_of(v->circuit_id);
@@ -273,6 +283,107 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 	default:
 		return 1;
 	}
+}
+
+/* take_slot counts one socket in *n if that stays within max; exact
+ * however many race (a loser gives back what it took). */
+static __always_inline int take_slot(__s64 *n, __u32 max)
+{
+	__s64 old = __sync_fetch_and_add(n, 1);
+	if (old < (__s64)max)
+		return 1;
+	__sync_fetch_and_add(n, -1);
+	return 0;
+}
+
+static __always_inline void bulk_release(struct sock_state *st, __u32 bits)
+{
+	__u32 took = __sync_fetch_and_and(&st->bulk, ~bits) & bits;
+	if (!took)
+		return;
+	__u32 slot = st->bulk_slot;
+	struct bulk_count *b = bpf_map_lookup_elem(&bulk, &slot);
+	if (!b)
+		return;
+	if (took & BULK_CONNECTING)
+		__sync_fetch_and_add(&b->connecting, -1);
+	if (took & BULK_CONNECTIONS)
+		__sync_fetch_and_add(&b->connections, -1);
+}
+
+/* bulkhead_admits applies a destination's concurrency limits to a TCP
+ * connect and marks the socket with what it holds. */
+static __always_inline int bulkhead_admits(struct bpf_sock_addr *ctx, struct limit *l, __u32 flags)
+{
+	struct sock_state *st = bpf_sk_storage_get(&socks, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st) {
+		stat_inc(STAT_STORAGE_FAILED);
+		return 1;
+	}
+	if (st->bulk)
+		return 1; /* connect() called again on a counted socket */
+	__u32 slot = l->slot;
+	struct bulk_count *b = bpf_map_lookup_elem(&bulk, &slot);
+	if (!b)
+		return 1;
+	__u32 took = 0;
+	if (l->max_connecting) {
+		if (!take_slot(&b->connecting, l->max_connecting))
+			goto over;
+		took |= BULK_CONNECTING;
+	}
+	if (l->max_connections) {
+		if (!take_slot(&b->connections, l->max_connections)) {
+			if (took & BULK_CONNECTING)
+				__sync_fetch_and_add(&b->connecting, -1);
+			goto over;
+		}
+		took |= BULK_CONNECTIONS;
+	}
+	st->bulk_slot = slot;
+	st->bulk = took;
+	return 1;
+over:;
+	struct circuit_counters *c = counters_of(slot);
+	if (flags & CONFIG_SHADOW) {
+		if (c)
+			c->shadow_rejected += 1;
+		return 1;
+	}
+	if (c)
+		c->bulkhead_rejected += 1;
+	if (has_set_retval)
+		bpf_set_retval(-(int)(l->reject_errno ? l->reject_errno : EAGAIN));
+	return 0;
+}
+
+static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *key)
+{
+	__u32 zero = 0;
+	struct settings *cfg = bpf_map_lookup_elem(&config, &zero);
+	if (!cfg)
+		return 1;
+	struct verdict *v = bpf_map_lookup_elem(&verdicts, key);
+	struct limit *l = 0;
+	if ((cfg->flags & CONFIG_LIMITS) && key->proto == IPPROTO_TCP)
+		l = bpf_map_lookup_elem(&limits, key);
+	if (!v && !l)
+		return 1;
+
+	__u64 now = bpf_ktime_get_ns();
+	/* Stale: never written, older than the fail-safe timeout, or from the
+	 * future (beyond a millisecond of clock read skew): fail open. */
+	__s64 age = (__s64)(now - cfg->heartbeat_ns);
+	if (!cfg->heartbeat_ns || age > (__s64)cfg->failsafe_ns || age < -1000000) {
+		stat_inc(STAT_FAILSAFE_ALLOWED);
+		return 1;
+	}
+	__u32 flags = cfg->flags;
+	if (v && !verdict_allows(ctx, key, v, flags, now))
+		return 0;
+	if (l)
+		return bulkhead_admits(ctx, l, flags);
+	return 1;
 }
 
 static __always_inline void key4(struct dest_key *k, __u32 ip, __u32 port, __u32 proto)
@@ -439,8 +550,15 @@ int observe(struct bpf_sock_ops *ops)
 		on_connect(ops, bpf_ktime_get_ns());
 		return 1;
 	case BPF_SOCK_OPS_STATE_CB:
-		if (ops->args[1] != TCP_CLOSE)
+		switch (ops->args[1]) {
+		case TCP_CLOSE:
+		case TCP_FIN_WAIT1: /* the application closed it */
+		case TCP_LAST_ACK:
+		case TCP_CLOSING:
+			break;
+		default:
 			return 1;
+		}
 		break;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 	case BPF_SOCK_OPS_RTO_CB:
@@ -460,6 +578,7 @@ int observe(struct bpf_sock_ops *ops)
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 		st->flags |= SOCK_ESTABLISHED;
 		st->rtos = 0; /* from here on, RTOs mean a stall */
+		bulk_release(st, BULK_CONNECTING);
 		report(ops, st, OUTCOME_ESTABLISHED, now - st->start_ns, 0, 0, now);
 		break;
 	case BPF_SOCK_OPS_RTO_CB:
@@ -482,8 +601,24 @@ int observe(struct bpf_sock_ops *ops)
 		}
 		break;
 	case BPF_SOCK_OPS_STATE_CB:
-		on_close(ops, st, ops->args[0], now);
+		bulk_release(st, BULK_CONNECTING | BULK_CONNECTIONS);
+		if (ops->args[1] == TCP_CLOSE)
+			on_close(ops, st, ops->args[0], now);
 		break;
 	}
+	return 1;
+}
+
+/* sock_release runs when a socket of the cgroup is released (close(), or
+ * the process exits or is killed): whatever it still holds in a bulkhead is
+ * given back. With the sockops paths above this releases each count exactly
+ * once, also for sockets that never reached the network (a connect that
+ * failed before sending its SYN). */
+SEC("cgroup/sock_release")
+int sock_release(struct bpf_sock *sk)
+{
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	if (st)
+		bulk_release(st, BULK_CONNECTING | BULK_CONNECTIONS);
 	return 1;
 }

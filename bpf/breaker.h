@@ -51,6 +51,7 @@ struct verdict {
 /* Global settings, one entry in the config array. */
 enum config_flags {
 	CONFIG_SHADOW = 1 << 0, /* count what would be rejected, reject nothing */
+	CONFIG_LIMITS = 1 << 1, /* the limits map has entries: look them up */
 };
 
 struct settings {
@@ -66,6 +67,26 @@ struct circuit_counters {
 	__u64 shadow_rejected; /* would have been turned away (shadow mode) */
 	__u64 probes;          /* half-open probes admitted */
 	__u64 rounds;          /* half-open rounds begun (due, or tokens re-issued) */
+	__u64 bulkhead_rejected; /* connects turned away by a concurrency limit */
+};
+
+/* Concurrency limits of one destination (bulkheads), value of the limits
+ * map. slot indexes the bulk counts; destinations of one service-scoped
+ * target share a slot. A limit of 0 is off. */
+struct limit {
+	__u32 slot;
+	__u32 max_connections; /* connecting + established sockets */
+	__u32 max_connecting;  /* sockets in SYN_SENT */
+	__u16 reject_errno;    /* errno a connect over the limit sees */
+	__u16 _pad;
+};
+
+/* Live socket counts of one bulkhead slot, kept exact by the socket
+ * lifecycle (incremented when connect admits a socket, decremented exactly
+ * once when it leaves the counted state by any path). */
+struct bulk_count {
+	__s64 connections;
+	__s64 connecting;
 };
 
 /* Global statistics, indexes into the per-CPU stats array. */

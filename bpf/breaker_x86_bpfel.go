@@ -13,18 +13,26 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type BreakerBulkCount struct {
+	_           structs.HostLayout
+	Connections int64
+	Connecting  int64
+}
+
 type BreakerCircuitCounters struct {
-	_              structs.HostLayout
-	Rejected       uint64
-	ShadowRejected uint64
-	Probes         uint64
-	Rounds         uint64
+	_                structs.HostLayout
+	Rejected         uint64
+	ShadowRejected   uint64
+	Probes           uint64
+	Rounds           uint64
+	BulkheadRejected uint64
 }
 
 type BreakerConfigFlags uint32
 
 const (
 	BreakerConfigFlagsCONFIG_SHADOW BreakerConfigFlags = 1
+	BreakerConfigFlagsCONFIG_LIMITS BreakerConfigFlags = 2
 )
 
 type BreakerDestKey struct {
@@ -54,6 +62,15 @@ type BreakerEventFlags uint32
 const (
 	BreakerEventFlagsEVENT_PROBE BreakerEventFlags = 1
 )
+
+type BreakerLimit struct {
+	_              structs.HostLayout
+	Slot           uint32
+	MaxConnections uint32
+	MaxConnecting  uint32
+	RejectErrno    uint16
+	Pad            uint16
+}
 
 type BreakerOutcome uint32
 
@@ -85,6 +102,8 @@ type BreakerSockState struct {
 	StartNs  uint64
 	CgroupId uint64
 	Rtos     uint32
+	Bulk     uint32
+	BulkSlot uint32
 	Pad      uint32
 }
 
@@ -123,9 +142,11 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	BreakerMapBulk              = "bulk"
 	BreakerMapConfig            = "config"
 	BreakerMapCounters          = "counters"
 	BreakerMapEvents            = "events"
+	BreakerMapLimits            = "limits"
 	BreakerMapSocks             = "socks"
 	BreakerMapStats             = "stats"
 	BreakerMapVerdicts          = "verdicts"
@@ -134,10 +155,13 @@ const (
 	BreakerProgObserve          = "observe"
 	BreakerProgSendmsg4         = "sendmsg4"
 	BreakerProgSendmsg6         = "sendmsg6"
+	BreakerProgSockRelease      = "sock_release"
 	BreakerVarHasSetRetval      = "has_set_retval"
+	BreakerVarUnusedBulk        = "unused_bulk"
 	BreakerVarUnusedConfigFlags = "unused_config_flags"
 	BreakerVarUnusedEvent       = "unused_event"
 	BreakerVarUnusedEventFlags  = "unused_event_flags"
+	BreakerVarUnusedLimit       = "unused_limit"
 	BreakerVarUnusedOutcome     = "unused_outcome"
 	BreakerVarUnusedStat        = "unused_stat"
 	BreakerVarUnusedState       = "unused_state"
@@ -185,20 +209,23 @@ type BreakerSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BreakerProgramSpecs struct {
-	Connect4 *ebpf.ProgramSpec `ebpf:"connect4"`
-	Connect6 *ebpf.ProgramSpec `ebpf:"connect6"`
-	Observe  *ebpf.ProgramSpec `ebpf:"observe"`
-	Sendmsg4 *ebpf.ProgramSpec `ebpf:"sendmsg4"`
-	Sendmsg6 *ebpf.ProgramSpec `ebpf:"sendmsg6"`
+	Connect4    *ebpf.ProgramSpec `ebpf:"connect4"`
+	Connect6    *ebpf.ProgramSpec `ebpf:"connect6"`
+	Observe     *ebpf.ProgramSpec `ebpf:"observe"`
+	Sendmsg4    *ebpf.ProgramSpec `ebpf:"sendmsg4"`
+	Sendmsg6    *ebpf.ProgramSpec `ebpf:"sendmsg6"`
+	SockRelease *ebpf.ProgramSpec `ebpf:"sock_release"`
 }
 
 // BreakerMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BreakerMapSpecs struct {
+	Bulk     *ebpf.MapSpec `ebpf:"bulk"`
 	Config   *ebpf.MapSpec `ebpf:"config"`
 	Counters *ebpf.MapSpec `ebpf:"counters"`
 	Events   *ebpf.MapSpec `ebpf:"events"`
+	Limits   *ebpf.MapSpec `ebpf:"limits"`
 	Socks    *ebpf.MapSpec `ebpf:"socks"`
 	Stats    *ebpf.MapSpec `ebpf:"stats"`
 	Verdicts *ebpf.MapSpec `ebpf:"verdicts"`
@@ -209,9 +236,11 @@ type BreakerMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type BreakerVariableSpecs struct {
 	HasSetRetval      *ebpf.VariableSpec `ebpf:"has_set_retval"`
+	UnusedBulk        *ebpf.VariableSpec `ebpf:"unused_bulk"`
 	UnusedConfigFlags *ebpf.VariableSpec `ebpf:"unused_config_flags"`
 	UnusedEvent       *ebpf.VariableSpec `ebpf:"unused_event"`
 	UnusedEventFlags  *ebpf.VariableSpec `ebpf:"unused_event_flags"`
+	UnusedLimit       *ebpf.VariableSpec `ebpf:"unused_limit"`
 	UnusedOutcome     *ebpf.VariableSpec `ebpf:"unused_outcome"`
 	UnusedStat        *ebpf.VariableSpec `ebpf:"unused_stat"`
 	UnusedState       *ebpf.VariableSpec `ebpf:"unused_state"`
@@ -237,9 +266,11 @@ func (o *BreakerObjects) Close() error {
 //
 // It can be passed to LoadBreakerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BreakerMaps struct {
+	Bulk     *ebpf.Map `ebpf:"bulk"`
 	Config   *ebpf.Map `ebpf:"config"`
 	Counters *ebpf.Map `ebpf:"counters"`
 	Events   *ebpf.Map `ebpf:"events"`
+	Limits   *ebpf.Map `ebpf:"limits"`
 	Socks    *ebpf.Map `ebpf:"socks"`
 	Stats    *ebpf.Map `ebpf:"stats"`
 	Verdicts *ebpf.Map `ebpf:"verdicts"`
@@ -247,9 +278,11 @@ type BreakerMaps struct {
 
 func (m *BreakerMaps) Close() error {
 	return _BreakerClose(
+		m.Bulk,
 		m.Config,
 		m.Counters,
 		m.Events,
+		m.Limits,
 		m.Socks,
 		m.Stats,
 		m.Verdicts,
@@ -261,9 +294,11 @@ func (m *BreakerMaps) Close() error {
 // It can be passed to LoadBreakerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BreakerVariables struct {
 	HasSetRetval      *ebpf.Variable `ebpf:"has_set_retval"`
+	UnusedBulk        *ebpf.Variable `ebpf:"unused_bulk"`
 	UnusedConfigFlags *ebpf.Variable `ebpf:"unused_config_flags"`
 	UnusedEvent       *ebpf.Variable `ebpf:"unused_event"`
 	UnusedEventFlags  *ebpf.Variable `ebpf:"unused_event_flags"`
+	UnusedLimit       *ebpf.Variable `ebpf:"unused_limit"`
 	UnusedOutcome     *ebpf.Variable `ebpf:"unused_outcome"`
 	UnusedStat        *ebpf.Variable `ebpf:"unused_stat"`
 	UnusedState       *ebpf.Variable `ebpf:"unused_state"`
@@ -273,11 +308,12 @@ type BreakerVariables struct {
 //
 // It can be passed to LoadBreakerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BreakerPrograms struct {
-	Connect4 *ebpf.Program `ebpf:"connect4"`
-	Connect6 *ebpf.Program `ebpf:"connect6"`
-	Observe  *ebpf.Program `ebpf:"observe"`
-	Sendmsg4 *ebpf.Program `ebpf:"sendmsg4"`
-	Sendmsg6 *ebpf.Program `ebpf:"sendmsg6"`
+	Connect4    *ebpf.Program `ebpf:"connect4"`
+	Connect6    *ebpf.Program `ebpf:"connect6"`
+	Observe     *ebpf.Program `ebpf:"observe"`
+	Sendmsg4    *ebpf.Program `ebpf:"sendmsg4"`
+	Sendmsg6    *ebpf.Program `ebpf:"sendmsg6"`
+	SockRelease *ebpf.Program `ebpf:"sock_release"`
 }
 
 func (p *BreakerPrograms) Close() error {
@@ -287,6 +323,7 @@ func (p *BreakerPrograms) Close() error {
 		p.Observe,
 		p.Sendmsg4,
 		p.Sendmsg6,
+		p.SockRelease,
 	)
 }
 

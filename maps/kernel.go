@@ -7,7 +7,7 @@
 // # Pins and adoption
 //
 // Everything lives under Dir/v<LayoutVersion> (default
-// /sys/fs/bpf/breakerd/v1): the maps by name (verdicts, config, counters,
+// /sys/fs/bpf/breakerd/v2): the maps by name (verdicts, config, counters,
 // stats, events, socks) and one link per hook (link_connect4, …). Load
 // reuses pinned maps whose layout matches, so a restarted daemon keeps the
 // verdicts the kernel is enforcing, and swaps the new programs into the
@@ -52,7 +52,7 @@ import (
 
 // LayoutVersion is the version of the maps' and records' layout. It is part
 // of the pin directory; bump it whenever bpf/breaker.h changes.
-const LayoutVersion = 1
+const LayoutVersion = 2
 
 // DefaultDir is the default bpffs directory for breakerd's pins.
 const DefaultDir = "/sys/fs/bpf/breakerd"
@@ -109,6 +109,7 @@ var hooks = []hook{
 	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Sendmsg4 }},
 	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Sendmsg6 }},
 	{"sockops", ebpf.AttachCGroupSockOps, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Observe }},
+	{"sock_release", ebpf.AttachCgroupInetSockRelease, func(o *bpf.BreakerObjects) *ebpf.Program { return o.SockRelease }},
 }
 
 // ProbeFeatures asks the kernel what it supports. An inconclusive probe

@@ -23,6 +23,9 @@ type Settings struct {
 	// MaxRTO is how many retransmission timeouts make an established
 	// connection stalled (0: the kernel's default of 3).
 	MaxRTO uint32
+	// Limits makes connect look destinations up in the limits map
+	// (bulkheads); off, the allow path skips that lookup.
+	Limits bool
 }
 
 // SetSettings writes the settings.
@@ -34,6 +37,9 @@ func (k *Kernel) SetSettings(s Settings) error {
 	}
 	if s.Shadow {
 		raw.Flags |= uint32(bpf.BreakerConfigFlagsCONFIG_SHADOW)
+	}
+	if s.Limits {
+		raw.Flags |= uint32(bpf.BreakerConfigFlagsCONFIG_LIMITS)
 	}
 	if err := k.objs.Config.Put(uint32(0), &raw); err != nil {
 		return fmt.Errorf("writing settings: %w", err)
@@ -51,6 +57,7 @@ func (v *View) Settings() (Settings, error) {
 		Heartbeat: time.Duration(raw.HeartbeatNs),
 		FailSafe:  time.Duration(raw.FailsafeNs),
 		Shadow:    raw.Flags&uint32(bpf.BreakerConfigFlagsCONFIG_SHADOW) != 0,
+		Limits:    raw.Flags&uint32(bpf.BreakerConfigFlagsCONFIG_LIMITS) != 0,
 		MaxRTO:    raw.MaxRto,
 	}, nil
 }
@@ -75,6 +82,8 @@ type Counters struct {
 	Probes uint64
 	// Rounds counts half-open rounds begun.
 	Rounds uint64
+	// BulkheadRejected counts connects turned away by a concurrency limit.
+	BulkheadRejected uint64
 }
 
 // Counters reads the counters of circuit id.
@@ -89,6 +98,7 @@ func (v *View) Counters(id uint32) (Counters, error) {
 		c.ShadowRejected += p.ShadowRejected
 		c.Probes += p.Probes
 		c.Rounds += p.Rounds
+		c.BulkheadRejected += p.BulkheadRejected
 	}
 	return c, nil
 }

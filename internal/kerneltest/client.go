@@ -118,6 +118,24 @@ func (h *Host) Dial(tb testing.TB, cg *Cgroup, spec DialSpec) []DialResult {
 	return res
 }
 
+// StartDial starts a client helper process inside cg and the host and
+// returns without waiting, so a test can kill it while it holds its
+// sockets (it is killed at the end of the test anyway).
+func (h *Host) StartDial(tb testing.TB, cg *Cgroup, spec DialSpec) *Process {
+	tb.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		tb.Fatalf("finding test binary: %v", err)
+	}
+	js, _ := json.Marshal(spec)
+	p := h.Command(cg, self)
+	p.Cmd.Env = append(os.Environ(), helperEnv+"="+string(js))
+	if err := p.Start(tb); err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}
+
 func runHelper(js string) int {
 	var spec DialSpec
 	if err := json.Unmarshal([]byte(js), &spec); err != nil {

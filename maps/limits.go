@@ -1,0 +1,67 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/breakerd/breakerd/bpf"
+)
+
+// Limit is a destination's bulkhead: concurrency limits enforced in
+// connect, counted in one slot (destinations of a service-scoped target
+// share it). A limit of 0 is off.
+type Limit struct {
+	// Slot indexes the live counts (0 .. MaxCircuitIDs-1); breakerd uses
+	// the circuit id.
+	Slot uint32
+	// MaxConnections caps connecting plus established sockets.
+	MaxConnections uint32
+	// MaxConnecting caps sockets still in SYN_SENT.
+	MaxConnecting uint32
+	// Errno is what a connect over a limit sees (0: EAGAIN).
+	Errno syscall.Errno
+}
+
+// PutLimit writes d's limits. Settings.Limits must be on for connect to
+// look them up.
+func (k *Kernel) PutLimit(d Dest, l Limit) error {
+	if l.Slot >= MaxCircuitIDs {
+		return fmt.Errorf("bulkhead slot %d is not below %d", l.Slot, MaxCircuitIDs)
+	}
+	key := d.Key()
+	raw := bpf.BreakerLimit{Slot: l.Slot, MaxConnections: l.MaxConnections, MaxConnecting: l.MaxConnecting, RejectErrno: uint16(l.Errno)}
+	if err := k.objs.Limits.Put(&key, &raw); err != nil {
+		return fmt.Errorf("writing limits for %s: %w", d, err)
+	}
+	return nil
+}
+
+// DeleteLimit removes d's limits. Sockets already counted are still
+// released into their slot.
+func (k *Kernel) DeleteLimit(d Dest) error {
+	key := d.Key()
+	if err := k.objs.Limits.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("deleting limits for %s: %w", d, err)
+	}
+	return nil
+}
+
+// BulkCount is the live socket count of one bulkhead slot.
+type BulkCount struct {
+	// Connections counts connecting plus established sockets.
+	Connections int64
+	// Connecting counts sockets in SYN_SENT.
+	Connecting int64
+}
+
+// BulkCount reads the live counts of slot.
+func (v *View) BulkCount(slot uint32) (BulkCount, error) {
+	var raw bpf.BreakerBulkCount
+	if err := v.bulk.Lookup(slot, &raw); err != nil {
+		return BulkCount{}, fmt.Errorf("reading bulkhead slot %d: %w", slot, err)
+	}
+	return BulkCount{Connections: raw.Connections, Connecting: raw.Connecting}, nil
+}
