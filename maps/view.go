@@ -16,7 +16,7 @@ import (
 // with or without a daemon).
 type View struct {
 	verdicts, config, counters, stats, limits, bulk *ebpf.Map
-	closers                           []*ebpf.Map
+	closers                                         []*ebpf.Map
 }
 
 func viewOf(o *bpf.BreakerObjects) View {
