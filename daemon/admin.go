@@ -37,6 +37,9 @@ type CircuitInfo struct {
 	CircuitID           uint32         `json:"circuit_id"`
 	Rejected            uint64         `json:"rejected"`
 	ShadowRejected      uint64         `json:"shadow_rejected"`
+	BulkheadRejected    uint64         `json:"bulkhead_rejected"`
+	Connections         int64          `json:"connections"`
+	Connecting          int64          `json:"connecting"`
 	Options             map[string]any `json:"options"`
 }
 
@@ -59,7 +62,10 @@ func (d *Daemon) info(c *circuit, now time.Time) CircuitInfo {
 	}
 	sortStringsSlice(ci.Destinations)
 	if cnt, err := d.k.Counters(c.id); err == nil {
-		ci.Rejected, ci.ShadowRejected = cnt.Rejected, cnt.ShadowRejected
+		ci.Rejected, ci.ShadowRejected, ci.BulkheadRejected = cnt.Rejected, cnt.ShadowRejected, cnt.BulkheadRejected
+	}
+	if b, err := d.k.BulkCount(c.id); err == nil {
+		ci.Connections, ci.Connecting = b.Connections, b.Connecting
 	}
 	return ci
 }
@@ -72,6 +78,7 @@ func optionsMap(o *policy.Options) map[string]any {
 		"open_duration_multiplier": o.OpenDurationMultiplier, "max_open_duration": o.MaxOpenDuration.String(), "jitter": o.Jitter,
 		"half_open_probes": o.HalfOpenProbes, "half_open_success_threshold": o.HalfOpenSuccessThreshold, "probe_timeout": o.ProbeTimeout.String(),
 		"reject_errno": policy.ErrnoName(o.RejectErrno), "count_abandoned": o.CountAbandoned,
+		"max_connections": o.MaxConnections, "max_connecting": o.MaxConnecting, "bulkhead_reject_errno": policy.ErrnoName(o.BulkheadRejectErrno),
 	}
 }
 

@@ -125,6 +125,13 @@ func (d *Daemon) attach(c *circuit, dst maps.Dest) {
 	}
 	c.dests[dst] = true
 	d.reg.byDest[dst] = c
+	if o := c.c.Options(); o.HasLimits() && dst.Proto == maps.TCP {
+		l := maps.Limit{Slot: c.id, MaxConnections: uint32(o.MaxConnections), MaxConnecting: uint32(o.MaxConnecting), Errno: o.BulkheadRejectErrno}
+		if err := d.k.PutLimit(dst, l); err != nil {
+			d.metrics.verdictWriteErrors.Inc()
+			d.log.Error("writing bulkhead limits (not enforced for this destination)", "circuit", c.name, "dest", dst, "err", err)
+		}
+	}
 	if s := c.c.State(); s.Rejects() {
 		d.writeVerdict(c, dst, s, c.c.Status(d.now()).OpenUntil)
 	}
@@ -198,7 +205,19 @@ func (d *Daemon) drop(c *circuit) {
 		if err := d.k.DeleteVerdict(dst); err != nil {
 			d.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
+		if err := d.k.DeleteLimit(dst); err != nil {
+			d.log.Warn("deleting bulkhead limits", "dest", dst, "err", err)
+		}
 		delete(d.reg.byDest, dst)
+	}
+	// Keep its kernel counts so the per-target counters never go down.
+	if cnt, err := d.k.Counters(c.id); err == nil {
+		r := d.retired[c.target]
+		r.Rejected += cnt.Rejected
+		r.ShadowRejected += cnt.ShadowRejected
+		r.Probes += cnt.Probes
+		r.BulkheadRejected += cnt.BulkheadRejected
+		d.retired[c.target] = r
 	}
 	c.c.Release()
 	delete(d.reg.byName, c.name)

@@ -76,6 +76,7 @@ type Daemon struct {
 	pending  map[uint64]pendingConn // connecting sockets seen retransmitting SYNs, by cookie
 	counted  map[uint64]bool        // sockets already counted as timed out
 	events   []TransitionEvent
+	retired  map[string]maps.Counters // kernel counts of dropped circuits, by target
 	ready    bool
 
 	lastBeat time.Time
@@ -134,7 +135,7 @@ func New(opts Options) (*Daemon, error) {
 	d := &Daemon{
 		opts: opts, log: opts.Logger, k: k, rand: rng.Float64,
 		reg: newRegistry(), pending: map[uint64]pendingConn{}, counted: map[uint64]bool{},
-		resolved: map[string][]netip.Addr{},
+		resolved: map[string][]netip.Addr{}, retired: map[string]maps.Counters{},
 	}
 	d.metrics = newMetrics(d)
 	d.mu.Lock()
@@ -345,7 +346,8 @@ func (d *Daemon) tick(now time.Time) {
 }
 
 func (d *Daemon) heartbeat() error {
-	s := maps.Settings{Heartbeat: maps.Now(), FailSafe: d.cfg.FailsafeTimeout, Shadow: d.cfg.Mode == policy.Shadow, MaxRTO: uint32(d.cfg.MaxRTO)}
+	s := maps.Settings{Heartbeat: maps.Now(), FailSafe: d.cfg.FailsafeTimeout, Shadow: d.cfg.Mode == policy.Shadow,
+		MaxRTO: uint32(d.cfg.MaxRTO), Limits: hasLimits(d.cfg)}
 	if err := d.k.SetSettings(s); err != nil {
 		return fmt.Errorf("writing heartbeat: %w", err)
 	}
@@ -409,10 +411,8 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 		}
 		d.log.Info("configuration reloaded", "all_changed", ch.AllChanged, "mode_changed", ch.ModeChanged,
 			"added", ch.Added, "changed", ch.Changed, "removed", ch.Removed, "unchanged", ch.Unchanged)
-		if ch.ModeChanged {
-			if err := d.heartbeat(); err != nil {
-				d.log.Error("writing mode", "err", err)
-			}
+		if err := d.heartbeat(); err != nil { // mode and limits flags
+			d.log.Error("writing settings", "err", err)
 		}
 	}
 	d.rematch()
@@ -442,6 +442,20 @@ func (d *Daemon) rematch() {
 			d.lookup(dst, now)
 		}
 	}
+}
+
+// hasLimits reports whether any circuit of cfg has a bulkhead; only then
+// does connect look destinations up in the limits map.
+func hasLimits(cfg *policy.Config) bool {
+	if cfg.All.HasLimits() {
+		return true
+	}
+	for _, t := range cfg.Targets {
+		if t.Options.HasLimits() {
+			return true
+		}
+	}
+	return false
 }
 
 func sortedKeys(m map[string]*policy.Target) []string {

@@ -507,3 +507,53 @@ targets:
 		t.Fatalf("sendto a forced-open UDP target: %v", res[0].Errno)
 	}
 }
+
+func TestBulkhead(t *testing.T) {
+	cfg := `
+targets:
+  pool:
+    match: {cidrs: [SRV], ports: ["8300"]}
+    max_connections: 5
+    consecutive_failures: 1
+`
+	f := newFixture(t, cfg)
+	f.srv.ServeHold(t, 8300) // a server that never answers: connections pile up
+	f.start()
+	dst := netip.AddrPortFrom(f.srv.IPv4, 8300)
+		// A pool of 300 clients that would each hold a connection.
+	holder := f.topo.Client.StartDial(t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: dst, Count: 300, Parallel: 300, Barrier: true, Hold: time.Minute})
+	if !kerneltest.WaitFor(5*time.Second, func() bool { c, _ := f.circuit("pool"); return c.Connections == 5 && c.BulkheadRejected == 295 }) {
+		c, _ := f.circuit("pool")
+		t.Fatalf("bulkhead: %+v", c)
+	}
+	c, _ := f.circuit("pool")
+	if c.State != "closed" || c.Calls != 5 || c.Failures != 0 {
+		t.Fatalf("bulkhead rejections fed the window: %+v", c)
+	}
+	// A lowered limit keeps the existing connections; new ones wait.
+	f.writeConfig(strings.Replace(cfg, "max_connections: 5", "max_connections: 2", 1))
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got := errnos(f.dial(8300, 1, 0)); got[unix.EAGAIN] != 1 {
+		t.Fatalf("after lowering the limit: %v", got)
+	}
+	if c, _ := f.circuit("pool"); c.Connections != 5 {
+		t.Fatalf("lowering the limit dropped connections: %+v", c)
+	}
+	holder.Cmd.Process.Kill()
+	holder.Cmd.Wait()
+	if !kerneltest.WaitFor(3*time.Second, func() bool { c, _ := f.circuit("pool"); return c.Connections == 0 }) {
+		t.Fatal("count did not return to zero")
+	}
+	if got := errnos(f.dial(8300, 1, 0)); got[0] != 1 {
+		t.Fatalf("after the holder died: %v", got)
+	}
+	rec := httptest.NewRecorder()
+	f.d.handler(false, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, want := range []string{`breakerd_bulkhead_rejections_total{target="pool"} 296`, `breakerd_bulkhead_connections{target="pool"} 0`} {
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("scrape lacks %s", want)
+		}
+	}
+}

@@ -57,6 +57,8 @@ var (
 	descRejected   = prometheus.NewDesc("breakerd_kernel_rejections_total", "Connections and datagrams the kernel turned away, by target.", []string{"target"}, nil)
 	descShadow     = prometheus.NewDesc("breakerd_kernel_shadow_rejections_total", "Connections the kernel would have turned away in shadow mode, by target.", []string{"target"}, nil)
 	descProbes     = prometheus.NewDesc("breakerd_kernel_probes_total", "Half-open probes the kernel admitted, by target.", []string{"target"}, nil)
+	descBulkRej    = prometheus.NewDesc("breakerd_bulkhead_rejections_total", "Connects the kernel turned away because a bulkhead (max_connections, max_connecting) was full, by target.", []string{"target"}, nil)
+	descBulkConns  = prometheus.NewDesc("breakerd_bulkhead_connections", "Connecting plus established sockets counted by the bulkheads, by target.", []string{"target"}, nil)
 	descLost       = prometheus.NewDesc("breakerd_events_lost_total", "Outcome records the kernel dropped because the ring buffer was full.", nil, nil)
 	descFailsafe   = prometheus.NewDesc("breakerd_kernel_failsafe_allowed_total", "Verdicts the kernel ignored because the daemon's heartbeat was stale.", nil, nil)
 	descEntries    = prometheus.NewDesc("breakerd_verdict_map_entries", "Entries in the kernel's verdict map.", nil, nil)
@@ -70,7 +72,7 @@ var (
 
 // Describe sends the collector's descriptors.
 func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descState, descDynamic, descRejected, descShadow, descProbes, descLost, descFailsafe, descEntries, descCapacity} {
+	for _, d := range []*prometheus.Desc{descBulkRej, descBulkConns, descState, descDynamic, descRejected, descShadow, descProbes, descLost, descFailsafe, descEntries, descCapacity} {
 		ch <- d
 	}
 }
@@ -82,10 +84,14 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	defer d.mu.Unlock()
 	states := map[string]map[policy.State]int{}
 	dynamic := map[policy.State]int{}
-	type sums struct{ rej, shadow, probes uint64 }
+	type sums struct {
+		rej, shadow, probes, bulkRej uint64
+		conns                        int64
+	}
 	perTarget := map[string]*sums{}
 	for _, t := range counterTargets(d) {
-		perTarget[t] = &sums{}
+		r := d.retired[t]
+		perTarget[t] = &sums{rej: r.Rejected, shadow: r.ShadowRejected, probes: r.Probes, bulkRej: r.BulkheadRejected}
 		if t != allTarget {
 			states[t] = map[policy.State]int{}
 		}
@@ -101,6 +107,12 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			perTarget[c.target].rej += cnt.Rejected
 			perTarget[c.target].shadow += cnt.ShadowRejected
 			perTarget[c.target].probes += cnt.Probes
+			perTarget[c.target].bulkRej += cnt.BulkheadRejected
+		}
+		if c.c.Options().HasLimits() && perTarget[c.target] != nil {
+			if b, err := d.k.BulkCount(c.id); err == nil {
+				perTarget[c.target].conns += b.Connections
+			}
 		}
 	}
 	for t, m := range states {
@@ -115,6 +127,8 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descRejected, prometheus.CounterValue, float64(sm.rej), t)
 		ch <- prometheus.MustNewConstMetric(descShadow, prometheus.CounterValue, float64(sm.shadow), t)
 		ch <- prometheus.MustNewConstMetric(descProbes, prometheus.CounterValue, float64(sm.probes), t)
+		ch <- prometheus.MustNewConstMetric(descBulkRej, prometheus.CounterValue, float64(sm.bulkRej), t)
+		ch <- prometheus.MustNewConstMetric(descBulkConns, prometheus.GaugeValue, float64(sm.conns), t)
 	}
 	if st, err := d.k.Stats(); err == nil {
 		ch <- prometheus.MustNewConstMetric(descLost, prometheus.CounterValue, float64(st.EventsLost))

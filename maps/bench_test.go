@@ -80,6 +80,13 @@ func BenchmarkConnectCost(b *testing.B) {
 	cg100k, k100k := load(100_000)
 	cg1M, k1M := load(1_000_000)
 	cgRej, kRej := load(0)
+	cgBulk, kBulk := load(0)
+	if err := kBulk.PutLimit(Dest{Proto: TCP, Addr: netip.AddrPortFrom(srv.IPv4, healthy)}, Limit{Slot: 1, MaxConnections: 1 << 20, MaxConnecting: 1 << 20}); err != nil {
+		b.Fatal(err)
+	}
+	if err := kBulk.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, Limits: true}); err != nil {
+		b.Fatal(err)
+	}
 	d := Dest{Proto: TCP, Addr: netip.AddrPortFrom(srv.IPv4, breakerRejected)}
 	if err := kRej.PutVerdict(d, Verdict{State: ForcedOpen}); err != nil {
 		b.Fatal(err)
@@ -89,6 +96,7 @@ func BenchmarkConnectCost(b *testing.B) {
 		{name: "breakerd, empty map", cg: cgEmpty, k: kEmpty, port: healthy},
 		{name: "breakerd, 100k entries", cg: cg100k, k: k100k, port: healthy, entries: 100_000},
 		{name: "breakerd, 1M entries", cg: cg1M, k: k1M, port: healthy, entries: 1_000_000},
+		{name: "breakerd, bulkhead set, not reached", cg: cgBulk, k: kBulk, port: healthy},
 		{name: "rejected by breakerd", cg: cgRej, k: kRej, port: breakerRejected, want: unix.ECONNREFUSED},
 		{name: "rejected by nftables", cg: none, port: nftRejected, want: unix.ECONNREFUSED},
 	}
@@ -152,7 +160,7 @@ func BenchmarkConnectCost(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64(median(configs[4].nanos)), "reject-ns")
+	b.ReportMetric(float64(median(configs[5].nanos)), "reject-ns")
 	b.ReportMetric(float64(base), "healthy-ns")
 }
 

@@ -56,7 +56,18 @@ type Options struct {
 	// CountAbandoned counts a connect the application gave up on after
 	// SlowCallDuration as a failure instead of as slow.
 	CountAbandoned bool
+	// MaxConnections caps connecting plus established sockets from the
+	// protected cgroup to the circuit's destinations (0: off). A bulkhead,
+	// enforced by the kernel in connect.
+	MaxConnections int
+	// MaxConnecting caps the circuit's sockets still in SYN_SENT (0: off).
+	MaxConnecting int
+	// BulkheadRejectErrno is what a connect over a bulkhead limit sees.
+	BulkheadRejectErrno syscall.Errno
 }
+
+// HasLimits reports whether the options set a bulkhead limit.
+func (o *Options) HasLimits() bool { return o.MaxConnections > 0 || o.MaxConnecting > 0 }
 
 // WindowBuckets is the number of buckets of a time-based window.
 const WindowBuckets = 10
@@ -111,6 +122,12 @@ var optionFields = []optionField{
 		func(o *Options, r any) error { return setErrno(&o.RejectErrno, r) }},
 	{"count_abandoned", "false", "bool", "A connect the application abandons after `slow_call_duration` counts as a failure instead of as slow (before that it counts as nothing).",
 		func(o *Options, r any) error { return setBool(&o.CountAbandoned, r) }},
+	{"max_connections", "0", "sockets", "Bulkhead: at most this many connecting plus established sockets from the protected cgroup to the circuit's destinations (service scope: the whole target), counted exactly by the kernel and enforced in connect. 0 turns it off.",
+		func(o *Options, r any) error { return setInt(&o.MaxConnections, r, 0, 10_000_000) }},
+	{"max_connecting", "0", "sockets", "Bulkhead: at most this many sockets still connecting (SYN_SENT), Envoy's pending requests. 0 turns it off.",
+		func(o *Options, r any) error { return setInt(&o.MaxConnecting, r, 0, 10_000_000) }},
+	{"bulkhead_reject_errno", "EAGAIN", "errno name", "What a connect over a bulkhead limit sees: the overload errno, distinct from `reject_errno`, and counted apart in metrics. Bulkhead rejections never enter the failure window.",
+		func(o *Options, r any) error { return setErrno(&o.BulkheadRejectErrno, r) }},
 }
 
 // DefaultOptions returns the built-in defaults.
@@ -136,6 +153,7 @@ var errnos = map[string]syscall.Errno{
 	"EAGAIN":        syscall.EAGAIN,
 	"ENOBUFS":       syscall.ENOBUFS,
 	"EADDRNOTAVAIL": syscall.EADDRNOTAVAIL,
+	"EBUSY":         syscall.EBUSY,
 }
 
 func errnoNames() []string {

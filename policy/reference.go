@@ -39,7 +39,9 @@ func Reference() string {
 	b.WriteString("closed → open when, with at least `min_requests` calls in the window, the failure rate reaches `failure_rate_threshold` or the slow-call rate reaches `slow_call_rate_threshold`, or after `consecutive_failures` failures in a row. ")
 	b.WriteString("open → half-open when `open_duration` has passed and a connection comes: the kernel admits `half_open_probes` of them. ")
 	b.WriteString("half-open → closed after `half_open_success_threshold` successful probes; → open again on a failed probe or when no probe succeeded within `probe_timeout`, for `open_duration × open_duration_multiplier^n` (capped at `max_open_duration`, plus up to `jitter` of it at random). ")
-	b.WriteString("A clean close returns the open duration to its base. `forced_open` always rejects and never probes, `forced_closed` never rejects, `disabled` keeps metrics only.\n")
+	b.WriteString("A clean close returns the open duration to its base. `forced_open` always rejects and never probes, `forced_closed` never rejects, `disabled` keeps metrics only.\n\n")
+	b.WriteString("## Bulkheads\n\n")
+	b.WriteString("`max_connections` and `max_connecting` are concurrency limits (Envoy's circuit breakers, resilience4j's bulkhead, HAProxy's `maxconn`) that the kernel enforces in `connect()` for every process of the cgroup, with no proxy. The count is per circuit: per target in service scope, per address and port in endpoint scope and for `all`. The kernel keeps it exact over the socket lifecycle: a socket is counted when connect admits it and released exactly once when it fails, is closed or its process dies. A lowered limit never closes existing connections; new ones wait for the count to fall. Destinations of `all` are counted from the first outcome the daemon sees for them. Like verdicts, limits are ignored when the daemon's heartbeat is stale.\n")
 	return b.String()
 }
 

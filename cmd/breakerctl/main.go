@@ -99,13 +99,17 @@ func run(args []string, out io.Writer) error {
 			return writeJSON(out, cs)
 		}
 		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tTARGET\tSTATE\tFAILURE\tSLOW\tCALLS\tOPEN FOR\tREJECTED")
+		fmt.Fprintln(tw, "NAME\tTARGET\tSTATE\tFAILURE\tSLOW\tCALLS\tOPEN FOR\tREJECTED\tCONNS\tBULKHEAD REJECTED")
 		for _, ci := range cs {
 			open := "-"
 			if !ci.OpenUntil.IsZero() {
 				open = time.Until(ci.OpenUntil).Round(time.Second).String()
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f%%\t%.0f%%\t%d\t%s\t%d\n", ci.Name, ci.Target, ci.State, 100*ci.FailureRate, 100*ci.SlowRate, ci.Calls, open, ci.Rejected)
+			conns := "-"
+			if mc, _ := ci.Options["max_connections"].(float64); mc > 0 {
+				conns = fmt.Sprintf("%d/%d", ci.Connections, int(mc))
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f%%\t%.0f%%\t%d\t%s\t%d\t%s\t%d\n", ci.Name, ci.Target, ci.State, 100*ci.FailureRate, 100*ci.SlowRate, ci.Calls, open, ci.Rejected, conns, ci.BulkheadRejected)
 		}
 		return tw.Flush()
 	case "events":
