@@ -520,7 +520,7 @@ targets:
 	f.srv.ServeHold(t, 8300) // a server that never answers: connections pile up
 	f.start()
 	dst := netip.AddrPortFrom(f.srv.IPv4, 8300)
-		// A pool of 300 clients that would each hold a connection.
+	// A pool of 300 clients that would each hold a connection.
 	holder := f.topo.Client.StartDial(t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: dst, Count: 300, Parallel: 300, Barrier: true, Hold: time.Minute})
 	if !kerneltest.WaitFor(5*time.Second, func() bool { c, _ := f.circuit("pool"); return c.Connections == 5 && c.BulkheadRejected == 295 }) {
 		c, _ := f.circuit("pool")
