@@ -124,6 +124,9 @@ func New(opts Options) (*Daemon, error) {
 	if opts.Cgroup == "" {
 		return nil, errors.New("no cgroup to protect")
 	}
+	if err := maps.CheckCapabilities(); err != nil {
+		return nil, err
+	}
 	feats := maps.ProbeFeatures()
 	opts.Logger.Info("kernel features", "set_retval", feats.SetRetval, "ring_buffer", feats.RingBuf,
 		"reject_errno", map[bool]string{true: "configured errno", false: "EPERM (no bpf_set_retval before 5.18)"}[feats.SetRetval])

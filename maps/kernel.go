@@ -46,6 +46,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
 
 	"github.com/breakerd/breakerd/bpf"
 )
@@ -136,6 +137,15 @@ func Load(opts Options) (*Kernel, error) {
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
+	}
+	if err := CheckCapabilities(); err != nil {
+		return nil, err
+	}
+	// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK (raising it
+	// needs CAP_SYS_RESOURCE there); later ones ignore it and this is a
+	// no-op.
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("raising RLIMIT_MEMLOCK (this kernel charges BPF memory to it; grant CAP_SYS_RESOURCE): %w", err)
 	}
 	dir := PinDir(opts.Dir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -1,0 +1,315 @@
+package deploy
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/policy"
+)
+
+func TestMain(m *testing.M) { kerneltest.Main(m) }
+
+func decodeStrict(t *testing.T, file string, into any) {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(data, into); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+}
+
+func daemonSet(t *testing.T) *appsv1.DaemonSet {
+	var ds appsv1.DaemonSet
+	decodeStrict(t, "daemonset.yaml", &ds)
+	return &ds
+}
+
+func TestManifestsDecodeStrictly(t *testing.T) {
+	var ns corev1.Namespace
+	decodeStrict(t, "namespace.yaml", &ns)
+	var sa corev1.ServiceAccount
+	decodeStrict(t, "serviceaccount.yaml", &sa)
+	var svc corev1.Service
+	decodeStrict(t, "service.yaml", &svc)
+	var cm corev1.ConfigMap
+	decodeStrict(t, "configmap.yaml", &cm)
+	daemonSet(t)
+	var kust struct {
+		APIVersion string   `json:"apiVersion"`
+		Kind       string   `json:"kind"`
+		Namespace  string   `json:"namespace"`
+		Resources  []string `json:"resources"`
+	}
+	decodeStrict(t, "kustomization.yaml", &kust)
+	for _, r := range kust.Resources {
+		if _, err := os.Stat(r); err != nil {
+			t.Errorf("kustomization lists %s: %v", r, err)
+		}
+	}
+	// A misspelt field is caught: the check itself works.
+	var ds appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict([]byte("apiVersion: apps/v1\nkind: DaemonSet\nspec:\n  updateStrategi: {}\n"), &ds); err == nil {
+		t.Fatal("strict decoding accepted a misspelt field")
+	}
+
+	// The example policy is valid.
+	if _, err := policy.Parse([]byte(cm.Data["breakerd.yaml"]), false); err != nil {
+		t.Fatalf("configmap.yaml's policy: %v", err)
+	}
+	if svc.Spec.Ports[0].Port != 9677 || sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+		t.Fatalf("service %+v / service account %+v", svc.Spec.Ports, sa)
+	}
+}
+
+// grantedCaps returns the DaemonSet's added capabilities.
+func grantedCaps(t *testing.T) []string {
+	c := daemonSet(t).Spec.Template.Spec.Containers[0]
+	var caps []string
+	for _, c := range c.SecurityContext.Capabilities.Add {
+		caps = append(caps, string(c))
+	}
+	return caps
+}
+
+func TestDaemonSetInvariants(t *testing.T) {
+	ds := daemonSet(t)
+	pod := ds.Spec.Template.Spec
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%d containers", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	sc := c.SecurityContext
+	if sc == nil || sc.Privileged == nil || *sc.Privileged {
+		t.Error("the container must not be privileged")
+	}
+	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Error("root filesystem must be read-only")
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Error("privilege escalation must be off")
+	}
+	if !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("drop %v, want ALL", sc.Capabilities.Drop)
+	}
+	caps := grantedCaps(t)
+	slices.Sort(caps)
+	if !slices.Equal(caps, []string{"BPF", "NET_ADMIN", "PERFMON"}) {
+		t.Errorf("capabilities %v, want exactly BPF, NET_ADMIN, PERFMON", caps)
+	}
+	if pod.PriorityClassName != "system-node-critical" || pod.HostNetwork {
+		t.Errorf("priority %q host network %v", pod.PriorityClassName, pod.HostNetwork)
+	}
+	if len(pod.Tolerations) != 1 || pod.Tolerations[0].Operator != corev1.TolerationOpExists {
+		t.Errorf("tolerations %+v: want one that tolerates every taint", pod.Tolerations)
+	}
+	port := -1
+	for _, p := range c.Ports {
+		if p.Name == "admin" {
+			port = int(p.ContainerPort)
+		}
+	}
+	if !slices.Contains(c.Args, fmt.Sprintf("--admin-addr=0.0.0.0:%d", port)) {
+		t.Errorf("admin port %d is not what breakerd listens on: %v", port, c.Args)
+	}
+	for probe, path := range map[*corev1.Probe]string{c.LivenessProbe: "/healthz", c.ReadinessProbe: "/readyz"} {
+		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != path || probe.HTTPGet.Port.String() != "admin" {
+			t.Errorf("probe %+v, want GET %s on the admin port", probe, path)
+		}
+	}
+	mounts := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.MountPath] = m.Name
+	}
+	hostPaths := map[string]string{}
+	for _, v := range pod.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	if hostPaths[mounts["/sys/fs/bpf"]] != "/sys/fs/bpf" || hostPaths[mounts["/host/cgroup"]] != "/sys/fs/cgroup" {
+		t.Errorf("bpffs and cgroup hostPath mounts: mounts %v volumes %v", mounts, hostPaths)
+	}
+	if !slices.Contains(c.Args, "--cgroup=/host/cgroup") || !slices.Contains(c.Args, "--bpffs=/sys/fs/bpf/breakerd") {
+		t.Errorf("args %v do not use the mounts", c.Args)
+	}
+	ru := ds.Spec.UpdateStrategy.RollingUpdate
+	if ds.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType || ru == nil || ru.MaxSurge == nil || ru.MaxSurge.IntValue() != 0 {
+		t.Errorf("update strategy %+v: want rolling, one pod per node at a time (the new one adopts the old one's pins)", ds.Spec.UpdateStrategy)
+	}
+	if c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+		t.Error("memory requests and limits must be set")
+	}
+}
+
+func TestPrometheusRuleMatchesAlerts(t *testing.T) {
+	var plain, op struct {
+		Groups []any `json:"groups"`
+		Spec   struct {
+			Groups []any `json:"groups"`
+		} `json:"spec"`
+	}
+	for f, into := range map[string]any{"alerts.yml": &plain, "prometheusrule.yaml": &op} {
+		data, _ := os.ReadFile(f)
+		if err := yaml.Unmarshal(data, into); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+	a, _ := yaml.Marshal(plain.Groups)
+	b, _ := yaml.Marshal(op.Spec.Groups)
+	if len(plain.Groups) == 0 || !bytes.Equal(a, b) {
+		t.Fatal("prometheusrule.yaml's groups differ from alerts.yml")
+	}
+}
+
+func TestAlertRules(t *testing.T) {
+	if _, err := exec.LookPath("promtool"); err != nil {
+		if kerneltest.InCI() {
+			t.Fatal("promtool is missing (scripts/setup installs Debian's prometheus)")
+		}
+		t.Skip("promtool not installed")
+	}
+	for _, args := range [][]string{{"check", "rules", "alerts.yml"}, {"test", "rules", "alerts_test.yml"}} {
+		if out, err := exec.Command("promtool", args...).CombinedOutput(); err != nil {
+			t.Fatalf("promtool %v: %v\n%s", args, err, out)
+		}
+	}
+}
+
+// TestLeastPrivilege runs the real breakerd with exactly the capabilities
+// the DaemonSet grants (setpriv drops the rest from the bounding set), and
+// with each of them missing.
+func TestLeastPrivilege(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Fatalf("setpriv (util-linux) is needed: %v", err)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "breakerd")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/breakerd").CombinedOutput(); err != nil {
+		t.Fatalf("building breakerd: %v\n%s", err, out)
+	}
+	cg := kerneltest.NewCgroup(t)
+	topo := kerneltest.NewTopology(t, 1)
+	srv := topo.Servers[0]
+	srv.StartCounting(t)
+	cfg := filepath.Join(dir, "b.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("targets:\n  down:\n    match: {cidrs: [%s], ports: [\"8080\"]}\n    state: forced_open\n", srv.IPv4)), 0o644)
+
+	run := func(caps []string) (*exec.Cmd, *syncBuffer, string, string) {
+		bpffs := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+		t.Cleanup(func() { os.RemoveAll(bpffs) })
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		bounding := "-all"
+		for _, c := range caps {
+			bounding += ",+" + strings.ToLower(c)
+		}
+		cmd := exec.Command("setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set="+bounding, "--",
+			bin, "--config", cfg, "--cgroup", cg.Path, "--bpffs", bpffs, "--admin-addr", addr, "--admin-socket", filepath.Join(dir, kerneltest.UniqueName()+".sock"))
+		logs := &syncBuffer{}
+		cmd.Stderr = logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if cmd.ProcessState == nil {
+				cmd.Process.Kill()
+				cmd.Wait()
+			}
+		})
+		return cmd, logs, addr, bpffs
+	}
+
+	caps := grantedCaps(t)
+	t.Run("granted set", func(t *testing.T) {
+		_, logs, addr, _ := run(caps)
+		ready := kerneltest.WaitFor(5*time.Second, func() bool {
+			resp, err := http.Get("http://" + addr + "/readyz")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK
+		})
+		if !ready {
+			t.Fatalf("not ready with %v:\n%s", caps, logs.String())
+		}
+		res := topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(srv.IPv4, 8080), Count: 3})
+		for _, r := range res {
+			if r.Errno != unix.ECONNREFUSED {
+				t.Fatalf("forced-open destination: errno %v", r.Errno)
+			}
+		}
+		if n := srv.SYNs(t); n != 0 {
+			t.Fatalf("%d SYNs left the client", n)
+		}
+	})
+	for _, missing := range caps {
+		t.Run("without "+missing, func(t *testing.T) {
+			var rest []string
+			for _, c := range caps {
+				if c != missing {
+					rest = append(rest, c)
+				}
+			}
+			cmd, logs, _, _ := run(rest)
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				if err == nil {
+					t.Fatal("breakerd ran without " + missing)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("breakerd still running without %s:\n%s", missing, logs.String())
+			}
+			if want := "missing capabilities: CAP_" + missing; !strings.Contains(logs.String(), want) {
+				t.Fatalf("error %q does not say %q", logs.String(), want)
+			}
+			if strings.Contains(logs.String(), "panic") {
+				t.Fatalf("crashed:\n%s", logs.String())
+			}
+		})
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
