@@ -430,7 +430,7 @@ targets:
 	w.start()
 	ip := srv.IPv4.String()
 	ok := kerneltest.WaitFor(5*time.Second, func() bool {
-		out, _ := w.topo.Client.Command(w.cg, "redis-cli", "-h", ip, "PING").Run(t)
+		out, _ := w.topo.Client.Command(w.cg, "timeout", "5", "redis-cli", "-h", ip, "PING").Run(t)
 		return strings.Contains(string(out), "PONG")
 	})
 	if !ok {
@@ -438,14 +438,15 @@ targets:
 	}
 	rs.Cmd.Process.Kill()
 	rs.Cmd.Wait()
-	// A storm of reconnects: 50 clients, 2000 requests.
+	// A storm of reconnects: 50 clients, 2000 requests. redis-benchmark
+	// retries a dead server forever, so it is bounded to 5 s.
 	t0 := time.Now()
-	out, _ := w.topo.Client.Command(w.cg, "redis-benchmark", "-h", ip, "-c", "50", "-n", "2000", "-t", "ping", "-q").Run(t)
+	out, _ := w.topo.Client.Command(w.cg, "timeout", "-s", "KILL", "5", "redis-benchmark", "-h", ip, "-c", "50", "-n", "2000", "-t", "ping", "-q").Run(t)
 	elapsed := time.Since(t0)
 	w.waitState("redis", "open", 2*time.Second)
 	syns := srv.SYNs(t)
 	for range 5 {
-		out, _ := w.topo.Client.Command(w.cg, "redis-cli", "-h", ip, "PING").Run(t)
+		out, _ := w.topo.Client.Command(w.cg, "timeout", "5", "redis-cli", "-h", ip, "PING").Run(t)
 		if !strings.Contains(string(out), "Connection refused") {
 			t.Fatalf("redis-cli at an open circuit: %s", out)
 		}
@@ -467,7 +468,7 @@ targets:
 `)
 	w.topo.Servers[0].ListenPacket(t, "udp", 5353)
 	w.start()
-	out, err := w.topo.Client.Command(w.cg, "dig", "@"+w.topo.Servers[0].IPv4.String(), "-p", "5353", "+tries=1", "+time=1", "breakerd.test").Run(t)
+	out, err := w.topo.Client.Command(w.cg, "timeout", "10", "dig", "@"+w.topo.Servers[0].IPv4.String(), "-p", "5353", "+tries=1", "+time=1", "breakerd.test").Run(t)
 	if err == nil {
 		t.Fatalf("dig succeeded against a forced-open target: %s", out)
 	}
