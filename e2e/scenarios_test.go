@@ -79,6 +79,10 @@ func TestServerDownRefused(t *testing.T) {
 	if !strings.Contains(w.logs.String(), "circuit=web target=web from=closed to=open reason=consecutive_failures") {
 		t.Errorf("no transition log line:\n%s", w.logs.String())
 	}
+	status, err := exec.Command(bin(t, "breakerctl"), "status", "--socket", w.socket).CombinedOutput()
+	if err != nil || !strings.Contains(string(status), "web") || !strings.Contains(string(status), "open") {
+		t.Errorf("breakerctl status: %v\n%s", err, status)
+	}
 	out, err := exec.Command("bpftool", "-j", "map", "dump", "pinned", filepath.Join(w.bpffs, "v2", "verdicts")).Output()
 	if err != nil {
 		t.Fatal(err)
