@@ -64,7 +64,7 @@ func NewTopology(tb testing.TB, n int) *Topology {
 		tb.Fatal(err)
 	}
 	topo.Client = client
-	clientLink, err := netlink.NewHandleAt(client.ns)
+	clientLink, err := netlink.NewHandleAt(client.ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		tb.Fatalf("netlink handle in client namespace: %v", err)
 	}
@@ -134,7 +134,7 @@ func link(client *netlink.Handle, srv *Host, peerName string, cv4, cv6 netip.Add
 	if err := client.LinkAdd(veth); err != nil {
 		return fmt.Errorf("adding veth: %w", err)
 	}
-	srvLink, err := netlink.NewHandleAt(srv.ns)
+	srvLink, err := netlink.NewHandleAt(srv.ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("netlink handle in %s: %w", srv.Name, err)
 	}

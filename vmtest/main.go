@@ -1,0 +1,484 @@
+// Command vmtest runs a Go test binary inside a qemu VM on another kernel,
+// as `go test -exec`:
+//
+//	go test -exec "$PWD/vmtest/run.sh -kernel 6.1" ./maps
+//
+// It fetches the newest Debian cloud kernel of that series with apt-get
+// download (cached under vmtest/cache), builds an initramfs with busybox,
+// nft, bpftool, the kernel modules the harness needs (veth, nf_tables and
+// friends, sch_netem) and the test binary, boots it with KVM when /dev/kvm
+// is asked for (VMTEST_ACCEL=kvm) and TCG otherwise, streams the serial console, and exits with the
+// test binary's exit status.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+func main() {
+	code, err := run(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "vmtest:", err)
+		os.Exit(2)
+	}
+	os.Exit(code)
+}
+
+func run(args []string) (int, error) {
+	series := os.Getenv("VMTEST_KERNEL")
+	for len(args) >= 2 && args[0] == "-kernel" {
+		series, args = args[1], args[2:]
+	}
+	if series == "" || len(args) == 0 {
+		return 0, errors.New("usage: vmtest -kernel SERIES TESTBINARY [ARGS...] (SERIES: 6.1, 6.12, …)")
+	}
+	root, err := repoRoot()
+	if err != nil {
+		return 0, err
+	}
+	cache := filepath.Join(root, "vmtest", "cache")
+	k, err := fetchKernel(cache, series)
+	if err != nil {
+		return 0, err
+	}
+	base, err := baseInitramfs(cache, k)
+	if err != nil {
+		return 0, err
+	}
+	cwd, _ := os.Getwd()
+	rel, err := filepath.Rel(root, cwd)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		rel = "."
+	}
+	extra, err := testInitramfs(args, rel)
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(extra)
+	return boot(k, base, extra)
+}
+
+func repoRoot() (string, error) {
+	out, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	if err == nil {
+		return strings.TrimSpace(string(out)), nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Dir(filepath.Dir(exe)), nil
+}
+
+type kernel struct {
+	version string // uname -r
+	vmlinuz string
+	modules string // lib/modules/<version>
+}
+
+// fetchKernel downloads and unpacks the newest linux-image-<series>…
+// -cloud-amd64-unsigned package, once.
+func fetchKernel(cache, series string) (*kernel, error) {
+	out, err := exec.Command("apt-cache", "search", "--names-only", "^linux-image-"+regexp.QuoteMeta(series)+`[.-].*cloud-amd64-unsigned$`).Output()
+	if err != nil {
+		return nil, fmt.Errorf("apt-cache search (run apt-get update first): %w", err)
+	}
+	var pkgs []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			pkgs = append(pkgs, f[0])
+		}
+	}
+	if len(pkgs) == 0 {
+		return nil, fmt.Errorf("no linux-image-%s*-cloud-amd64-unsigned package is served", series)
+	}
+	sort.Slice(pkgs, func(i, j int) bool { return versionLess(pkgs[i], pkgs[j]) })
+	pkg := pkgs[len(pkgs)-1]
+	dir := filepath.Join(cache, pkg)
+	if _, err := os.Stat(filepath.Join(dir, "ready")); err != nil {
+		os.RemoveAll(dir)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+		cmd := exec.Command("apt-get", "download", pkg)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("apt-get download %s: %v: %s", pkg, err, out)
+		}
+		debs, _ := filepath.Glob(filepath.Join(dir, "*.deb"))
+		if len(debs) != 1 {
+			return nil, fmt.Errorf("apt-get download %s left %d packages", pkg, len(debs))
+		}
+		if out, err := exec.Command("dpkg", "-x", debs[0], filepath.Join(dir, "root")).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("dpkg -x: %v: %s", err, out)
+		}
+		os.Remove(debs[0])
+		if err := os.WriteFile(filepath.Join(dir, "ready"), nil, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	mods, _ := filepath.Glob(filepath.Join(dir, "root", "lib", "modules", "*"))
+	vmlinuz, _ := filepath.Glob(filepath.Join(dir, "root", "boot", "vmlinuz-*"))
+	if len(mods) != 1 || len(vmlinuz) != 1 {
+		return nil, fmt.Errorf("%s: unexpected package layout", pkg)
+	}
+	return &kernel{version: filepath.Base(mods[0]), vmlinuz: vmlinuz[0], modules: mods[0]}, nil
+}
+
+var numRE = regexp.MustCompile(`\d+`)
+
+func versionLess(a, b string) bool {
+	na, nb := numRE.FindAllString(a, -1), numRE.FindAllString(b, -1)
+	for i := 0; i < len(na) && i < len(nb); i++ {
+		x, _ := strconv.Atoi(na[i])
+		y, _ := strconv.Atoi(nb[i])
+		if x != y {
+			return x < y
+		}
+	}
+	return len(na) < len(nb)
+}
+
+// moduleDirs are the parts of the module tree the VM needs.
+var moduleDirs = []string{"kernel/net/netfilter", "kernel/net/ipv4/netfilter", "kernel/net/ipv6/netfilter",
+	"kernel/drivers/net/veth.ko", "kernel/net/sched/sch_netem.ko", "kernel/lib", "kernel/crypto"}
+
+const initScript = `#!/bin/sh
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mount -t tmpfs run /run
+mkdir -p /run/netns /var /sys/fs/cgroup
+ln -s /run /var/run
+mount -t bpf bpf /sys/fs/bpf
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+for m in veth nf_tables nft_reject_inet nft_reject nf_reject_ipv4 nf_reject_ipv6 nft_ct sch_netem; do modprobe $m 2>/dev/null; done
+ip link set lo up
+echo 1 > /proc/sys/kernel/panic_on_oops
+. /test/env
+cd /test/$VMTEST_PKG
+echo VMTEST_BEGIN
+/test/testbin "$@" $VMTEST_ARGS
+echo "VMTEST_EXIT=$?"
+poweroff -f
+`
+
+// baseInitramfs builds (once per kernel) the archive with busybox, nft,
+// bpftool, their libraries and the modules.
+func baseInitramfs(cache string, k *kernel) (string, error) {
+	out := filepath.Join(cache, k.version+".base.cpio.gz")
+	if _, err := os.Stat(out); err == nil {
+		return out, nil
+	}
+	stage, err := os.MkdirTemp("", "vmtest-base-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(stage)
+	for _, d := range []string{"bin", "sbin", "etc", "proc", "sys", "dev", "tmp", "run", "test", "lib", "lib64", "usr"} {
+		os.MkdirAll(filepath.Join(stage, d), 0o755)
+	}
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		return "", errors.New("busybox not found (apt-get install busybox-static)")
+	}
+	if err := copyFile(bb, filepath.Join(stage, "bin", "busybox")); err != nil {
+		return "", err
+	}
+	applets, _ := exec.Command(bb, "--list").Output()
+	for _, a := range strings.Fields(string(applets)) {
+		os.Symlink("busybox", filepath.Join(stage, "bin", a))
+	}
+	os.Symlink("../bin/modprobe", filepath.Join(stage, "sbin", "modprobe"))
+	for _, prog := range []string{"nft", "bpftool"} {
+		p, err := exec.LookPath(prog)
+		if err != nil {
+			return "", fmt.Errorf("%s not found (scripts/setup installs it)", prog)
+		}
+		if err := copyWithLibs(p, stage, filepath.Join("bin", prog)); err != nil {
+			return "", err
+		}
+	}
+	os.WriteFile(filepath.Join(stage, "etc", "hosts"), []byte("127.0.0.1 localhost\n::1 localhost\n"), 0o644)
+	os.WriteFile(filepath.Join(stage, "etc", "nsswitch.conf"), []byte("hosts: files\n"), 0o644)
+	os.WriteFile(filepath.Join(stage, "init"), []byte(initScript), 0o755)
+	// Modules: copied, decompressed (busybox cannot read .ko.xz), indexed.
+	mroot := filepath.Join(stage, "lib", "modules", k.version)
+	for _, d := range moduleDirs {
+		src := filepath.Join(k.modules, d)
+		filepath.WalkDir(src, func(p string, e fs.DirEntry, err error) error {
+			if err != nil || e.IsDir() {
+				return nil
+			}
+			rel, _ := filepath.Rel(k.modules, p)
+			dst := filepath.Join(mroot, rel)
+			os.MkdirAll(filepath.Dir(dst), 0o755)
+			if strings.HasSuffix(p, ".xz") {
+				out, err := exec.Command("xz", "-dc", p).Output()
+				if err != nil {
+					return fmt.Errorf("xz -d %s: %w", p, err)
+				}
+				return os.WriteFile(strings.TrimSuffix(dst, ".xz"), out, 0o644)
+			}
+			return copyFile(p, dst)
+		})
+	}
+	for _, f := range []string{"modules.builtin", "modules.order", "modules.builtin.modinfo"} {
+		copyFile(filepath.Join(k.modules, f), filepath.Join(mroot, f))
+	}
+	if out, err := exec.Command("depmod", "-b", stage, k.version).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("depmod: %v: %s", err, out)
+	}
+	if err := writeCPIO(stage, out, true); err != nil {
+		return "", err
+	}
+	return out, nil
+}
+
+// copyWithLibs copies a dynamically linked program and every library ldd
+// names, at the same paths.
+func copyWithLibs(prog, stage, dst string) error {
+	if err := copyFile(prog, filepath.Join(stage, dst)); err != nil {
+		return err
+	}
+	out, err := exec.Command("ldd", prog).Output()
+	if err != nil {
+		return nil // not a dynamic executable
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		for _, f := range strings.Fields(line) {
+			if strings.HasPrefix(f, "/") {
+				real, err := filepath.EvalSymlinks(f)
+				if err != nil {
+					continue
+				}
+				if err := copyFile(real, filepath.Join(stage, f)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	os.MkdirAll(filepath.Dir(dst), 0o755)
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, fi.Mode().Perm())
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// testInitramfs packs the test binary, its arguments and the environment
+// the tests need (CI) into a second gzipped archive, appended to the base
+// one.
+func testInitramfs(args []string, pkg string) (string, error) {
+	stage, err := os.MkdirTemp("", "vmtest-test-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(stage)
+	os.MkdirAll(filepath.Join(stage, "test", pkg), 0o755)
+	// go test builds with cgo where a C compiler exists: bring the
+	// binary's libraries along (a static binary has none).
+	if err := copyWithLibs(args[0], stage, filepath.Join("test", "testbin")); err != nil {
+		return "", err
+	}
+	var env bytes.Buffer
+	fmt.Fprintf(&env, "export VMTEST_PKG=%s\nexport VMTEST_ARGS=%q\nexport BREAKERD_VMTEST=1\nexport PATH=/bin:/sbin\nexport HOME=/tmp\n", shellQuote(pkg), strings.Join(args[1:], " "))
+	if v := os.Getenv("CI"); v != "" {
+		fmt.Fprintf(&env, "export CI=%s\n", shellQuote(v))
+	}
+	os.WriteFile(filepath.Join(stage, "test", "env"), env.Bytes(), 0o644)
+	f, err := os.CreateTemp("", "vmtest-*.cpio")
+	if err != nil {
+		return "", err
+	}
+	f.Close()
+	return f.Name(), writeCPIO(stage, f.Name(), true)
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// writeCPIO writes dir as a newc cpio archive (what the kernel unpacks
+// into its initramfs), gzipped or not.
+func writeCPIO(dir, out string, gz bool) error {
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var w io.Writer = f
+	var zw *gzip.Writer
+	if gz {
+		zw = gzip.NewWriter(f)
+		w = zw
+	}
+	bw := bufio.NewWriter(w)
+	ino := 1
+	err = filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		if rel == "." {
+			return nil
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		var data []byte
+		mode := uint32(fi.Mode().Perm())
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			t, _ := os.Readlink(p)
+			data, mode = []byte(t), mode|0o120000
+		case fi.IsDir():
+			mode |= 0o040000
+		default:
+			data, err = os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			mode |= 0o100000
+		}
+		ino++
+		return cpioEntry(bw, rel, mode, ino, data)
+	})
+	if err != nil {
+		return err
+	}
+	if err := cpioEntry(bw, "TRAILER!!!", 0, 0, nil); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	if zw != nil {
+		return zw.Close()
+	}
+	return nil
+}
+
+func cpioEntry(w *bufio.Writer, name string, mode uint32, ino int, data []byte) error {
+	nlink := 1
+	if mode&0o040000 != 0 {
+		nlink = 2
+	}
+	hdr := fmt.Sprintf("070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X",
+		ino, mode, 0, 0, nlink, 0, len(data), 0, 0, 0, 0, len(name)+1, 0)
+	w.WriteString(hdr)
+	w.WriteString(name)
+	w.WriteByte(0)
+	pad(w, len(hdr)+len(name)+1)
+	w.Write(data)
+	pad(w, len(data))
+	return nil
+}
+
+func pad(w *bufio.Writer, n int) {
+	for n%4 != 0 {
+		w.WriteByte(0)
+		n++
+	}
+}
+
+// boot runs qemu and relays the test's output.
+func boot(k *kernel, base, extra string) (int, error) {
+	initrd, err := os.CreateTemp("", "vmtest-initrd-*")
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(initrd.Name())
+	for _, part := range []string{base, extra} {
+		b, err := os.ReadFile(part)
+		if err != nil {
+			return 0, err
+		}
+		initrd.Write(b)
+		// Archives are concatenated at 4-byte boundaries; the kernel skips
+		// the zero padding between them.
+		initrd.Write(make([]byte, (4-len(b)%4)%4))
+	}
+	initrd.Close()
+	// TCG by default: these machines expose /dev/kvm but nested KVM does
+	// not boot here. VMTEST_ACCEL=kvm opts in where it works.
+	accel := []string{"-accel", "tcg,thread=multi", "-cpu", "max"}
+	if os.Getenv("VMTEST_ACCEL") == "kvm" {
+		accel = []string{"-accel", "kvm", "-cpu", "host"}
+	}
+	timeout := 40 * time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	args := append(accel, "-m", "1536M", "-smp", "2", "-nographic", "-no-reboot", "-nodefaults", "-serial", "stdio",
+		"-kernel", k.vmlinuz, "-initrd", initrd.Name(),
+		"-append", "console=ttyS0 panic=-1 oops=panic quiet loglevel=3 rdinit=/init")
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return 0, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("starting qemu (apt-get install qemu-system-x86): %w", err)
+	}
+	code, begun := -1, false
+	var early bytes.Buffer
+	s := bufio.NewScanner(stdout)
+	s.Buffer(make([]byte, 1<<20), 1<<20)
+	for s.Scan() {
+		line := strings.TrimRight(s.Text(), "\r")
+		switch {
+		case strings.Contains(line, "VMTEST_BEGIN"):
+			begun = true
+		case strings.Contains(line, "VMTEST_EXIT="):
+			code, _ = strconv.Atoi(line[strings.Index(line, "VMTEST_EXIT=")+len("VMTEST_EXIT="):])
+		case begun && code < 0:
+			fmt.Println(line)
+		default:
+			early.WriteString(line + "\n")
+		}
+	}
+	cmd.Wait()
+	if code != 0 && os.Getenv("VMTEST_DEBUG") != "" {
+		fmt.Fprintf(os.Stderr, "vmtest: console before the test:\n%s", early.String())
+	}
+	if code < 0 {
+		fmt.Fprintf(os.Stderr, "vmtest: the VM (kernel %s) ended without a test result; its console said:\n%s", k.version, early.String())
+		return 1, nil
+	}
+	fmt.Fprintf(os.Stderr, "vmtest: kernel %s\n", k.version)
+	return code, nil
+}
+
