@@ -41,6 +41,10 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
  * the helper is never seen by an older kernel. */
 volatile const __u32 has_set_retval = 0;
 
+/* Set by the loader: whether sockops may call bpf_get_current_cgroup_id
+ * (6.1 does not allow it there). Without it, records carry cgroup id 0. */
+volatile const __u32 has_sockops_cgroup_id = 0;
+
 /* Minimal CO-RE views of kernel structs: only the fields read here. */
 struct sock {
 	int sk_err;
@@ -485,7 +489,7 @@ static __always_inline void on_connect(struct bpf_sock_ops *ops, __u64 now)
 	sockops_key(&st->dest, ops);
 	st->flags = (st->flags & SOCK_PROBE) | SOCK_TRACKED;
 	st->start_ns = now;
-	st->cgroup_id = bpf_get_current_cgroup_id();
+	st->cgroup_id = has_sockops_cgroup_id ? bpf_get_current_cgroup_id() : 0;
 	st->rtos = 0;
 	bpf_sock_ops_cb_flags_set(ops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RTO_CB_FLAG);
 }

@@ -142,29 +142,30 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	BreakerMapBulk              = "bulk"
-	BreakerMapConfig            = "config"
-	BreakerMapCounters          = "counters"
-	BreakerMapEvents            = "events"
-	BreakerMapLimits            = "limits"
-	BreakerMapSocks             = "socks"
-	BreakerMapStats             = "stats"
-	BreakerMapVerdicts          = "verdicts"
-	BreakerProgConnect4         = "connect4"
-	BreakerProgConnect6         = "connect6"
-	BreakerProgObserve          = "observe"
-	BreakerProgSendmsg4         = "sendmsg4"
-	BreakerProgSendmsg6         = "sendmsg6"
-	BreakerProgSockRelease      = "sock_release"
-	BreakerVarHasSetRetval      = "has_set_retval"
-	BreakerVarUnusedBulk        = "unused_bulk"
-	BreakerVarUnusedConfigFlags = "unused_config_flags"
-	BreakerVarUnusedEvent       = "unused_event"
-	BreakerVarUnusedEventFlags  = "unused_event_flags"
-	BreakerVarUnusedLimit       = "unused_limit"
-	BreakerVarUnusedOutcome     = "unused_outcome"
-	BreakerVarUnusedStat        = "unused_stat"
-	BreakerVarUnusedState       = "unused_state"
+	BreakerMapBulk               = "bulk"
+	BreakerMapConfig             = "config"
+	BreakerMapCounters           = "counters"
+	BreakerMapEvents             = "events"
+	BreakerMapLimits             = "limits"
+	BreakerMapSocks              = "socks"
+	BreakerMapStats              = "stats"
+	BreakerMapVerdicts           = "verdicts"
+	BreakerProgConnect4          = "connect4"
+	BreakerProgConnect6          = "connect6"
+	BreakerProgObserve           = "observe"
+	BreakerProgSendmsg4          = "sendmsg4"
+	BreakerProgSendmsg6          = "sendmsg6"
+	BreakerProgSockRelease       = "sock_release"
+	BreakerVarHasSetRetval       = "has_set_retval"
+	BreakerVarHasSockopsCgroupId = "has_sockops_cgroup_id"
+	BreakerVarUnusedBulk         = "unused_bulk"
+	BreakerVarUnusedConfigFlags  = "unused_config_flags"
+	BreakerVarUnusedEvent        = "unused_event"
+	BreakerVarUnusedEventFlags   = "unused_event_flags"
+	BreakerVarUnusedLimit        = "unused_limit"
+	BreakerVarUnusedOutcome      = "unused_outcome"
+	BreakerVarUnusedStat         = "unused_stat"
+	BreakerVarUnusedState        = "unused_state"
 )
 
 // LoadBreaker returns the embedded CollectionSpec for Breaker.
@@ -235,15 +236,16 @@ type BreakerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BreakerVariableSpecs struct {
-	HasSetRetval      *ebpf.VariableSpec `ebpf:"has_set_retval"`
-	UnusedBulk        *ebpf.VariableSpec `ebpf:"unused_bulk"`
-	UnusedConfigFlags *ebpf.VariableSpec `ebpf:"unused_config_flags"`
-	UnusedEvent       *ebpf.VariableSpec `ebpf:"unused_event"`
-	UnusedEventFlags  *ebpf.VariableSpec `ebpf:"unused_event_flags"`
-	UnusedLimit       *ebpf.VariableSpec `ebpf:"unused_limit"`
-	UnusedOutcome     *ebpf.VariableSpec `ebpf:"unused_outcome"`
-	UnusedStat        *ebpf.VariableSpec `ebpf:"unused_stat"`
-	UnusedState       *ebpf.VariableSpec `ebpf:"unused_state"`
+	HasSetRetval       *ebpf.VariableSpec `ebpf:"has_set_retval"`
+	HasSockopsCgroupId *ebpf.VariableSpec `ebpf:"has_sockops_cgroup_id"`
+	UnusedBulk         *ebpf.VariableSpec `ebpf:"unused_bulk"`
+	UnusedConfigFlags  *ebpf.VariableSpec `ebpf:"unused_config_flags"`
+	UnusedEvent        *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedEventFlags   *ebpf.VariableSpec `ebpf:"unused_event_flags"`
+	UnusedLimit        *ebpf.VariableSpec `ebpf:"unused_limit"`
+	UnusedOutcome      *ebpf.VariableSpec `ebpf:"unused_outcome"`
+	UnusedStat         *ebpf.VariableSpec `ebpf:"unused_stat"`
+	UnusedState        *ebpf.VariableSpec `ebpf:"unused_state"`
 }
 
 // BreakerObjects contains all objects after they have been loaded into the kernel.
@@ -293,15 +295,16 @@ func (m *BreakerMaps) Close() error {
 //
 // It can be passed to LoadBreakerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BreakerVariables struct {
-	HasSetRetval      *ebpf.Variable `ebpf:"has_set_retval"`
-	UnusedBulk        *ebpf.Variable `ebpf:"unused_bulk"`
-	UnusedConfigFlags *ebpf.Variable `ebpf:"unused_config_flags"`
-	UnusedEvent       *ebpf.Variable `ebpf:"unused_event"`
-	UnusedEventFlags  *ebpf.Variable `ebpf:"unused_event_flags"`
-	UnusedLimit       *ebpf.Variable `ebpf:"unused_limit"`
-	UnusedOutcome     *ebpf.Variable `ebpf:"unused_outcome"`
-	UnusedStat        *ebpf.Variable `ebpf:"unused_stat"`
-	UnusedState       *ebpf.Variable `ebpf:"unused_state"`
+	HasSetRetval       *ebpf.Variable `ebpf:"has_set_retval"`
+	HasSockopsCgroupId *ebpf.Variable `ebpf:"has_sockops_cgroup_id"`
+	UnusedBulk         *ebpf.Variable `ebpf:"unused_bulk"`
+	UnusedConfigFlags  *ebpf.Variable `ebpf:"unused_config_flags"`
+	UnusedEvent        *ebpf.Variable `ebpf:"unused_event"`
+	UnusedEventFlags   *ebpf.Variable `ebpf:"unused_event_flags"`
+	UnusedLimit        *ebpf.Variable `ebpf:"unused_limit"`
+	UnusedOutcome      *ebpf.Variable `ebpf:"unused_outcome"`
+	UnusedStat         *ebpf.Variable `ebpf:"unused_stat"`
+	UnusedState        *ebpf.Variable `ebpf:"unused_state"`
 }
 
 // BreakerPrograms contains all programs after they have been loaded into the kernel.

@@ -86,6 +86,9 @@ type Features struct {
 	// PinnedLinks: cgroup attachments are bpf_links that survive a daemon
 	// restart (5.7+); false on the legacy attach path.
 	PinnedLinks bool
+	// SockopsCgroupID: the observation program can tell which cgroup a
+	// connection came from (not on 6.1: records then carry cgroup id 0).
+	SockopsCgroupID bool
 }
 
 // Kernel is breakerd's loaded kernel side.
@@ -117,8 +120,9 @@ var hooks = []hook{
 // counts as not supported (the fail-open direction).
 func ProbeFeatures() Features {
 	return Features{
-		SetRetval: features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnSetRetval) == nil,
-		RingBuf:   features.HaveMapType(ebpf.RingBuf) == nil,
+		SetRetval:       features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnSetRetval) == nil,
+		RingBuf:         features.HaveMapType(ebpf.RingBuf) == nil,
+		SockopsCgroupID: features.HaveProgramHelper(ebpf.SockOps, asm.FnGetCurrentCgroupId) == nil,
 	}
 }
 
@@ -160,8 +164,8 @@ func Load(opts Options) (*Kernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading BPF object: %w", err)
 	}
-	if err := spec.Variables[bpf.BreakerVarHasSetRetval].Set(boolU32(k.features.SetRetval)); err != nil {
-		return nil, fmt.Errorf("setting has_set_retval: %w", err)
+	if err := setFeatureVars(spec, k.features); err != nil {
+		return nil, err
 	}
 	if opts.MaxVerdicts != 0 {
 		spec.Maps[bpf.BreakerMapVerdicts].MaxEntries = opts.MaxVerdicts
@@ -193,8 +197,19 @@ func Load(opts Options) (*Kernel, error) {
 		k.removeOtherLayouts(filepath.Dir(dir))
 	}
 	log.Info("kernel side loaded", "pins", dir, "cgroup", opts.Cgroup,
-		"set_retval", k.features.SetRetval, "pinned_links", k.features.PinnedLinks)
+		"set_retval", k.features.SetRetval, "pinned_links", k.features.PinnedLinks, "sockops_cgroup_id", k.features.SockopsCgroupID)
 	return k, nil
+}
+
+// setFeatureVars hands the probed features to the programs as load-time
+// constants; the verifier prunes the branches they turn off.
+func setFeatureVars(spec *ebpf.CollectionSpec, f Features) error {
+	for name, on := range map[string]bool{bpf.BreakerVarHasSetRetval: f.SetRetval, bpf.BreakerVarHasSockopsCgroupId: f.SockopsCgroupID} {
+		if err := spec.Variables[name].Set(boolU32(on)); err != nil {
+			return fmt.Errorf("setting %s: %w", name, err)
+		}
+	}
+	return nil
 }
 
 func boolU32(b bool) uint32 {

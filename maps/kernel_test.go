@@ -13,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/bpf"
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
 )
@@ -38,12 +41,12 @@ func newEnv(t *testing.T, opts Options) *env {
 	}
 	opts.Cgroup = e.cg.Path
 	e.opts = opts
+	t.Cleanup(func() { os.RemoveAll(opts.Dir) })
 	e.k = e.load(t)
 	t.Cleanup(func() {
 		if err := e.k.Uninstall(); err != nil {
 			t.Errorf("uninstall: %v", err)
 		}
-		os.RemoveAll(opts.Dir)
 	})
 	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour}); err != nil {
 		t.Fatal(err)
@@ -437,5 +440,40 @@ func TestOtherLayoutVersionsAreRemoved(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(k.PinDir(), "link_connect4")); err != nil {
 		t.Fatalf("new link not pinned: %v", err)
+	}
+}
+
+// TestEveryProgramPassesTheVerifier loads each program on its own, so a
+// kernel that refuses one says which, with the verifier's log.
+func TestEveryProgramPassesTheVerifier(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	spec, err := bpf.LoadBreaker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := setFeatureVars(spec, ProbeFeatures()); err != nil {
+		t.Fatal(err)
+	}
+	for name, ps := range spec.Programs {
+		coll := spec.Copy()
+		for other := range coll.Programs {
+			if other != name {
+				delete(coll.Programs, other)
+			}
+		}
+		for m := range coll.Maps {
+			coll.Maps[m].Pinning = ebpf.PinNone
+		}
+		c, err := ebpf.NewCollectionWithOptions(coll, ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevelInstruction}})
+		if err != nil {
+			var ve *ebpf.VerifierError
+			if errors.As(err, &ve) {
+				t.Errorf("%s (%s): %+v", name, ps.SectionName, ve)
+			} else {
+				t.Errorf("%s (%s): %v", name, ps.SectionName, err)
+			}
+			continue
+		}
+		c.Close()
 	}
 }

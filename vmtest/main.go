@@ -481,4 +481,3 @@ func boot(k *kernel, base, extra string) (int, error) {
 	fmt.Fprintf(os.Stderr, "vmtest: kernel %s\n", k.version)
 	return code, nil
 }
-
