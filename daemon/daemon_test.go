@@ -307,7 +307,8 @@ func TestReloadOnFileChange(t *testing.T) {
 }
 
 func TestRestartAdoptsWithoutGap(t *testing.T) {
-	f := newFixture(t, strings.Replace(svcConfig, "open_duration: 1s", "open_duration: 1m", 1))
+	// The fail-safe must outlast the restart (in a TCG VM it takes seconds).
+	f := newFixture(t, strings.Replace(strings.Replace(svcConfig, "open_duration: 1s", "open_duration: 1m", 1), "failsafe_timeout: 2s", "failsafe_timeout: 30s", 1))
 	f.start()
 	f.dial(8080, 3, 0)
 	f.waitState("svc", "open", 2*time.Second)

@@ -358,6 +358,12 @@ func TestCrashAndRestart(t *testing.T) {
 	if w.circuits()["web"].State != "open" {
 		t.Fatalf("restart did not adopt the open circuit: %+v", w.circuits())
 	}
+	// For the planned restart, a fail-safe that outlasts it (a ConfigMap
+	// change, reloaded live).
+	w.swapConfig(strings.Replace(strings.Replace(svc, "open_duration: 2s", "open_duration: 1m", 1), "failsafe_timeout: 2s", "failsafe_timeout: 30s", 1))
+	if !kerneltest.WaitFor(3*time.Second, func() bool { return strings.Contains(w.logs.String(), "configuration reloaded") }) {
+		t.Fatalf("reload not seen:\n%s", w.logs.String())
+	}
 	// SIGTERM + start under a hammering client: rejected throughout.
 	var res []kerneltest.DialResult
 	var done atomic.Bool

@@ -451,7 +451,10 @@ func TestEveryProgramPassesTheVerifier(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := setFeatureVars(spec, ProbeFeatures()); err != nil {
+	f := ProbeFeatures()
+	// scripts/vmtest collects this line into the compatibility table.
+	t.Logf("features: set_retval=%v ring_buffer=%v sockops_cgroup_id=%v", f.SetRetval, f.RingBuf, f.SockopsCgroupID)
+	if err := setFeatureVars(spec, f); err != nil {
 		t.Fatal(err)
 	}
 	for name, ps := range spec.Programs {

@@ -104,6 +104,14 @@ func fetchKernel(cache, series string) (*kernel, error) {
 			pkgs = append(pkgs, f[0])
 		}
 	}
+	if len(pkgs) == 0 && !updated {
+		// A machine whose package lists were never fetched.
+		updated = true
+		if out, err := exec.Command("apt-get", "update", "-qq").CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("apt-get update: %v: %s", err, out)
+		}
+		return fetchKernel(cache, series)
+	}
 	if len(pkgs) == 0 {
 		return nil, fmt.Errorf("no linux-image-%s*-cloud-amd64-unsigned package is served", series)
 	}
@@ -140,7 +148,10 @@ func fetchKernel(cache, series string) (*kernel, error) {
 	return &kernel{version: filepath.Base(mods[0]), vmlinuz: vmlinuz[0], modules: mods[0]}, nil
 }
 
-var numRE = regexp.MustCompile(`\d+`)
+var (
+	numRE   = regexp.MustCompile(`\d+`)
+	updated bool
+)
 
 func versionLess(a, b string) bool {
 	na, nb := numRE.FindAllString(a, -1), numRE.FindAllString(b, -1)
@@ -154,9 +165,27 @@ func versionLess(a, b string) bool {
 	return len(na) < len(nb)
 }
 
-// moduleDirs are the parts of the module tree the VM needs.
-var moduleDirs = []string{"kernel/net/netfilter", "kernel/net/ipv4/netfilter", "kernel/net/ipv6/netfilter",
-	"kernel/drivers/net/veth.ko", "kernel/net/sched/sch_netem.ko", "kernel/lib", "kernel/crypto"}
+// moduleDirs are the parts of the module tree the VM needs, and
+// moduleNames single modules from elsewhere (any compression suffix).
+var (
+	moduleDirs  = []string{"kernel/net/netfilter/", "kernel/net/ipv4/netfilter/", "kernel/net/ipv6/netfilter/", "kernel/lib/", "kernel/crypto/"}
+	moduleNames = []string{"veth", "sch_netem"}
+)
+
+func wantModule(rel string) bool {
+	for _, d := range moduleDirs {
+		if strings.HasPrefix(rel, d) {
+			return true
+		}
+	}
+	base := filepath.Base(rel)
+	for _, n := range moduleNames {
+		if base == n+".ko" || strings.HasPrefix(base, n+".ko.") {
+			return true
+		}
+	}
+	return false
+}
 
 const initScript = `#!/bin/sh
 mount -t proc proc /proc
@@ -220,24 +249,27 @@ func baseInitramfs(cache string, k *kernel) (string, error) {
 	os.WriteFile(filepath.Join(stage, "init"), []byte(initScript), 0o755)
 	// Modules: copied, decompressed (busybox cannot read .ko.xz), indexed.
 	mroot := filepath.Join(stage, "lib", "modules", k.version)
-	for _, d := range moduleDirs {
-		src := filepath.Join(k.modules, d)
-		filepath.WalkDir(src, func(p string, e fs.DirEntry, err error) error {
-			if err != nil || e.IsDir() {
-				return nil
+	err = filepath.WalkDir(filepath.Join(k.modules, "kernel"), func(p string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(k.modules, p)
+		if !wantModule(rel) {
+			return nil
+		}
+		dst := filepath.Join(mroot, rel)
+		os.MkdirAll(filepath.Dir(dst), 0o755)
+		if strings.HasSuffix(p, ".xz") {
+			out, err := exec.Command("xz", "-dc", p).Output()
+			if err != nil {
+				return fmt.Errorf("xz -d %s: %w", p, err)
 			}
-			rel, _ := filepath.Rel(k.modules, p)
-			dst := filepath.Join(mroot, rel)
-			os.MkdirAll(filepath.Dir(dst), 0o755)
-			if strings.HasSuffix(p, ".xz") {
-				out, err := exec.Command("xz", "-dc", p).Output()
-				if err != nil {
-					return fmt.Errorf("xz -d %s: %w", p, err)
-				}
-				return os.WriteFile(strings.TrimSuffix(dst, ".xz"), out, 0o644)
-			}
-			return copyFile(p, dst)
-		})
+			return os.WriteFile(strings.TrimSuffix(dst, ".xz"), out, 0o644)
+		}
+		return copyFile(p, dst)
+	})
+	if err != nil {
+		return "", fmt.Errorf("copying modules: %w", err)
 	}
 	for _, f := range []string{"modules.builtin", "modules.order", "modules.builtin.modinfo"} {
 		copyFile(filepath.Join(k.modules, f), filepath.Join(mroot, f))

@@ -158,7 +158,9 @@ func TestSIGKILLFailsOpenAndRestartAdopts(t *testing.T) {
 }
 
 func TestSIGTERMRestartHasNoGap(t *testing.T) {
-	h := newHarness(t, config)
+	// The fail-safe must outlast the restart, or the kernel rightly lets
+	// traffic through while no daemon runs.
+	h := newHarness(t, strings.Replace(config, "failsafe_timeout: 1s", "failsafe_timeout: 30s", 1))
 	p := h.start()
 	if got := h.dial(2); got[unix.ECONNREFUSED] != 2 {
 		t.Fatalf("no listener: %v", got)
