@@ -97,7 +97,7 @@ func (h *Host) Dial(tb testing.TB, cg *Cgroup, spec DialSpec) []DialResult {
 	}
 	js, _ := json.Marshal(spec)
 	p := h.Command(cg, self)
-	p.Cmd.Env = append(os.Environ(), helperEnv+"="+string(js))
+	p.Cmd.Env = helperEnviron(js)
 	var errOut strings.Builder
 	p.Cmd.Stderr = &errOut
 	stdout, err := p.Cmd.StdoutPipe()
@@ -129,11 +129,18 @@ func (h *Host) StartDial(tb testing.TB, cg *Cgroup, spec DialSpec) *Process {
 	}
 	js, _ := json.Marshal(spec)
 	p := h.Command(cg, self)
-	p.Cmd.Env = append(os.Environ(), helperEnv+"="+string(js))
+	p.Cmd.Env = helperEnviron(js)
 	if err := p.Start(tb); err != nil {
 		tb.Fatal(err)
 	}
 	return p
+}
+
+// helperEnviron is a helper process's environment. Asynchronous
+// preemption is off: its SIGURG would interrupt a connect() on a socket
+// with SO_SNDTIMEO, which the kernel never restarts (EINTR).
+func helperEnviron(spec []byte) []string {
+	return append(os.Environ(), helperEnv+"="+string(spec), "GODEBUG=asyncpreemptoff=1")
 }
 
 func runHelper(js string) int {

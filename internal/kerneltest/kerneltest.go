@@ -59,6 +59,12 @@ func InCI() bool {
 	return v != "" && v != "false" && v != "0"
 }
 
+// Emulated reports whether the tests run inside vmtest's VM, where qemu
+// emulates the CPU (TCG) and everything is 10–50× slower: latency checks
+// that hold on real hardware (a rejection within a millisecond) are not
+// meaningful there.
+func Emulated() bool { return os.Getenv("BREAKERD_VMTEST") != "" }
+
 // RequireKernel skips the test, with the reason, when this machine cannot
 // run kernel tests: not root, no bpffs at /sys/fs/bpf, or no cgroup v2 mount.
 // Under CI it fails instead, because a silently skipped kernel suite is a
