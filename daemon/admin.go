@@ -53,7 +53,7 @@ func (d *Daemon) info(c *circuit, now time.Time) CircuitInfo {
 		FailureRate: st.FailureRate, SlowRate: st.SlowRate, Calls: st.Calls, Failures: st.Failures, Slow: st.Slow,
 		ConsecutiveFailures: st.ConsecutiveFailures, OpenUntil: st.OpenUntil, Trip: st.Trip, CircuitID: c.id,
 		Options: optionsMap(c.c.Options())}
-	for dst := range c.dests {
+	for _, dst := range c.dests {
 		ci.Destinations = append(ci.Destinations, dst.String())
 		if v, ok, err := d.k.Verdict(dst); err == nil && ok && ci.ProbesLeft == nil {
 			tokens := max(v.Tokens, 0)

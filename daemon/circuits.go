@@ -21,7 +21,7 @@ type circuit struct {
 	scope  policy.Scope
 	id     uint32
 	c      *policy.Circuit
-	dests  map[maps.Dest]bool // destinations whose verdict this circuit writes
+	dests  []maps.Dest // destinations whose verdict this circuit writes (registry.byDest maps back)
 }
 
 // registry holds every circuit. It is used under Daemon.mu.
@@ -105,7 +105,7 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
 }
 
 func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.Options, ov policy.Override, g *policy.Group, now time.Time) *circuit {
-	c := &circuit{name: name, target: target, scope: scope, id: d.reg.allocID(), dests: map[maps.Dest]bool{},
+	c := &circuit{name: name, target: target, scope: scope, id: d.reg.allocID(),
 		c: policy.NewCircuit(o, ov, g, now, d.rand)}
 	if err := d.k.ResetCounters(c.id); err != nil {
 		d.log.Warn("resetting counters", "circuit", name, "err", err)
@@ -120,10 +120,10 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 // attach adds dst to c; if c already rejects, the new destination's
 // verdict is written at once.
 func (d *Daemon) attach(c *circuit, dst maps.Dest) {
-	if c.dests[dst] {
+	if d.reg.byDest[dst] == c {
 		return
 	}
-	c.dests[dst] = true
+	c.dests = append(c.dests, dst)
 	d.reg.byDest[dst] = c
 	if o := c.c.Options(); o.HasLimits() && dst.Proto == maps.TCP {
 		l := maps.Limit{Slot: c.id, MaxConnections: uint32(o.MaxConnections), MaxConnecting: uint32(o.MaxConnecting), Errno: o.BulkheadRejectErrno}
@@ -201,7 +201,7 @@ func (d *Daemon) evictIdle() bool {
 
 // drop forgets a circuit and removes its verdicts.
 func (d *Daemon) drop(c *circuit) {
-	for dst := range c.dests {
+	for _, dst := range c.dests {
 		if err := d.k.DeleteVerdict(dst); err != nil {
 			d.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
@@ -232,7 +232,7 @@ func (d *Daemon) drop(c *circuit) {
 // writeVerdicts makes the kernel enforce what a transition says, for every
 // destination of the circuit.
 func (d *Daemon) writeVerdicts(c *circuit, t policy.Transition) {
-	for dst := range c.dests {
+	for _, dst := range c.dests {
 		d.writeVerdict(c, dst, t.To, t.OpenUntil)
 	}
 }

@@ -256,6 +256,13 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time) {
 		d.metrics.handshake.WithLabelValues(target).Observe(ev.Duration.Seconds())
 	case maps.Abandoned:
 		r = policy.Result{Kind: policy.Abandoned, Duration: ev.Duration, Probe: ev.Probe}
+		if ev.Duration >= c.c.Options().ConnectTimeout {
+			// The client gave up no earlier than connect_timeout: the
+			// destination did not answer in time, which is a timeout
+			// whoever noticed first (clients often give up at about
+			// the same second as the kernel's first SYN retransmission).
+			r.Kind = policy.Failure
+		}
 	case maps.Refused, maps.TimedOut, maps.Unreachable, maps.Reset, maps.Stalled, maps.Error:
 		r = policy.Result{Kind: policy.Failure, Duration: ev.Duration, Probe: ev.Probe}
 	default:
@@ -429,7 +436,7 @@ func (d *Daemon) rematch() {
 	d.matcher = policy.NewMatcher(d.cfg, d.resolved)
 	now := d.now()
 	for _, c := range d.sortedCircuits() {
-		for dst := range c.dests {
+		for _, dst := range c.dests {
 			target, excluded := d.matcher.Match(dst.Addr.Addr(), dst.Addr.Port(), dst.Proto.String())
 			if target == "" {
 				target = allTarget

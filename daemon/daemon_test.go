@@ -47,7 +47,7 @@ func (s *syncBuffer) String() string {
 }
 
 type fixture struct {
-	t      *testing.T
+	t      testing.TB
 	cg     *kerneltest.Cgroup
 	topo   *kerneltest.Topology
 	srv    *kerneltest.Host
@@ -61,7 +61,7 @@ type fixture struct {
 
 // newFixture makes the cgroup, the hosts and a configuration file whose
 // text has SRV replaced by the server host's IPv4 address.
-func newFixture(t *testing.T, yaml string) *fixture {
+func newFixture(t testing.TB, yaml string) *fixture {
 	t.Helper()
 	kerneltest.RequireKernel(t)
 	f := &fixture{t: t, cg: kerneltest.NewCgroup(t), topo: kerneltest.NewTopology(t, 1), logs: &syncBuffer{}}
@@ -558,4 +558,19 @@ targets:
 			t.Errorf("scrape lacks %s", want)
 		}
 	}
+}
+
+func TestClientGivingUpAfterConnectTimeoutCountsAsTimedOut(t *testing.T) {
+	f := newFixture(t, `
+all:
+  consecutive_failures: 2
+  connect_timeout: 500ms
+  open_duration: 1m
+`)
+	f.srv.DropSYNs(t, 9191)
+	f.start()
+	// Two clients that give up after 700 ms, before the kernel's first
+	// SYN retransmission: no timed-out record, only abandoned ones.
+	f.topo.Client.Dial(t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, 9191), Op: "abandon", Count: 2, Parallel: 2, Hold: 700 * time.Millisecond})
+	f.waitState(fmt.Sprintf("tcp/%s:9191", f.srv.IPv4), "open", 2*time.Second)
 }

@@ -14,8 +14,8 @@ type window struct {
 	// time-based
 	width   time.Duration
 	base    time.Time
-	aged    int64 // the epoch the buckets were last aged at
-	buckets [WindowBuckets]bucket
+	aged    int64    // the epoch the buckets were last aged at
+	buckets []bucket // WindowBuckets of them, time-based windows only
 
 	calls, failures, slow int
 }
@@ -32,7 +32,7 @@ type bucket struct {
 
 func newWindow(o *Options, now time.Time) window {
 	if o.WindowDuration > 0 {
-		return window{width: o.WindowDuration / WindowBuckets, base: now}
+		return window{width: o.WindowDuration / WindowBuckets, base: now, buckets: make([]bucket, WindowBuckets)}
 	}
 	return window{ring: make([]uint8, o.WindowSize)}
 }
@@ -126,7 +126,7 @@ func (w *window) counts(now time.Time) (calls, failures, slow int) {
 func (w *window) reset(now time.Time) {
 	clear(w.ring)
 	w.pos, w.full = 0, false
-	w.buckets = [WindowBuckets]bucket{}
+	clear(w.buckets)
 	w.base, w.aged = now, 0
 	w.calls, w.failures, w.slow = 0, 0, 0
 }

@@ -76,6 +76,16 @@ type DialSpec struct {
 	// Barrier makes all Parallel workers start their first connect at the
 	// same instant.
 	Barrier bool
+
+	// "http" makes Count HTTP/1.0 GET requests, one connection each, and
+	// times each whole request. "loop" makes one every Interval for For,
+	// optionally through an in-process library breaker (Breaker
+	// "gobreaker", opening after BreakerFailures consecutive failures for
+	// BreakerOpen).
+	Interval, For   time.Duration
+	Breaker         string
+	BreakerFailures uint32
+	BreakerOpen     time.Duration
 }
 
 // DialResult is the outcome of one operation in a helper process.
@@ -83,8 +93,13 @@ type DialResult struct {
 	// Errno is 0 on success, the system call's errno otherwise;
 	// EINPROGRESS means the connect did not finish within Timeout.
 	Errno unix.Errno
-	// Nanos is how long the connect (or sendto) system call took.
+	// Nanos is how long the connect (or sendto) system call took; for
+	// "http" and "loop", the whole request.
 	Nanos int64
+	// Start is when the operation began, in Unix nanoseconds ("loop").
+	Start int64
+	// Status is the HTTP status ("http", "loop"); 0 when there was none.
+	Status int
 }
 
 // Dial runs a client helper process inside cg and the host, waits for it
@@ -158,6 +173,12 @@ func runHelper(js string) int {
 	if spec.Timeout == 0 {
 		spec.Timeout = 3 * time.Second
 	}
+	switch spec.Op {
+	case "http":
+		return encodeResults(runHTTP(spec))
+	case "loop":
+		return encodeResults(runLoop(spec))
+	}
 	res := make([]DialResult, spec.Count)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -184,6 +205,10 @@ func runHelper(js string) int {
 	ready.Wait()
 	close(start)
 	wg.Wait()
+	return encodeResults(res)
+}
+
+func encodeResults(res []DialResult) int {
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 		return 2
 	}

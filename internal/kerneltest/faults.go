@@ -22,10 +22,12 @@ func (h *Host) nft(tb testing.TB, script string) {
 	counter dgrams {}
 	set slow1 { type inet_service; flags dynamic, timeout; timeout 60s; }
 	set slow2 { type inet_service; flags dynamic, timeout; timeout 60s; }
+	set blackhole { type inet_service; }
 	chain input {
 		type filter hook input priority 0; policy accept;
 		tcp flags & (syn|ack) == syn counter name "syns"
 		meta l4proto udp counter name "dgrams"
+		tcp dport @blackhole drop
 	}
 }
 `, h.nftTable)
@@ -55,6 +57,17 @@ func (h *Host) addRule(tb testing.TB, port uint16, rule string) {
 // times out.
 func (h *Host) DropSYNs(tb testing.TB, port uint16) {
 	h.addRule(tb, port, "tcp flags & (syn|ack) == syn drop")
+}
+
+// BlackHole makes the host drop every TCP packet to port (on), or stop
+// doing so (off): a destination that dies silently and comes back.
+func (h *Host) BlackHole(tb testing.TB, port uint16, on bool) {
+	tb.Helper()
+	verb := "add"
+	if !on {
+		verb = "delete"
+	}
+	h.nft(tb, fmt.Sprintf("%s element inet %s blackhole { %d }\n", verb, h.nftTable, port))
 }
 
 // RejectUnreachable makes the host answer every TCP packet to port with

@@ -1,0 +1,376 @@
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/daemon"
+	"github.com/breakerd/breakerd/internal/kerneltest"
+)
+
+var (
+	full = flag.Bool("bench.full", false, "full runs (scripts/bench); the default quick mode only keeps the suite from rotting")
+	out  = flag.String("bench.out", "", "write the markdown tables to this file")
+)
+
+func TestMain(m *testing.M) { kerneltest.Main(m) }
+
+// httpServer is a tiny HTTP server on a server host that can be killed
+// (listener closed: the host refuses) and started again.
+type httpServer struct {
+	host *kerneltest.Host
+	port uint16
+	mu   sync.Mutex
+	l    net.Listener
+}
+
+func (s *httpServer) start(t *testing.T) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var l net.Listener
+	err := s.host.Do(func() (err error) {
+		l, err = net.Listen("tcp", fmt.Sprintf(":%d", s.port))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.l = l
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				buf := make([]byte, 1024)
+				c.Read(buf)
+				io.WriteString(c, "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			}()
+		}
+	}()
+}
+
+func (s *httpServer) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.l != nil {
+		s.l.Close()
+		s.l = nil
+	}
+}
+
+type rig struct {
+	t       *testing.T
+	topo    *kerneltest.Topology
+	srv     *kerneltest.Host
+	plain   *kerneltest.Cgroup // no breakerd
+	guarded *kerneltest.Cgroup // breakerd attached
+	stats   string             // HAProxy's stats socket
+	d       *daemon.Daemon
+}
+
+const breakerConfig = `
+failsafe_timeout: 30s
+max_circuits: 100000
+all:
+  consecutive_failures: 10
+  min_requests: 1000
+  window_size: 1000
+  connect_timeout: 1s
+  open_duration: 2s
+  jitter: 0
+  probe_timeout: 3s
+  reject_errno: EHOSTUNREACH
+`
+
+func newRig(t *testing.T, ports []uint16) *rig {
+	kerneltest.RequireKernel(t)
+	for _, p := range []string{"haproxy"} {
+		if _, err := exec.LookPath(p); err != nil {
+			if kerneltest.InCI() {
+				t.Fatalf("%s is not installed (scripts/setup installs it)", p)
+			}
+			t.Skipf("%s not installed", p)
+		}
+	}
+	r := &rig{t: t, topo: kerneltest.NewTopology(t, 1), plain: kerneltest.NewCgroup(t), guarded: kerneltest.NewCgroup(t)}
+	r.srv = r.topo.Servers[0]
+	r.srv.StartCounting(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "breakerd.yaml")
+	os.WriteFile(cfg, []byte(breakerConfig), 0o644)
+	bpffs := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+	t.Cleanup(func() { os.RemoveAll(bpffs) })
+	d, err := daemon.New(daemon.Options{ConfigPath: cfg, Cgroup: r.guarded.Path, BPFFS: bpffs, TickInterval: 10 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	r.d = d
+
+	// HAProxy as the usual node-local breaker: passive health (observe
+	// layer4, error-limit, mark-down) on top of active checks.
+	var backends strings.Builder
+	for _, p := range ports {
+		fmt.Fprintf(&backends, `
+frontend fe%[1]d
+  bind 127.0.0.1:%[2]d
+  default_backend be%[1]d
+backend be%[1]d
+  server s %[3]s:%[1]d check inter 2s fall 3 rise 2 observe layer4 error-limit 10 on-error mark-down
+`, p, p+10000, r.srv.IPv4)
+	}
+	hcfg := filepath.Join(dir, "haproxy.cfg")
+	r.stats = filepath.Join(dir, "haproxy.sock")
+	os.WriteFile(hcfg, []byte(`global
+  maxconn 4096
+  stats socket `+r.stats+` level operator
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 10s
+  timeout server 10s
+  retries 3
+`+backends.String()), 0o644)
+	hp := r.topo.Client.Command(r.plain, "haproxy", "-db", "-f", hcfg)
+	hp.Cmd.Stdout, hp.Cmd.Stderr = io.Discard, io.Discard
+	if err := hp.Start(t); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (r *rig) waitHAProxy(port uint16) {
+	ok := kerneltest.WaitFor(5*time.Second, func() bool {
+		var up bool
+		r.topo.Client.Do(func() error {
+			c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port+10000), 100*time.Millisecond)
+			if err == nil {
+				c.Close()
+				up = true
+			}
+			return nil
+		})
+		return up
+	})
+	if !ok {
+		r.t.Fatal("haproxy did not start")
+	}
+}
+
+// serverDown reports whether HAProxy has marked backend be<port>'s server
+// down, from its stats socket.
+func (r *rig) serverDown(port uint16) bool {
+	c, err := net.DialTimeout("unix", r.stats, time.Second)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	io.WriteString(c, "show stat\n")
+	b, _ := io.ReadAll(c)
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Split(line, ",")
+		if len(f) > 17 && f[0] == fmt.Sprintf("be%d", port) && f[1] == "s" {
+			return strings.HasPrefix(f[17], "DOWN")
+		}
+	}
+	return false
+}
+
+func pct(xs []int64, p int) int64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[min(len(s)-1, len(s)*p/100)]
+}
+
+// TestCompare runs the comparison with the alternatives operators would
+// use: request latency, and time to trip and to recover, side by side in
+// one run. Quick by default (it only has to run); scripts/bench runs it
+// with -bench.full and records the tables in BENCHMARKS.md.
+func TestCompare(t *testing.T) {
+	const latencyPort = 8100
+	tripPorts := []uint16{8201, 8202, 8203, 8211, 8212, 8213}
+	r := newRig(t, append([]uint16{latencyPort}, tripPorts...))
+	var report strings.Builder
+	kv, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	fmt.Fprintf(&report, "kernel %s, full=%v\n\n", strings.TrimSpace(string(kv)), *full)
+
+	// 1. Request latency: one new connection per request.
+	s := &httpServer{host: r.srv, port: latencyPort}
+	s.start(t)
+	defer s.stop()
+	r.waitHAProxy(latencyPort)
+	rounds, per := 3, 50
+	if *full {
+		rounds, per = 12, 200
+	}
+	type line struct {
+		name  string
+		cg    *kerneltest.Cgroup
+		addr  netip.AddrPort
+		nanos []int64
+	}
+	lines := []*line{
+		{name: "direct", cg: r.plain, addr: netip.AddrPortFrom(r.srv.IPv4, latencyPort)},
+		{name: "direct, breakerd attached", cg: r.guarded, addr: netip.AddrPortFrom(r.srv.IPv4, latencyPort)},
+		{name: "through local HAProxy", cg: r.plain, addr: netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", latencyPort+10000))},
+	}
+	for range rounds {
+		for _, l := range lines {
+			res := r.topo.Client.Dial(t, l.cg, kerneltest.DialSpec{Op: "http", Addr: l.addr, Count: per, Timeout: 2 * time.Second})
+			for _, x := range res {
+				if x.Status != 200 {
+					t.Fatalf("%s: status %d errno %v", l.name, x.Status, x.Errno)
+				}
+				l.nanos = append(l.nanos, x.Nanos)
+			}
+		}
+	}
+	base50, base99 := pct(lines[0].nanos, 50), pct(lines[0].nanos, 99)
+	fmt.Fprintf(&report, "| HTTP request on a new connection (%d rounds × %d, interleaved) | p50 | p99 | added at p50 | added at p99 |\n|---|---|---|---|---|\n", rounds, per)
+	for _, l := range lines {
+		p50, p99 := pct(l.nanos, 50), pct(l.nanos, 99)
+		fmt.Fprintf(&report, "| %s | %.1f µs | %.1f µs | %+.1f µs | %+.1f µs |\n", l.name, float64(p50)/1e3, float64(p99)/1e3, float64(p50-base50)/1e3, float64(p99-base99)/1e3)
+	}
+
+	// 2. Time to trip and to recover, refused and black-holed.
+	fmt.Fprintf(&report, "\n| failure | breaker | trip after the failure | requests slowed or failed before the trip | recovered after the server's return |\n|---|---|---|---|---|\n")
+	i := 0
+	for _, failure := range []string{"refused", "black hole"} {
+		for _, who := range []string{"breakerd", "HAProxy", "gobreaker"} {
+			port := tripPorts[i]
+			i++
+			row := r.tripRun(port, failure, who)
+			fmt.Fprintf(&report, "| %s | %s | %s |\n", failure, who, row)
+		}
+	}
+	t.Log("\n" + report.String())
+	if *out != "" {
+		if err := os.WriteFile(*out, []byte(report.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// tripRun drives one request every 5 ms at a server that fails at 1 s and
+// comes back at 3 s, through one breaker, and describes the trip.
+func (r *rig) tripRun(port uint16, failure, who string) string {
+	t := r.t
+	s := &httpServer{host: r.srv, port: port}
+	s.start(t)
+	defer s.stop()
+	r.waitHAProxy(port)
+	spec := kerneltest.DialSpec{Op: "loop", Interval: 5 * time.Millisecond, For: 9 * time.Second, Timeout: time.Second,
+		Addr: netip.AddrPortFrom(r.srv.IPv4, port)}
+	cg := r.plain
+	switch who {
+	case "breakerd":
+		cg = r.guarded
+	case "HAProxy":
+		spec.Addr = netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", port+10000))
+	case "gobreaker":
+		spec.Breaker, spec.BreakerFailures, spec.BreakerOpen = "gobreaker", 10, 2*time.Second
+	}
+	var res []kerneltest.DialResult
+	var wg sync.WaitGroup
+	wg.Go(func() { res = r.topo.Client.Dial(t, cg, spec) })
+	time.Sleep(time.Second)
+	failAt := time.Now()
+	// HAProxy's trip is when it marks the server down.
+	var markedDown time.Time
+	stopPoll := make(chan struct{})
+	var poll sync.WaitGroup
+	if who == "HAProxy" {
+		poll.Go(func() {
+			for {
+				select {
+				case <-stopPoll:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+				if markedDown.IsZero() && r.serverDown(port) {
+					markedDown = time.Now()
+				}
+			}
+		})
+	}
+	if failure == "refused" {
+		s.stop()
+	} else {
+		r.srv.BlackHole(t, port, true)
+	}
+	time.Sleep(2 * time.Second)
+	backAt := time.Now()
+	if failure == "refused" {
+		s.start(t)
+	} else {
+		r.srv.BlackHole(t, port, false)
+	}
+	wg.Wait()
+	close(stopPoll)
+	poll.Wait()
+
+	tripped := func(x kerneltest.DialResult) bool {
+		switch who {
+		case "breakerd":
+			return x.Errno == unix.EHOSTUNREACH
+		case "gobreaker":
+			return x.Errno == kerneltest.ErrBreakerOpen
+		default:
+			return !markedDown.IsZero() && !time.Unix(0, x.Start).Before(markedDown)
+		}
+	}
+	var trip, recovered time.Time
+	affected := 0
+	for _, x := range res {
+		start := time.Unix(0, x.Start)
+		if start.Before(failAt) {
+			continue
+		}
+		if trip.IsZero() && start.Before(backAt) {
+			if tripped(x) {
+				trip = start
+			} else if x.Status != 200 || x.Nanos > int64(100*time.Millisecond) {
+				affected++
+			}
+		}
+		if recovered.IsZero() && start.After(backAt) && x.Status == 200 {
+			recovered = start
+		}
+	}
+	tripText, recText := "did not trip", "did not recover"
+	if !trip.IsZero() {
+		tripText = trip.Sub(failAt).Round(time.Millisecond).String()
+	}
+	if !recovered.IsZero() {
+		recText = recovered.Sub(backAt).Round(time.Millisecond).String()
+	}
+	return fmt.Sprintf("%s | %d | %s", tripText, affected, recText)
+}
