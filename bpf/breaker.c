@@ -376,9 +376,11 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 
 	__u64 now = bpf_ktime_get_ns();
 	/* Stale: never written, older than the fail-safe timeout, or from the
-	 * future (beyond a millisecond of clock read skew): fail open. */
+	 * future beyond a second (the NMI-safe clock read here may lag the
+	 * daemon's CLOCK_MONOTONIC by a tick or so; more is a clock mix-up):
+	 * fail open. */
 	__s64 age = (__s64)(now - cfg->heartbeat_ns);
-	if (!cfg->heartbeat_ns || age > (__s64)cfg->failsafe_ns || age < -1000000) {
+	if (!cfg->heartbeat_ns || age > (__s64)cfg->failsafe_ns || age < -1000000000LL) {
 		stat_inc(STAT_FAILSAFE_ALLOWED);
 		return 1;
 	}

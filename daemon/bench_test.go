@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"runtime"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -60,5 +61,21 @@ func BenchmarkCircuitFootprint(b *testing.B) {
 				f.stop()
 			}
 		})
+	}
+}
+
+// BenchmarkIdleCPU runs a daemon with nothing to do for a few seconds and
+// reports the CPU it used (this whole process; nothing else runs).
+func BenchmarkIdleCPU(b *testing.B) {
+	f := newFixture(b, "")
+	f.start()
+	for b.Loop() {
+		var r0, r1 syscall.Rusage
+		syscall.Getrusage(syscall.RUSAGE_SELF, &r0)
+		t0 := time.Now()
+		time.Sleep(5 * time.Second)
+		syscall.Getrusage(syscall.RUSAGE_SELF, &r1)
+		cpu := time.Duration(r1.Utime.Nano()+r1.Stime.Nano()-r0.Utime.Nano()-r0.Stime.Nano()) * time.Nanosecond
+		b.ReportMetric(100*cpu.Seconds()/time.Since(t0).Seconds(), "%core")
 	}
 }

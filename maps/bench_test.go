@@ -26,7 +26,7 @@ import (
 // reset` rule in the client's output hook. It reports medians and p99 and
 // each connect4 program's own run time per call (kernel BPF stats).
 //
-// Run it with scripts/bench-connect (go test -bench ConnectCost
+// Run it with scripts/bench (go test -bench ConnectCost
 // -benchtime 1x ./maps); it prints the table BENCHMARKS.md records.
 func BenchmarkConnectCost(b *testing.B) {
 	kerneltest.RequireKernel(b)
