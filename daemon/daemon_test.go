@@ -331,7 +331,8 @@ func TestRestartAdoptsWithoutGap(t *testing.T) {
 	}
 	wg.Wait()
 	if got := errnos(res); got[unix.EHOSTUNREACH] != len(res) {
-		t.Fatalf("during the restart: %v\nlogs:\n%s", got, f.logs.String())
+		st, _ := f.d.k.Stats()
+		t.Fatalf("during the restart: %v (verdicts ignored for a stale heartbeat: %d)\nlogs:\n%s", got, st.FailsafeAllowed, f.logs.String())
 	}
 	c, _ := f.circuit("svc")
 	if d := c.OpenUntil.Sub(before.OpenUntil); c.State != "open" || d < -time.Second || d > time.Second {
