@@ -183,10 +183,14 @@ func (r *rig) waitHAProxy(port uint16) {
 
 // serverDown reports whether HAProxy has marked backend be<port>'s server
 // down, from its stats socket.
-func (r *rig) serverDown(port uint16) bool {
+func (r *rig) serverDown(port uint16) bool { return strings.HasPrefix(r.serverStatus(port), "DOWN") }
+
+// serverStatus is HAProxy's status of backend be<port>'s server (UP,
+// DOWN, …), from its stats socket.
+func (r *rig) serverStatus(port uint16) string {
 	c, err := net.DialTimeout("unix", r.stats, time.Second)
 	if err != nil {
-		return false
+		return ""
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(time.Second))
@@ -195,10 +199,10 @@ func (r *rig) serverDown(port uint16) bool {
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Split(line, ",")
 		if len(f) > 17 && f[0] == fmt.Sprintf("be%d", port) && f[1] == "s" {
-			return strings.HasPrefix(f[17], "DOWN")
+			return f[17]
 		}
 	}
-	return false
+	return ""
 }
 
 func pct(xs []int64, p int) int64 {
@@ -287,6 +291,10 @@ func (r *rig) tripRun(port uint16, failure, who string) string {
 	s.start(t)
 	defer s.stop()
 	r.waitHAProxy(port)
+	// HAProxy's checks saw no server until now: wait until it is UP.
+	if !kerneltest.WaitFor(15*time.Second, func() bool { return r.serverStatus(port) == "UP" }) {
+		t.Fatalf("HAProxy never marked the server of port %d up (status %q)", port, r.serverStatus(port))
+	}
 	spec := kerneltest.DialSpec{Op: "loop", Interval: 5 * time.Millisecond, For: 9 * time.Second, Timeout: time.Second,
 		Addr: netip.AddrPortFrom(r.srv.IPv4, port)}
 	cg := r.plain
