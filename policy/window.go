@@ -15,7 +15,7 @@ type window struct {
 	width   time.Duration
 	base    time.Time
 	aged    int64    // the epoch the buckets were last aged at
-	buckets []bucket // WindowBuckets of them, time-based windows only
+	buckets *[WindowBuckets]bucket // time-based windows only
 
 	calls, failures, slow int
 }
@@ -32,7 +32,7 @@ type bucket struct {
 
 func newWindow(o *Options, now time.Time) window {
 	if o.WindowDuration > 0 {
-		return window{width: o.WindowDuration / WindowBuckets, base: now, buckets: make([]bucket, WindowBuckets)}
+		return window{width: o.WindowDuration / WindowBuckets, base: now, buckets: new([WindowBuckets]bucket)}
 	}
 	return window{ring: make([]uint8, o.WindowSize)}
 }
@@ -126,7 +126,9 @@ func (w *window) counts(now time.Time) (calls, failures, slow int) {
 func (w *window) reset(now time.Time) {
 	clear(w.ring)
 	w.pos, w.full = 0, false
-	clear(w.buckets)
+	if w.buckets != nil {
+		*w.buckets = [WindowBuckets]bucket{}
+	}
 	w.base, w.aged = now, 0
 	w.calls, w.failures, w.slow = 0, 0, 0
 }
