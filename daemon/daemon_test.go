@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -28,24 +27,6 @@ import (
 
 func TestMain(m *testing.M) { kerneltest.Main(m) }
 
-// syncBuffer is a log sink tests can read while the daemon writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type fixture struct {
 	t      testing.TB
 	cg     *kerneltest.Cgroup
@@ -54,7 +35,7 @@ type fixture struct {
 	config string
 	bpffs  string
 	socket string
-	logs   *syncBuffer
+	logs   *kerneltest.LogBuffer
 	d      *Daemon
 	stop   func()
 	tick   time.Duration // the daemon's tick (default 20ms; 0 in benchmarks that want the product's default)
@@ -65,7 +46,7 @@ type fixture struct {
 func newFixture(t testing.TB, yaml string) *fixture {
 	t.Helper()
 	kerneltest.RequireKernel(t)
-	f := &fixture{t: t, cg: kerneltest.NewCgroup(t), topo: kerneltest.NewTopology(t, 1), logs: &syncBuffer{}, tick: 20 * time.Millisecond}
+	f := &fixture{t: t, cg: kerneltest.NewCgroup(t), topo: kerneltest.NewTopology(t, 1), logs: &kerneltest.LogBuffer{}, tick: 20 * time.Millisecond}
 	f.srv = f.topo.Servers[0]
 	f.srv.StartCounting(t)
 	dir := t.TempDir()

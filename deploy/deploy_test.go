@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -215,7 +214,7 @@ func TestLeastPrivilege(t *testing.T) {
 	cfg := filepath.Join(dir, "b.yaml")
 	os.WriteFile(cfg, []byte(fmt.Sprintf("targets:\n  down:\n    match: {cidrs: [%s], ports: [\"8080\"]}\n    state: forced_open\n", srv.IPv4)), 0o644)
 
-	run := func(caps []string) (*exec.Cmd, *syncBuffer, string, string) {
+	run := func(caps []string) (*exec.Cmd, *kerneltest.LogBuffer, string, string) {
 		bpffs := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
 		t.Cleanup(func() { os.RemoveAll(bpffs) })
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -230,7 +229,7 @@ func TestLeastPrivilege(t *testing.T) {
 		}
 		cmd := exec.Command("setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set="+bounding, "--",
 			bin, "--config", cfg, "--cgroup", cg.Path, "--bpffs", bpffs, "--admin-addr", addr, "--admin-socket", filepath.Join(dir, kerneltest.UniqueName()+".sock"))
-		logs := &syncBuffer{}
+		logs := &kerneltest.LogBuffer{}
 		cmd.Stderr = logs
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -295,21 +294,4 @@ func TestLeastPrivilege(t *testing.T) {
 			}
 		})
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

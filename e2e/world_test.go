@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -61,23 +60,6 @@ func need(t *testing.T, programs ...string) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // world is one scenario's machine: a child cgroup, a client host and server
 // hosts, a ConfigMap-style configuration directory, and breakerd.
 type world struct {
@@ -90,7 +72,7 @@ type world struct {
 	socket string
 	bpffs  string
 	d      *exec.Cmd
-	logs   *syncBuffer
+	logs   *kerneltest.LogBuffer
 	gen    int
 }
 
@@ -148,7 +130,7 @@ func (w *world) swapConfig(config string) {
 func (w *world) start() {
 	w.t.Helper()
 	os.Remove(w.socket)
-	w.logs = &syncBuffer{}
+	w.logs = &kerneltest.LogBuffer{}
 	cmd := exec.Command(bin(w.t, "breakerd"), "--config", w.config, "--cgroup", w.cg.Path, "--bpffs", w.bpffs,
 		"--admin-addr", w.admin, "--admin-socket", w.socket)
 	cmd.Stderr = w.logs

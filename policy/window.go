@@ -14,7 +14,7 @@ type window struct {
 	// time-based
 	width   time.Duration
 	base    time.Time
-	aged    int64    // the epoch the buckets were last aged at
+	aged    int64                  // the epoch the buckets were last aged at
 	buckets *[WindowBuckets]bucket // time-based windows only
 
 	calls, failures, slow int

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -24,25 +23,7 @@ func TestMain(m *testing.M) { kerneltest.Main(m) }
 // proc is a breakerd process started by the test.
 type proc struct {
 	cmd  *exec.Cmd
-	logs *syncBuffer
-}
-
-// syncBuffer collects a process's stderr while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logs *kerneltest.LogBuffer
 }
 
 type harness struct {
@@ -75,7 +56,7 @@ func newHarness(t *testing.T, config string) *harness {
 func (h *harness) start() *proc {
 	h.t.Helper()
 	os.Remove(h.socket)
-	p := &proc{cmd: exec.Command(h.bin, h.args...), logs: &syncBuffer{}}
+	p := &proc{cmd: exec.Command(h.bin, h.args...), logs: &kerneltest.LogBuffer{}}
 	p.cmd.Stderr = p.logs
 	if err := p.cmd.Start(); err != nil {
 		h.t.Fatal(err)
