@@ -81,7 +81,11 @@ func run(args []string) error {
 
 	switch cmd {
 	case "probe":
-		out, _ := json.MarshalIndent(maps.ProbeFeatures(), "", "  ")
+		f := maps.ProbeFeatures()
+		// Whether links can be pinned is known only once attached.
+		out, _ := json.MarshalIndent(map[string]bool{
+			"set_retval": f.SetRetval, "ring_buffer": f.RingBuf, "sockops_cgroup_id": f.SockopsCgroupID,
+		}, "", "  ")
 		fmt.Println(string(out))
 		return nil
 	case "run", "uninstall":
