@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -205,15 +204,6 @@ func (r *rig) serverStatus(port uint16) string {
 	return ""
 }
 
-func pct(xs []int64, p int) int64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	return s[min(len(s)-1, len(s)*p/100)]
-}
-
 // TestCompare runs the comparison with the alternatives operators would
 // use: request latency, and time to trip and to recover, side by side in
 // one run. Quick by default (it only has to run); scripts/bench runs it
@@ -257,10 +247,10 @@ func TestCompare(t *testing.T) {
 			}
 		}
 	}
-	base50, base99 := pct(lines[0].nanos, 50), pct(lines[0].nanos, 99)
+	base50, base99 := kerneltest.Percentile(lines[0].nanos, 50), kerneltest.Percentile(lines[0].nanos, 99)
 	fmt.Fprintf(&report, "| HTTP request on a new connection (%d rounds × %d, interleaved) | p50 | p99 | added at p50 | added at p99 |\n|---|---|---|---|---|\n", rounds, per)
 	for _, l := range lines {
-		p50, p99 := pct(l.nanos, 50), pct(l.nanos, 99)
+		p50, p99 := kerneltest.Percentile(l.nanos, 50), kerneltest.Percentile(l.nanos, 99)
 		fmt.Fprintf(&report, "| %s | %.1f µs | %.1f µs | %+.1f µs | %+.1f µs |\n", l.name, float64(p50)/1e3, float64(p99)/1e3, float64(p50-base50)/1e3, float64(p99-base99)/1e3)
 	}
 

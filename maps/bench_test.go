@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -152,7 +151,7 @@ func BenchmarkConnectCost(b *testing.B) {
 			}
 		}
 		m := median(c.nanos)
-		fmt.Fprintf(&out, "| %s | %.2f µs | %.2f µs | %.3f× | %s | %s |\n", c.name, float64(m)/1e3, float64(pct(c.nanos, 99))/1e3, float64(m)/float64(base), prog, obs)
+		fmt.Fprintf(&out, "| %s | %.2f µs | %.2f µs | %.3f× | %s | %s |\n", c.name, float64(m)/1e3, float64(kerneltest.Percentile(c.nanos, 99))/1e3, float64(m)/float64(base), prog, obs)
 	}
 	b.Log("\n" + out.String())
 	if path := os.Getenv("BREAKERD_BENCH_OUT"); path != "" {
@@ -164,16 +163,7 @@ func BenchmarkConnectCost(b *testing.B) {
 	b.ReportMetric(float64(base), "healthy-ns")
 }
 
-func median(xs []int64) int64 { return pct(xs, 50) }
-
-func pct(xs []int64, p int) int64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	return s[min(len(s)-1, len(s)*p/100)]
-}
+func median(xs []int64) int64 { return kerneltest.Percentile(xs, 50) }
 
 // BenchmarkReaderDrain fills the ring buffer with real records (refused
 // connects from the test cgroup, nobody reading) and times how fast one

@@ -102,9 +102,9 @@ type DialResult struct {
 	Status int
 }
 
-// Dial runs a client helper process inside cg and the host, waits for it
-// and returns one result per operation.
-func (h *Host) Dial(tb testing.TB, cg *Cgroup, spec DialSpec) []DialResult {
+// helperCommand prepares a client helper process (a re-exec of the test
+// binary) inside cg and the host.
+func (h *Host) helperCommand(tb testing.TB, cg *Cgroup, spec DialSpec) *Process {
 	tb.Helper()
 	self, err := os.Executable()
 	if err != nil {
@@ -113,6 +113,14 @@ func (h *Host) Dial(tb testing.TB, cg *Cgroup, spec DialSpec) []DialResult {
 	js, _ := json.Marshal(spec)
 	p := h.Command(cg, self)
 	p.Cmd.Env = helperEnviron(js)
+	return p
+}
+
+// Dial runs a client helper process inside cg and the host, waits for it
+// and returns one result per operation.
+func (h *Host) Dial(tb testing.TB, cg *Cgroup, spec DialSpec) []DialResult {
+	tb.Helper()
+	p := h.helperCommand(tb, cg, spec)
 	var errOut strings.Builder
 	p.Cmd.Stderr = &errOut
 	stdout, err := p.Cmd.StdoutPipe()
@@ -138,13 +146,7 @@ func (h *Host) Dial(tb testing.TB, cg *Cgroup, spec DialSpec) []DialResult {
 // sockets (it is killed at the end of the test anyway).
 func (h *Host) StartDial(tb testing.TB, cg *Cgroup, spec DialSpec) *Process {
 	tb.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		tb.Fatalf("finding test binary: %v", err)
-	}
-	js, _ := json.Marshal(spec)
-	p := h.Command(cg, self)
-	p.Cmd.Env = helperEnviron(js)
+	p := h.helperCommand(tb, cg, spec)
 	if err := p.Start(tb); err != nil {
 		tb.Fatal(err)
 	}

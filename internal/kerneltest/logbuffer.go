@@ -2,6 +2,7 @@ package kerneltest
 
 import (
 	"bytes"
+	"slices"
 	"sync"
 )
 
@@ -24,4 +25,15 @@ func (s *LogBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// Percentile returns the p-th percentile (0–100) of xs, nearest rank; 0
+// for no samples. xs is not modified.
+func Percentile(xs []int64, p int) int64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[min(len(s)-1, len(s)*p/100)]
 }
