@@ -31,8 +31,11 @@
 #define TCP_LAST_ACK 9
 #define TCP_CLOSING 11
 
-#define MAX_VERDICTS (1 << 20)
-#define MAX_CIRCUIT_IDS (1 << 16)
+/* Sizes, mirrored in maps/ (MaxCircuitIDs, MaxDestinations) and stated with
+ * the memory they take in README. Every map but `stats` is the same size on
+ * any number of CPUs, so a 256-CPU node costs what a 2-CPU node does. */
+#define MAX_DESTINATIONS (1 << 18)
+#define MAX_CIRCUIT_IDS (1 << 18)
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -54,7 +57,7 @@ struct tcp_sock;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_VERDICTS);
+	__uint(max_entries, MAX_DESTINATIONS);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct dest_key);
 	__type(value, struct verdict);
@@ -69,8 +72,10 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } config SEC(".maps");
 
+/* One shared entry per circuit, updated with atomic adds: a per-CPU array
+ * would cost MAX_CIRCUIT_IDS * 40 B per possible CPU (2.5 GiB at 256). */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_CIRCUIT_IDS);
 	__type(key, __u32);
 	__type(value, struct circuit_counters);
@@ -79,7 +84,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_CIRCUIT_IDS);
+	__uint(max_entries, MAX_DESTINATIONS);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct dest_key);
 	__type(value, struct limit);
@@ -134,11 +139,16 @@ struct sock_state {
 	__u32 _pad;
 };
 
+/* Pinned like every other map: a socket counted in a bulkhead before a
+ * restart is released by the new daemon's programs from this same storage.
+ * (Unpinned, the new programs would see no storage on such a socket and its
+ * count would never come back.) */
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
 	__type(value, struct sock_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } socks SEC(".maps");
 
 /* Keep the exported types in the object's BTF for bpf2go's -type. */
@@ -150,6 +160,9 @@ const enum config_flags *unused_config_flags __attribute__((unused));
 const enum event_flags *unused_event_flags __attribute__((unused));
 const struct limit *unused_limit __attribute__((unused));
 const struct bulk_count *unused_bulk __attribute__((unused));
+
+/* count adds one to a shared counter. */
+#define count(field) __sync_fetch_and_add(&(field), 1)
 
 static __always_inline void stat_inc(__u32 idx)
 {
@@ -255,14 +268,14 @@ static __always_inline int verdict_allows(struct bpf_sock_addr *ctx, struct dest
 	struct circuit_counters *c = counters_of(v->circuit_id);
 	if (new_round) {
 		if (c)
-			c->rounds += 1;
+			count(c->rounds);
 		emit(key, OUTCOME_PROBE_ROUND, 0, 0, 0, 0, 0, bpf_get_current_cgroup_id(), now);
 	}
 
 	switch (d) {
 	case ALLOW_PROBE:
 		if (c)
-			c->probes += 1;
+			count(c->probes);
 		/* Mark the socket so its outcome is reported as a probe. */
 		if (key->proto == IPPROTO_TCP) {
 			struct sock_state *st = bpf_sk_storage_get(&socks, ctx->sk, 0,
@@ -276,11 +289,11 @@ static __always_inline int verdict_allows(struct bpf_sock_addr *ctx, struct dest
 	case REJECT:
 		if (flags & CONFIG_SHADOW) {
 			if (c)
-				c->shadow_rejected += 1;
+				count(c->shadow_rejected);
 			return 1;
 		}
 		if (c)
-			c->rejected += 1;
+			count(c->rejected);
 		if (has_set_retval)
 			bpf_set_retval(-(int)(v->reject_errno ? v->reject_errno : ECONNREFUSED));
 		return 0;
@@ -351,11 +364,11 @@ over:;
 	struct circuit_counters *c = counters_of(slot);
 	if (flags & CONFIG_SHADOW) {
 		if (c)
-			c->shadow_rejected += 1;
+			count(c->shadow_rejected);
 		return 1;
 	}
 	if (c)
-		c->bulkhead_rejected += 1;
+		count(c->bulkhead_rejected);
 	if (has_set_retval)
 		bpf_set_retval(-(int)(l->reject_errno ? l->reject_errno : EAGAIN));
 	return 0;

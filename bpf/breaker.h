@@ -61,7 +61,7 @@ struct settings {
 	__u32 max_rto;      /* RTOs on an established socket that make it stalled */
 };
 
-/* Per-circuit counters (per-CPU, summed by the reader). */
+/* Per-circuit counters, one shared entry per circuit id, atomic adds. */
 struct circuit_counters {
 	__u64 rejected;        /* connects/sends turned away */
 	__u64 shadow_rejected; /* would have been turned away (shadow mode) */

@@ -128,7 +128,7 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	feats := maps.ProbeFeatures()
-	opts.Logger.Info("kernel features", "set_retval", feats.SetRetval, "ring_buffer", feats.RingBuf,
+	opts.Logger.Info("kernel features", "set_retval", feats.SetRetval,
 		"reject_errno", map[bool]string{true: "configured errno", false: "EPERM (no bpf_set_retval before 5.18)"}[feats.SetRetval])
 	k, err := maps.Load(maps.Options{Dir: opts.BPFFS, Cgroup: opts.Cgroup, Logger: opts.Logger})
 	if err != nil {

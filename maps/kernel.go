@@ -2,35 +2,46 @@
 // programs of package bpf, pins their maps and links under a versioned bpffs
 // directory, attaches them to a cgroup v2 directory, and reads and writes
 // the verdict map, the settings (heartbeat, shadow mode), the per-circuit
-// counters and the outcome ring buffer. It knows nothing of policy.
+// counters, the bulkhead limits and counts, and the outcome ring buffer. It
+// knows nothing of policy.
 //
 // # Pins and adoption
 //
 // Everything lives under Dir/v<LayoutVersion> (default
-// /sys/fs/bpf/breakerd/v2): the maps by name (verdicts, config, counters,
-// stats, events, socks) and one link per hook (link_connect4, …). Load
-// reuses pinned maps whose layout matches, so a restarted daemon keeps the
-// verdicts the kernel is enforcing, and swaps the new programs into the
-// pinned links with an atomic link update, so the hooks are never empty
-// while breakerd restarts. A pin of this layout version that does not
-// match (ebpf.ErrMapIncompatible) is an error: it means the layout changed
-// without a version bump. Directories of other layout versions are removed
-// once the new programs are attached (their links detach as they go).
+// /sys/fs/bpf/breakerd/v3): every map by name (verdicts, config, counters,
+// limits, bulk, stats, events and socks, the per-socket storage that
+// remembers which bulkhead slot a socket holds), one link per hook
+// (link_connect4, …) and a marker symlink (breakerd-layout) that says the
+// directory is breakerd's. Load reuses pinned maps whose layout matches, so a
+// restarted daemon keeps the verdicts, bulkhead counts and counters the
+// kernel is using, and swaps the new programs into the pinned links with an
+// atomic link update, so the hooks are never empty while breakerd restarts.
+// A pin of this layout version that does not match (ebpf.ErrMapIncompatible)
+// is an error: it means the layout changed without a version bump.
+// Directories of other layout versions that carry breakerd's marker (or,
+// for layouts from before the marker, breakerd's own map pins) are removed
+// once the new programs are attached and pinned (their links detach as they
+// go); nothing else under Dir is touched.
 //
-// # The legacy attach path
+// # One daemon per pin directory
 //
-// Kernels without bpf_link for cgroups (before 5.7) attach with
-// BPF_PROG_ATTACH, and such attachments cannot be pinned. breakerd then
-// keeps the attachment only as long as its process runs: Close detaches it,
-// and a crashed daemon's attachment is released with its file descriptors.
-// Enforcement stops with the daemon — the fail-open direction — and a new
-// daemon attaches again. Features.PinnedLinks says which path is in use.
+// Load takes an exclusive flock(2) on Dir (bpffs supports it on
+// directories) and holds it until Close, so a second breakerd on the same
+// pins is refused before it changes anything (two daemons would split the
+// ring buffer and overwrite each other's verdicts). Uninstall takes the same
+// lock, so it refuses to run under a live daemon.
 //
 // # Fail-open
 //
 // The programs reject only on an explicit open verdict while the daemon's
 // heartbeat (Settings.Heartbeat) is fresh; any missing entry, failed lookup
 // or stale heartbeat allows.
+//
+// # Kernel
+//
+// The object needs Linux 5.12 (BPF atomic fetch-and-add, compare-and-swap
+// and exchange; every cgroup hook attached as a pinnable bpf_link). Load
+// probes for it first and names the kernel when it is older.
 package maps
 
 import (
@@ -39,21 +50,25 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
+	"runtime"
+	"sync"
 	"syscall"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
-	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
 
 	"github.com/breakerd/breakerd/bpf"
 )
 
 // LayoutVersion is the version of the maps' and records' layout. It is part
-// of the pin directory; bump it whenever bpf/breaker.h changes.
-const LayoutVersion = 2
+// of the pin directory; bump it whenever bpf/breaker.h or a map definition
+// in bpf/breaker.c changes (TestLayoutVersionMatchesLayout fails until
+// then).
+const LayoutVersion = 3
 
 // DefaultDir is the default bpffs directory for breakerd's pins.
 const DefaultDir = "/sys/fs/bpf/breakerd"
@@ -66,12 +81,16 @@ type Options struct {
 	// Cgroup is the cgroup v2 directory whose processes are protected.
 	// Empty means load and pin without attaching.
 	Cgroup string
-	// MaxVerdicts overrides the verdict map's capacity (default 1<<20). It
-	// is fixed when the map is first created; an adopted map keeps its own.
+	// MaxVerdicts overrides the verdict map's capacity (default
+	// MaxDestinations). It is fixed when the map is first created; an
+	// adopted map keeps its own.
 	MaxVerdicts uint32
 	// RingBytes overrides the ring buffer's size (default 4 MiB, 65536
 	// records); a power of two multiple of the page size.
 	RingBytes uint32
+	// Lock is the pin directory's lock when the caller took it already
+	// (LockDir); Load then owns it. Nil: Load takes it.
+	Lock *DirLock
 	// Logger receives load and adoption messages (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -81,11 +100,6 @@ type Features struct {
 	// SetRetval: bpf_set_retval exists (5.18+), so a rejected connect sees
 	// the verdict's errno; without it, it sees EPERM.
 	SetRetval bool
-	// RingBuf: the outcome ring buffer exists (5.8+).
-	RingBuf bool
-	// PinnedLinks: cgroup attachments are bpf_links that survive a daemon
-	// restart (5.7+); false on the legacy attach path.
-	PinnedLinks bool
 	// SockopsCgroupID: the observation program can tell which cgroup a
 	// connection came from (not on 6.1: records then carry cgroup id 0).
 	SockopsCgroupID bool
@@ -95,10 +109,16 @@ type Features struct {
 type Kernel struct {
 	View
 	objs     bpf.BreakerObjects
-	links    map[string]link.Link
 	dir      string
+	lock     *DirLock
+	fresh    bool // Load made the layout directory (nothing was pinned before)
 	features Features
 	log      *slog.Logger
+
+	mu       sync.Mutex // guards links, cgroup, cgroupID
+	links    map[string]link.Link
+	cgroup   string
+	cgroupID uint64
 }
 
 type hook struct {
@@ -121,43 +141,124 @@ var hooks = []hook{
 func ProbeFeatures() Features {
 	return Features{
 		SetRetval:       features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnSetRetval) == nil,
-		RingBuf:         features.HaveMapType(ebpf.RingBuf) == nil,
 		SockopsCgroupID: features.HaveProgramHelper(ebpf.SockOps, asm.FnGetCurrentCgroupId) == nil,
 	}
 }
 
+// ErrKernelTooOld is returned by CheckKernel on a kernel before 5.12.
+var ErrKernelTooOld = errors.New("kernel too old: breakerd needs Linux 5.12 or later")
+
+// CheckKernel verifies that the kernel runs what breakerd's object uses:
+// BPF atomic fetch-and-add, compare-and-swap and exchange (5.12). A verifier
+// refusal of the probe program is ErrKernelTooOld, with the kernel's release;
+// other errors (no permission, seccomp) are returned as they are.
+func CheckKernel() error {
+	insns := asm.Instructions{
+		asm.Mov.Imm(asm.R1, 0),
+		asm.StoreMem(asm.RFP, -8, asm.R1, asm.DWord),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.FetchAdd.Mem(asm.RFP, asm.R1, asm.DWord, -8),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.CmpXchg.Mem(asm.RFP, asm.R1, asm.DWord, -8),
+		asm.Xchg.Mem(asm.RFP, asm.R1, asm.DWord, -8),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+	}
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SocketFilter, Instructions: insns, License: "GPL"})
+	if err == nil {
+		p.Close()
+		return nil
+	}
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) || errors.Is(err, unix.EINVAL) {
+		var u unix.Utsname
+		_ = unix.Uname(&u)
+		return fmt.Errorf("%w (this one is %s; the programs use BPF atomic fetch-and-add, compare-and-swap and exchange): %v",
+			ErrKernelTooOld, unix.ByteSliceToString(u.Release[:]), err)
+	}
+	return fmt.Errorf("probing the kernel's BPF support: %w", err)
+}
+
+// CheckCgroup verifies that path is a directory of a cgroup v2 hierarchy
+// (statfs magic CGROUP2_SUPER_MAGIC): a tmpfs or a cgroup v1 controller
+// directory is refused before anything is loaded or attached.
+func CheckCgroup(path string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return fmt.Errorf("cgroup %s: %w", path, err)
+	}
+	if st.Type != unix.CGROUP2_SUPER_MAGIC {
+		return fmt.Errorf("cgroup %s is not a cgroup v2 directory (filesystem magic %#x, want cgroup2 %#x)", path, st.Type, unix.CGROUP2_SUPER_MAGIC)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("cgroup %s: %w", path, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("cgroup %s is not a directory", path)
+	}
+	return nil
+}
+
 // PinDir returns the versioned pin directory under dir.
 func PinDir(dir string) string {
+	return layoutDir(dir, LayoutVersion)
+}
+
+func layoutDir(dir string, version int) string {
 	if dir == "" {
 		dir = DefaultDir
 	}
-	return filepath.Join(dir, fmt.Sprintf("v%d", LayoutVersion))
+	return filepath.Join(dir, fmt.Sprintf("v%d", version))
 }
 
 // Load loads breakerd's programs, adopting pinned maps of the same layout,
-// and attaches them to opts.Cgroup (updating pinned links in place). The
-// caller must Close the Kernel; pins stay until Uninstall.
-func Load(opts Options) (*Kernel, error) {
+// and attaches them to opts.Cgroup (updating pinned links in place). Every
+// input is checked before anything is created; a Load that fails leaves no
+// pin it made behind. The caller must Close the Kernel; pins stay until
+// Uninstall.
+func Load(opts Options) (_ *Kernel, err error) {
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
 	}
+	lock := opts.Lock
+	defer func() {
+		if err != nil && lock != nil {
+			lock.Close()
+		}
+	}()
 	if err := CheckCapabilities(); err != nil {
 		return nil, err
 	}
-	// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK (raising it
-	// needs CAP_SYS_RESOURCE there); later ones ignore it and this is a
-	// no-op.
-	if err := rlimit.RemoveMemlock(); err != nil {
-		return nil, fmt.Errorf("raising RLIMIT_MEMLOCK (this kernel charges BPF memory to it; grant CAP_SYS_RESOURCE): %w", err)
+	if err := CheckKernel(); err != nil {
+		return nil, err
+	}
+	if opts.Cgroup != "" {
+		if err := CheckCgroup(opts.Cgroup); err != nil {
+			return nil, err
+		}
+	}
+	if lock == nil {
+		if lock, err = LockDir(opts.Dir); err != nil {
+			return nil, err
+		}
 	}
 	dir := PinDir(opts.Dir)
+	k := &Kernel{dir: dir, lock: lock, links: map[string]link.Link{}, features: ProbeFeatures(), log: log}
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		k.fresh = true
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("making pin directory: %w", err)
 	}
-	k := &Kernel{dir: dir, links: map[string]link.Link{}, features: ProbeFeatures(), log: log}
-	if !k.features.RingBuf {
-		return nil, errors.New("kernel has no BPF ring buffer (needs 5.8+)")
+	defer func() {
+		if err != nil && k.fresh {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	if err := writeMarker(dir); err != nil {
+		return nil, err
 	}
 
 	spec, err := bpf.LoadBreaker()
@@ -182,7 +283,7 @@ func Load(opts Options) (*Kernel, error) {
 			return nil, fmt.Errorf("loading BPF programs: %+v", ve)
 		}
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
-			return nil, fmt.Errorf("pinned maps in %s do not match layout v%d (the layout changed without a version bump; remove the directory or run breakerd uninstall): %w", dir, LayoutVersion, err)
+			return nil, fmt.Errorf("pinned maps in %s do not match layout v%d (the layout changed without a version bump; run breakerd uninstall): %w", dir, LayoutVersion, err)
 		}
 		return nil, fmt.Errorf("loading BPF programs: %w", err)
 	}
@@ -191,13 +292,13 @@ func Load(opts Options) (*Kernel, error) {
 
 	if opts.Cgroup != "" {
 		if err := k.attach(opts.Cgroup); err != nil {
-			k.Close()
+			k.closeHandles()
 			return nil, err
 		}
 		k.removeOtherLayouts(filepath.Dir(dir))
 	}
-	log.Info("kernel side loaded", "pins", dir, "cgroup", opts.Cgroup,
-		"set_retval", k.features.SetRetval, "pinned_links", k.features.PinnedLinks, "sockops_cgroup_id", k.features.SockopsCgroupID)
+	log.Info("kernel side loaded", "pins", dir, "cgroup", opts.Cgroup, "adopted", !k.fresh,
+		"set_retval", k.features.SetRetval, "sockops_cgroup_id", k.features.SockopsCgroupID)
 	return k, nil
 }
 
@@ -219,41 +320,107 @@ func boolU32(b bool) uint32 {
 	return 0
 }
 
-func (k *Kernel) attach(cgroup string) error {
-	fi, err := os.Stat(cgroup)
+func cgroupID(path string) (uint64, error) {
+	fi, err := os.Stat(path)
 	if err != nil {
-		return fmt.Errorf("cgroup %s: %w", cgroup, err)
+		return 0, fmt.Errorf("cgroup %s: %w", path, err)
 	}
-	cgID := fi.Sys().(*syscall.Stat_t).Ino
-	k.features.PinnedLinks = true
+	return fi.Sys().(*syscall.Stat_t).Ino, nil
+}
+
+// attach puts every program on cgroup: a pinned link already attached to it
+// gets the new program by an atomic update; otherwise a new link is
+// attached and pinned, and only then replaces the old pin (a pinned link to
+// another cgroup keeps its place until the new one is attached and pinned).
+func (k *Kernel) attach(cgroup string) error {
+	id, err := cgroupID(cgroup)
+	if err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.cgroup, k.cgroupID = cgroup, id
 	for _, h := range hooks {
 		prog := h.prog(&k.objs)
 		pin := filepath.Join(k.dir, "link_"+h.name)
-		if l, err := k.adoptLink(pin, cgID, prog); err != nil {
+		if l, err := k.adoptLink(pin, id, prog); err != nil {
 			return fmt.Errorf("adopting %s: %w", pin, err)
 		} else if l != nil {
 			k.links[h.name] = l
 			continue
 		}
-		l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroup, Attach: h.attach, Program: prog})
+		l, err := attachLink(cgroup, h, prog)
 		if err != nil {
-			return fmt.Errorf("attaching %s to %s: %w", h.name, cgroup, err)
+			return err
 		}
 		k.links[h.name] = l
-		if err := l.Pin(pin); err != nil {
-			if !errors.Is(err, ebpf.ErrNotSupported) {
-				return fmt.Errorf("pinning %s: %w", h.name, err)
-			}
-			k.features.PinnedLinks = false
+		if err := pinReplacing(l, pin); err != nil {
+			return fmt.Errorf("pinning %s: %w", h.name, err)
 		}
+	}
+	return nil
+}
+
+func attachLink(cgroup string, h hook, prog *ebpf.Program) (link.Link, error) {
+	f, err := os.Open(cgroup)
+	if err != nil {
+		return nil, fmt.Errorf("opening cgroup %s: %w", cgroup, err)
+	}
+	defer f.Close()
+	l, err := link.AttachRawLink(link.RawLinkOptions{Target: int(f.Fd()), Program: prog, Attach: h.attach})
+	if err != nil {
+		return nil, fmt.Errorf("attaching %s to %s: %w", h.name, cgroup, err)
+	}
+	return l, nil
+}
+
+// pinReplacing pins l at path, replacing what is there in one rename, so
+// the hook never goes without a pinned link.
+func pinReplacing(l link.Link, path string) error {
+	tmp := filepath.Join(filepath.Dir(path), "new_"+filepath.Base(path)) // bpffs refuses dots in names
+	_ = os.Remove(tmp)
+	if err := objPin(l, tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("moving the pin into place: %w", err)
+	}
+	return nil
+}
+
+// objPin pins l's file descriptor at path (BPF_OBJ_PIN), apart from the
+// path the library remembers for l, so a link can be pinned again and moved
+// by rename.
+func objPin(l link.Link, path string) error {
+	fder, ok := l.(interface{ FD() int })
+	if !ok {
+		return fmt.Errorf("link %T has no file descriptor", l)
+	}
+	p, err := unix.BytePtrFromString(path)
+	if err != nil {
+		return err
+	}
+	attr := struct {
+		pathname uint64
+		fd       uint32
+		flags    uint32
+		pathFD   int32
+		_        uint32
+	}{pathname: uint64(uintptr(unsafe.Pointer(p))), fd: uint32(fder.FD())}
+	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_OBJ_PIN, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+	runtime.KeepAlive(p)
+	runtime.KeepAlive(l)
+	if errno != 0 {
+		return fmt.Errorf("pinning at %s: %w", path, errno)
 	}
 	return nil
 }
 
 // adoptLink reopens a pinned link and swaps prog into it, when it is
 // attached to the cgroup with id cgID. A pinned link to another cgroup is
-// removed (its program detaches) and nil returned, so the caller attaches
-// afresh.
+// left as it is (nil is returned): the caller attaches a new link and its
+// pin replaces this one.
 func (k *Kernel) adoptLink(pin string, cgID uint64, prog *ebpf.Program) (link.Link, error) {
 	l, err := link.LoadPinnedLink(pin, nil)
 	if errors.Is(err, os.ErrNotExist) {
@@ -271,26 +438,17 @@ func (k *Kernel) adoptLink(pin string, cgID uint64, prog *ebpf.Program) (link.Li
 		k.log.Info("adopted pinned link", "pin", pin)
 		return l, nil
 	}
-	k.log.Info("pinned link is attached elsewhere; replacing it", "pin", pin)
-	_ = l.Unpin()
+	k.log.Info("pinned link is attached to another cgroup; it is replaced once the new link is pinned", "pin", pin)
 	l.Close()
 	return nil, nil
 }
 
-// removeOtherLayouts removes pin directories of other layout versions under
-// base: their links detach and their maps go once nothing holds them.
+// removeOtherLayouts removes breakerd's pin directories of other layout
+// versions under base: their links detach and their maps go once nothing
+// holds them. Directories breakerd did not make are left alone.
 func (k *Kernel) removeOtherLayouts(base string) {
-	entries, err := os.ReadDir(base)
-	if err != nil {
-		return
-	}
-	own := filepath.Base(k.dir)
-	for _, e := range entries {
-		if !e.IsDir() || e.Name() == own || !strings.HasPrefix(e.Name(), "v") {
-			continue
-		}
-		old := filepath.Join(base, e.Name())
-		if err := os.RemoveAll(old); err != nil {
+	for _, old := range otherLayouts(base, filepath.Base(k.dir)) {
+		if err := removePins(old); err != nil {
 			k.log.Warn("removing old layout", "dir", old, "err", err)
 			continue
 		}
@@ -304,31 +462,49 @@ func (k *Kernel) Features() Features { return k.features }
 // PinDir is the directory holding this Kernel's pins.
 func (k *Kernel) PinDir() string { return k.dir }
 
-// Close releases the daemon's handles. Pinned links and maps stay, so the
-// programs keep enforcing (under the fail-safe heartbeat) until a new
-// daemon adopts them. Unpinned (legacy) attachments are detached.
-func (k *Kernel) Close() error {
+// Fresh reports whether this Load made the pin directory (nothing of this
+// layout was pinned before it).
+func (k *Kernel) Fresh() bool { return k.fresh }
+
+func (k *Kernel) closeHandles() error {
 	var errs []error
+	k.mu.Lock()
 	for _, l := range k.links {
 		errs = append(errs, l.Close())
 	}
 	k.links = nil
+	k.mu.Unlock()
 	errs = append(errs, k.objs.Close())
 	return errors.Join(errs...)
 }
 
-// Uninstall detaches the programs and removes every pin, then closes k.
-func (k *Kernel) Uninstall() error {
-	var errs []error
-	for _, l := range k.links {
-		if err := l.Unpin(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
-			errs = append(errs, err)
-		}
+// Close releases the daemon's handles and the pin directory's lock. Pinned
+// links and maps stay, so the programs keep enforcing (under the fail-safe
+// heartbeat) until a new daemon adopts them.
+func (k *Kernel) Close() error {
+	err := k.closeHandles()
+	k.lock.Close()
+	return err
+}
+
+// Abandon undoes a Load whose caller could not finish starting: a fresh
+// install is removed entirely (links detach, maps go); adopted pins stay as
+// they were found, still enforcing.
+func (k *Kernel) Abandon() error {
+	if k.fresh {
+		return k.Uninstall()
 	}
-	errs = append(errs, k.Close())
-	if err := os.RemoveAll(k.dir); err != nil {
+	return k.Close()
+}
+
+// Uninstall detaches the programs and removes every pin of this layout,
+// then closes k.
+func (k *Kernel) Uninstall() error {
+	errs := []error{k.closeHandles()}
+	if err := removePins(k.dir); err != nil {
 		errs = append(errs, err)
 	}
 	_ = os.Remove(filepath.Dir(k.dir)) // the base, when empty
+	k.lock.Close()
 	return errors.Join(errs...)
 }

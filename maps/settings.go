@@ -72,7 +72,7 @@ func (k *Kernel) Heartbeat() error {
 	return k.SetSettings(s)
 }
 
-// Counters are one circuit's kernel counters, summed over CPUs.
+// Counters are one circuit's kernel counters.
 type Counters struct {
 	// Rejected counts connects and sends turned away.
 	Rejected uint64
@@ -88,30 +88,18 @@ type Counters struct {
 
 // Counters reads the counters of circuit id.
 func (v *View) Counters(id uint32) (Counters, error) {
-	var per []bpf.BreakerCircuitCounters
-	if err := v.counters.Lookup(id, &per); err != nil {
+	var p bpf.BreakerCircuitCounters
+	if err := v.counters.Lookup(id, &p); err != nil {
 		return Counters{}, fmt.Errorf("reading counters of circuit %d: %w", id, err)
 	}
-	var c Counters
-	for _, p := range per {
-		c.Rejected += p.Rejected
-		c.ShadowRejected += p.ShadowRejected
-		c.Probes += p.Probes
-		c.Rounds += p.Rounds
-		c.BulkheadRejected += p.BulkheadRejected
-	}
-	return c, nil
+	return Counters{Rejected: p.Rejected, ShadowRejected: p.ShadowRejected, Probes: p.Probes, Rounds: p.Rounds, BulkheadRejected: p.BulkheadRejected}, nil
 }
 
 // ResetCounters zeroes the counters of circuit id, before the id is given
 // to a new circuit.
 func (k *Kernel) ResetCounters(id uint32) error {
-	n, err := ebpf.PossibleCPU()
-	if err != nil {
-		return fmt.Errorf("counting CPUs: %w", err)
-	}
-	per := make([]bpf.BreakerCircuitCounters, n)
-	if err := k.objs.Counters.Put(id, per); err != nil {
+	var zero bpf.BreakerCircuitCounters
+	if err := k.objs.Counters.Put(id, &zero); err != nil {
 		return fmt.Errorf("resetting counters of circuit %d: %w", id, err)
 	}
 	return nil

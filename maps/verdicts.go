@@ -110,8 +110,14 @@ type Verdict struct {
 	CircuitID uint32
 }
 
-// MaxCircuitIDs is the number of per-circuit counter slots.
-const MaxCircuitIDs = 1 << 16
+// MaxCircuitIDs is the number of circuit ids: per-circuit counter entries
+// and bulkhead slots (MAX_CIRCUIT_IDS in bpf/breaker.c). Id 0 is never
+// given to a circuit.
+const MaxCircuitIDs = 1 << 18
+
+// MaxDestinations is the capacity of the verdict and limits maps
+// (MAX_DESTINATIONS in bpf/breaker.c).
+const MaxDestinations = 1 << 18
 
 // OpenVerdict returns an open verdict due at due with a full round of
 // probes.

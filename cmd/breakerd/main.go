@@ -81,10 +81,12 @@ func run(args []string) error {
 
 	switch cmd {
 	case "probe":
+		if err := maps.CheckKernel(); err != nil {
+			return err
+		}
 		f := maps.ProbeFeatures()
-		// Whether links can be pinned is known only once attached.
 		out, _ := json.MarshalIndent(map[string]bool{
-			"set_retval": f.SetRetval, "ring_buffer": f.RingBuf, "sockops_cgroup_id": f.SockopsCgroupID,
+			"set_retval": f.SetRetval, "sockops_cgroup_id": f.SockopsCgroupID,
 		}, "", "  ")
 		fmt.Println(string(out))
 		return nil

@@ -1,0 +1,68 @@
+package maps
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+)
+
+// daemonSetLimit is the memory limit of deploy/daemonset.yaml; the maps
+// must leave most of it to the daemon.
+const daemonSetLimit = 256 << 20
+
+// TestMapMemoryWithinBound fills the verdict and limits maps to capacity
+// and reads what every map takes (memlock in fdinfo): it stays within
+// MemoryBound for this node's CPUs, and MemoryBound for a 256-CPU node
+// stays within half the DaemonSet's limit.
+func TestMapMemoryWithinBound(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	dir := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	k, err := Load(Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Uninstall()
+
+	dests := make([]Dest, MaxDestinations)
+	for i := range dests {
+		a := netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
+		dests[i] = Dest{Proto: TCP, Addr: netip.AddrPortFrom(a, 80)}
+	}
+	if n, err := k.PutVerdicts(dests, OpenVerdict(Now(), 1, 0, 0, 1)); err != nil || n != len(dests) {
+		t.Fatalf("filling verdicts: %d %v", n, err)
+	}
+	for _, d := range dests {
+		if err := k.PutLimit(d, Limit{Slot: 1, MaxConnections: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mem, err := k.MapMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total uint64
+	for name, n := range mem {
+		t.Logf("map %-9s %10d bytes", name, n)
+		total += n
+	}
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("total %d bytes (%.1f MiB) on %d possible CPUs; bound %.1f MiB; bound at 64 CPUs %.1f MiB, at 256 CPUs %.1f MiB",
+		total, mib(total), cpus, mib(MemoryBound(cpus)), mib(MemoryBound(64)), mib(MemoryBound(256)))
+	if total > MemoryBound(cpus) {
+		t.Fatalf("maps take %d bytes, more than MemoryBound(%d) = %d: the stated formula is wrong", total, cpus, MemoryBound(cpus))
+	}
+	if MemoryBound(256) > daemonSetLimit/2 {
+		t.Fatalf("on 256 CPUs the maps may take %.1f MiB, more than half the DaemonSet's %d MiB", mib(MemoryBound(256)), daemonSetLimit>>20)
+	}
+}
+
+func mib(n uint64) float64 { return float64(n) / (1 << 20) }
