@@ -8,8 +8,8 @@ import (
 	"strings"
 )
 
-// Capabilities breakerd needs, with why. CAP_SYS_ADMIN stands in for
-// CAP_BPF and CAP_PERFMON (kernels before 5.8 know only it).
+// Capabilities breakerd needs, with why. CAP_SYS_ADMIN also grants what
+// CAP_BPF and CAP_PERFMON grant (the kernel accepts either).
 var neededCaps = []struct {
 	bit  uint
 	name string
