@@ -1,70 +1,132 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"os"
-	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
+)
+
+// Bounds of the admin API. Every response is built from a snapshot taken
+// under the daemon's lock (copies of names and in-memory state, no kernel
+// reads), then completed and encoded outside it, so a slow or hostile
+// client never holds up the event loop or the heartbeat.
+const (
+	// PageSize is the most circuits one GET /v1/circuits returns; more
+	// are fetched with ?after=NAME (the Link header names the next page).
+	PageSize = 1000
+	// listedDests is the most destinations one circuit lists; the count
+	// of all is destinations_total.
+	listedDests = 32
+	// maxQuoted is the most bytes of a client's input an error repeats.
+	maxQuoted = 64
+	// maxBody is the largest request body accepted.
+	maxBody = 4096
+	// heavyRequests is how many requests for circuits, events or metrics
+	// each server handles at once; more get 503 at once.
+	heavyRequests = 4
+	// tcpConns and socketConns cap open connections per server (the two
+	// servers count apart, so TCP clients never use up the socket's).
+	tcpConns    = 128
+	socketConns = 32
+	// tcpSendBuffer caps the kernel's send buffer of each TCP connection,
+	// so unread responses cannot pile up in socket memory.
+	tcpSendBuffer = 64 << 10
 )
 
 // CircuitInfo is one circuit as /v1/circuits reports it.
 type CircuitInfo struct {
-	Name                string         `json:"name"`
-	Target              string         `json:"target"`
-	Scope               string         `json:"scope"`
-	State               string         `json:"state"`
-	FailureRate         float64        `json:"failure_rate"`
-	SlowRate            float64        `json:"slow_rate"`
-	Calls               int            `json:"calls"`
-	Failures            int            `json:"failures"`
-	Slow                int            `json:"slow"`
-	ConsecutiveFailures int            `json:"consecutive_failures"`
-	OpenUntil           time.Time      `json:"open_until,omitzero"`
-	ProbesLeft          *int32         `json:"probes_left,omitempty"`
-	Trip                int            `json:"trip"`
-	Destinations        []string       `json:"destinations"`
-	CircuitID           uint32         `json:"circuit_id"`
-	Rejected            uint64         `json:"rejected"`
-	ShadowRejected      uint64         `json:"shadow_rejected"`
-	BulkheadRejected    uint64         `json:"bulkhead_rejected"`
-	Connections         int64          `json:"connections"`
-	Connecting          int64          `json:"connecting"`
-	Options             map[string]any `json:"options"`
+	Name                string    `json:"name"`
+	Target              string    `json:"target"`
+	Scope               string    `json:"scope"`
+	State               string    `json:"state"`
+	FailureRate         float64   `json:"failure_rate"`
+	SlowRate            float64   `json:"slow_rate"`
+	Calls               int       `json:"calls"`
+	Failures            int       `json:"failures"`
+	Slow                int       `json:"slow"`
+	ConsecutiveFailures int       `json:"consecutive_failures"`
+	OpenUntil           time.Time `json:"open_until,omitzero"`
+	ProbesLeft          *int32    `json:"probes_left,omitempty"`
+	Trip                int       `json:"trip"`
+	// Destinations lists up to 32 of the destinations the circuit's
+	// verdict covers (sorted); DestinationsTotal counts them all.
+	Destinations      []string       `json:"destinations"`
+	DestinationsTotal int            `json:"destinations_total"`
+	CircuitID         uint32         `json:"circuit_id"`
+	Rejected          uint64         `json:"rejected"`
+	ShadowRejected    uint64         `json:"shadow_rejected"`
+	BulkheadRejected  uint64         `json:"bulkhead_rejected"`
+	Connections       int64          `json:"connections"`
+	Connecting        int64          `json:"connecting"`
+	Options           map[string]any `json:"options"`
 }
 
-func (d *Daemon) info(c *circuit, now time.Time) CircuitInfo {
+// circuitSnap is what is copied of a circuit under the lock; complete
+// turns it into a CircuitInfo outside the lock.
+type circuitSnap struct {
+	info  CircuitInfo
+	opts  *policy.Options // from the loaded configuration: never changed after load
+	dests []maps.Dest
+}
+
+// snap copies what the API shows of c. Called under d.mu; no kernel reads.
+func snap(c *circuit, now time.Time) circuitSnap {
 	st := c.c.Status(now)
 	scope := string(c.scope)
 	if c.target == allTarget {
 		scope = "dynamic"
 	}
-	ci := CircuitInfo{Name: c.name, Target: c.target, Scope: scope, State: st.State.String(),
-		FailureRate: st.FailureRate, SlowRate: st.SlowRate, Calls: st.Calls, Failures: st.Failures, Slow: st.Slow,
-		ConsecutiveFailures: st.ConsecutiveFailures, OpenUntil: st.OpenUntil, Trip: st.Trip, CircuitID: c.id,
-		Options: optionsMap(c.c.Options())}
-	for _, dst := range c.dests {
+	return circuitSnap{
+		info: CircuitInfo{Name: c.name, Target: c.target, Scope: scope, State: st.State.String(),
+			FailureRate: st.FailureRate, SlowRate: st.SlowRate, Calls: st.Calls, Failures: st.Failures, Slow: st.Slow,
+			ConsecutiveFailures: st.ConsecutiveFailures, OpenUntil: st.OpenUntil, Trip: st.Trip, CircuitID: c.id,
+			DestinationsTotal: len(c.dests)},
+		opts:  c.c.Options(),
+		dests: slices.Clone(c.dests[:min(len(c.dests), listedDests)]),
+	}
+}
+
+// complete adds the kernel's view (probe tokens, counters) to a snapshot.
+// Called outside d.mu: the maps are safe for concurrent use.
+func (d *Daemon) complete(s circuitSnap) CircuitInfo {
+	ci := s.info
+	ci.Options = optionsMap(s.opts)
+	ci.Destinations = make([]string, 0, len(s.dests))
+	for _, dst := range s.dests {
 		ci.Destinations = append(ci.Destinations, dst.String())
-		if v, ok, err := d.k.Verdict(dst); err == nil && ok && ci.ProbesLeft == nil {
-			tokens := max(v.Tokens, 0)
-			ci.ProbesLeft = &tokens
+	}
+	slices.Sort(ci.Destinations)
+	if ci.State == policy.Open.String() || ci.State == policy.HalfOpen.String() {
+		for _, dst := range s.dests {
+			if v, ok, err := d.k.Verdict(dst); err == nil && ok {
+				tokens := max(v.Tokens, 0)
+				ci.ProbesLeft = &tokens
+				break
+			}
 		}
 	}
-	sortStringsSlice(ci.Destinations)
-	if cnt, err := d.k.Counters(c.id); err == nil {
+	if cnt, err := d.k.Counters(ci.CircuitID); err == nil {
 		ci.Rejected, ci.ShadowRejected, ci.BulkheadRejected = cnt.Rejected, cnt.ShadowRejected, cnt.BulkheadRejected
 	}
-	if b, err := d.k.BulkCount(c.id); err == nil {
+	if b, err := d.k.BulkCount(ci.CircuitID); err == nil {
 		ci.Connections, ci.Connecting = b.Connections, b.Connecting
 	}
 	return ci
@@ -82,23 +144,77 @@ func optionsMap(o *policy.Options) map[string]any {
 	}
 }
 
-// Circuits returns every circuit's state, sorted by name.
-func (d *Daemon) Circuits() []CircuitInfo {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	now := d.now()
-	var out []CircuitInfo
-	for _, c := range d.sortedCircuits() {
-		out = append(out, d.info(c, now))
+// CircuitsPage returns up to limit circuits (1..PageSize; other values
+// mean PageSize) whose names sort after after, in name order, and whether
+// more follow. The daemon's lock is held only to copy names and then the
+// chosen circuits' in-memory state; sorting, kernel reads and encoding
+// happen outside it.
+func (d *Daemon) CircuitsPage(after string, limit int) (_ []CircuitInfo, more bool) {
+	if limit <= 0 || limit > PageSize {
+		limit = PageSize
 	}
-	return out
+	d.mu.Lock()
+	names := make([]string, 0, len(d.reg.byName))
+	for name := range d.reg.byName {
+		if name > after {
+			names = append(names, name)
+		}
+	}
+	d.mu.Unlock()
+	slices.Sort(names)
+	if len(names) > limit {
+		names, more = names[:limit], true
+	}
+	snaps := make([]circuitSnap, 0, len(names))
+	d.mu.Lock()
+	now := d.now()
+	for _, name := range names {
+		if c, ok := d.reg.byName[name]; ok { // it may have gone in between
+			snaps = append(snaps, snap(c, now))
+		}
+	}
+	d.mu.Unlock()
+	out := make([]CircuitInfo, 0, len(snaps))
+	for _, s := range snaps {
+		out = append(out, d.complete(s))
+	}
+	return out, more
+}
+
+// Circuits returns every circuit's state, sorted by name, page by page.
+func (d *Daemon) Circuits() []CircuitInfo {
+	out := []CircuitInfo{}
+	after := ""
+	for {
+		page, more := d.CircuitsPage(after, PageSize)
+		out = append(out, page...)
+		if !more || len(page) == 0 {
+			return out
+		}
+		after = page[len(page)-1].Name
+	}
+}
+
+// Circuit returns one circuit's state.
+func (d *Daemon) Circuit(name string) (CircuitInfo, bool) {
+	d.mu.Lock()
+	c, ok := d.reg.byName[name]
+	var s circuitSnap
+	if ok {
+		s = snap(c, d.now())
+	}
+	d.mu.Unlock()
+	if !ok {
+		return CircuitInfo{}, false
+	}
+	return d.complete(s), true
 }
 
 // Events returns the recent transitions, oldest first.
 func (d *Daemon) Events() []TransitionEvent {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return append([]TransitionEvent(nil), d.events...)
+	return d.events.list()
 }
 
 // ErrNoCircuit is returned for an unknown circuit name.
@@ -108,10 +224,10 @@ var ErrNoCircuit = errors.New("no such circuit")
 // "release" (back to the configured behaviour) or "reset".
 func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	c, ok := d.reg.byName[name]
 	if !ok {
-		return CircuitInfo{}, fmt.Errorf("%w: %q", ErrNoCircuit, name)
+		d.mu.Unlock()
+		return CircuitInfo{}, fmt.Errorf("%w: %s", ErrNoCircuit, quote(name))
 	}
 	now := d.now()
 	var t policy.Transition
@@ -125,28 +241,294 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	case "reset":
 		t = c.c.Reset(now)
 	default:
-		return CircuitInfo{}, fmt.Errorf("unknown action %q (open, close, release, reset)", action)
+		d.mu.Unlock()
+		return CircuitInfo{}, fmt.Errorf("unknown action %s (open, close, release, reset)", quote(action))
 	}
 	d.writeVerdicts(c, t)
 	d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason)).Inc()
 	d.log.Info("circuit changed by hand", "circuit", c.name, "action", action, "from", t.From.String(), "to", t.To.String())
-	d.events = append(d.events, TransitionEvent{Time: now, Circuit: c.name, Target: c.target, From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})
-	return d.info(c, now), nil
+	d.events.add(TransitionEvent{Time: now, Circuit: c.name, Target: c.target, From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})
+	s := snap(c, now)
+	d.mu.Unlock()
+	return d.complete(s), nil
 }
 
-type adminServers struct{ servers []*http.Server }
+// quote returns s quoted, cut to maxQuoted bytes: errors never repeat
+// unbounded client input.
+func quote(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	cut := maxQuoted
+	for cut > 0 && !utf8Start(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(s[:cut]), len(s))
+}
+
+func utf8Start(b byte) bool { return b&0xC0 != 0x80 }
+
+type apiError struct {
+	Error string `json:"error"`
+}
+
+// writeJSON encodes v in full before writing, so a response has a
+// Content-Length and never ends half-written because encoding failed.
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		code = http.StatusInternalServerError
+		buf.Reset()
+		fmt.Fprintf(&buf, "{\"error\": %q}\n", "encoding the response: "+err.Error())
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	w.WriteHeader(code)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func writeError(w http.ResponseWriter, code int, format string, args ...any) {
+	writeJSON(w, code, apiError{fmt.Sprintf(format, args...)})
+}
+
+// decodeAction reads a change request's body: exactly one JSON object
+// with exactly one key, "action" (exact case), whose value is a string,
+// and nothing after it but white space. encoding/json alone would accept
+// "Action", a repeated key and trailing data.
+func decodeAction(body io.Reader) (string, error) {
+	dec := json.NewDecoder(body)
+	dec.UseNumber()
+	if tok, err := dec.Token(); err != nil {
+		return "", err
+	} else if tok != json.Delim('{') {
+		return "", errors.New("the body is not a JSON object")
+	}
+	action, seen := "", false
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", err
+		}
+		key, _ := tok.(string)
+		if key != "action" {
+			return "", fmt.Errorf("unknown field %s (the only field is \"action\")", quote(key))
+		}
+		if seen {
+			return "", errors.New("field \"action\" given twice")
+		}
+		seen = true
+		tok, err = dec.Token()
+		if err != nil {
+			return "", err
+		}
+		s, ok := tok.(string)
+		if !ok {
+			return "", errors.New("\"action\" must be a string")
+		}
+		action = s
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return "", err
+	}
+	if !seen {
+		return "", errors.New("no \"action\" field")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return "", errors.New("trailing data after the JSON object")
+	}
+	return action, nil
+}
+
+// exposure says who may read circuits, destinations and events on a
+// server.
+type exposure int
+
+const (
+	// exposeAll: the unix socket (root only): everything, changes too.
+	exposeAll exposure = iota
+	// exposeTCP: metrics and health to anyone who reaches the port;
+	// circuits, destinations and events to loopback clients or with the
+	// bearer token; changes only with the bearer token.
+	exposeTCP
+)
+
+// handler builds the admin API of one server.
+func (d *Daemon) handler(exp exposure, token []byte) http.Handler {
+	mux := http.NewServeMux()
+	heavy := make(chan struct{}, heavyRequests)
+	limited := func(h http.HandlerFunc) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case heavy <- struct{}{}:
+				defer func() { <-heavy }()
+				h(w, r)
+			default:
+				w.Header().Set("Retry-After", "1")
+				writeError(w, http.StatusServiceUnavailable, "too many admin requests at once; retry")
+			}
+		}
+	}
+	authorized := func(r *http.Request) bool {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		return ok && len(token) > 0 && subtle.ConstantTimeCompare([]byte(got), token) == 1
+	}
+	// details guards what is not for everyone on a non-loopback address.
+	details := func(h http.HandlerFunc) http.HandlerFunc {
+		return limited(func(w http.ResponseWriter, r *http.Request) {
+			if exp == exposeTCP && !fromLoopback(r) && !authorized(r) {
+				writeError(w, http.StatusForbidden, "circuits, destinations and events are served to loopback clients, on the unix socket, or with the bearer token (--admin-token-file)")
+				return
+			}
+			h(w, r)
+		})
+	}
+	route := func(pattern string, byMethod map[string]http.HandlerFunc) {
+		var allowed []string
+		for m := range byMethod {
+			allowed = append(allowed, m)
+			if m == http.MethodGet {
+				allowed = append(allowed, http.MethodHead)
+			}
+		}
+		slices.Sort(allowed)
+		allow := strings.Join(allowed, ", ")
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			m := r.Method
+			if m == http.MethodHead {
+				m = http.MethodGet
+			}
+			h, ok := byMethod[m]
+			if !ok {
+				w.Header().Set("Allow", allow)
+				writeError(w, http.StatusMethodNotAllowed, "method %s is not allowed here (%s)", quote(r.Method), allow)
+				return
+			}
+			h(w, r)
+		})
+	}
+	metrics := promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{})
+	route("/metrics", map[string]http.HandlerFunc{http.MethodGet: limited(metrics.ServeHTTP)})
+	route("/healthz", map[string]http.HandlerFunc{http.MethodGet: func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	}})
+	route("/readyz", map[string]http.HandlerFunc{http.MethodGet: func(w http.ResponseWriter, r *http.Request) {
+		d.mu.Lock()
+		ready := d.ready && !d.lastBeat.IsZero()
+		d.mu.Unlock()
+		if !ready {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	}})
+	route("/v1/circuits", map[string]http.HandlerFunc{http.MethodGet: details(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		limit := PageSize
+		if s := q.Get("limit"); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 || n > PageSize {
+				writeError(w, http.StatusBadRequest, "limit %s is not a number from 1 to %d", quote(s), PageSize)
+				return
+			}
+			limit = n
+		}
+		after := q.Get("after")
+		page, more := d.CircuitsPage(after, limit)
+		if more {
+			next := url.Values{"after": {page[len(page)-1].Name}, "limit": {strconv.Itoa(limit)}}
+			w.Header().Set("Link", "</v1/circuits?"+next.Encode()+`>; rel="next"`)
+		}
+		writeJSON(w, http.StatusOK, page)
+	})})
+	route("/v1/circuits/{name...}", map[string]http.HandlerFunc{
+		http.MethodGet: details(func(w http.ResponseWriter, r *http.Request) {
+			name := r.PathValue("name")
+			if ci, ok := d.Circuit(name); ok {
+				writeJSON(w, http.StatusOK, ci)
+				return
+			}
+			writeError(w, http.StatusNotFound, "no circuit named %s", quote(name))
+		}),
+		http.MethodPost: limited(func(w http.ResponseWriter, r *http.Request) {
+			if exp != exposeAll {
+				if len(token) == 0 {
+					writeError(w, http.StatusForbidden, "changes are served only on the admin unix socket (or with --admin-token-file)")
+					return
+				}
+				if !authorized(r) {
+					writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
+					return
+				}
+			}
+			action, err := decodeAction(http.MaxBytesReader(w, r.Body, maxBody))
+			if err != nil {
+				writeError(w, http.StatusBadRequest, "body must be {\"action\": \"open|close|release|reset\"}: %s", err)
+				return
+			}
+			ci, err := d.Force(r.PathValue("name"), action)
+			switch {
+			case errors.Is(err, ErrNoCircuit):
+				writeError(w, http.StatusNotFound, "%s", err)
+			case err != nil:
+				writeError(w, http.StatusBadRequest, "%s", err)
+			default:
+				writeJSON(w, http.StatusOK, ci)
+			}
+		}),
+	})
+	route("/v1/events", map[string]http.HandlerFunc{http.MethodGet: details(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, d.Events())
+	})})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no endpoint %s", quote(r.URL.Path))
+	})
+	return mux
+}
+
+// fromLoopback reports whether the request came from this host's loopback.
+func fromLoopback(r *http.Request) bool {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	return err == nil && ap.Addr().Unmap().IsLoopback()
+}
+
+type adminServers struct {
+	servers []*http.Server
+	socket  *adminSocket
+	tcp     net.Addr // the TCP listener's address, once listening
+}
 
 func (a *adminServers) shutdown() {
 	for _, s := range a.servers {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = s.Shutdown(ctx)
+		if s.Shutdown(ctx) != nil {
+			_ = s.Close()
+		}
 		cancel()
+	}
+	if a.socket != nil {
+		a.socket.remove()
 	}
 }
 
-// startAdmin serves the admin API on the loopback TCP address (read-only
-// unless the bearer token is given) and on the unix socket (everything,
-// mode 0600).
+// newServer is an http.Server with every timeout set: a client that sends
+// slowly, reads slowly or idles loses its connection.
+func newServer(h http.Handler, conns *connLimit) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       30 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+		ConnState:         conns.track,
+		ErrorLog:          nil,
+	}
+}
+
+// startAdmin serves the admin API on the TCP address and on the unix
+// socket, each with its own server, connection limit and request limit.
 func (d *Daemon) startAdmin() (*adminServers, error) {
 	a := &adminServers{}
 	var token []byte
@@ -165,113 +547,34 @@ func (d *Daemon) startAdmin() (*adminServers, error) {
 		if err != nil {
 			return nil, fmt.Errorf("admin address: %w", err)
 		}
-		s := &http.Server{Handler: d.handler(false, token), ReadHeaderTimeout: 5 * time.Second}
+		a.tcp = l.Addr()
+		conns := newConnLimit(l, tcpConns, func(c net.Conn) bool {
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetWriteBuffer(tcpSendBuffer)
+			}
+			return true
+		})
+		s := newServer(d.handler(exposeTCP, token), conns)
 		a.servers = append(a.servers, s)
-		go s.Serve(l)
+		go s.Serve(conns)
 	}
 	if d.opts.AdminSocket != "" {
-		if err := os.MkdirAll(filepath.Dir(d.opts.AdminSocket), 0o700); err != nil {
-			a.shutdown()
-			return nil, fmt.Errorf("admin socket directory: %w", err)
-		}
-		_ = os.Remove(d.opts.AdminSocket)
-		l, err := net.Listen("unix", d.opts.AdminSocket)
+		sock, err := listenAdminSocket(d.opts.AdminSocket)
 		if err != nil {
 			a.shutdown()
-			return nil, fmt.Errorf("admin socket: %w", err)
+			return nil, err
 		}
-		if err := os.Chmod(d.opts.AdminSocket, 0o600); err != nil {
-			l.Close()
-			a.shutdown()
-			return nil, fmt.Errorf("admin socket mode: %w", err)
-		}
-		s := &http.Server{Handler: d.handler(true, nil), ReadHeaderTimeout: 5 * time.Second}
+		a.socket = sock
+		conns := newConnLimit(sock.l, socketConns, func(c net.Conn) bool {
+			if err := peerIsRoot(c); err != nil {
+				d.log.Warn("admin socket: connection refused", "err", err)
+				return false
+			}
+			return true
+		})
+		s := newServer(d.handler(exposeAll, nil), conns)
 		a.servers = append(a.servers, s)
-		go s.Serve(l)
+		go s.Serve(conns)
 	}
 	return a, nil
-}
-
-type apiError struct {
-	Error string `json:"error"`
-}
-
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
-}
-
-// handler builds the admin API. On the socket every call is allowed; over
-// TCP the mutating ones need the bearer token (and are refused when none is
-// configured).
-func (d *Daemon) handler(socket bool, token []byte) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		d.mu.Lock()
-		ready := d.ready && !d.lastBeat.IsZero()
-		d.mu.Unlock()
-		if !ready {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
-	})
-	mux.HandleFunc("GET /v1/circuits", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, d.Circuits())
-	})
-	mux.HandleFunc("GET /v1/circuits/{name...}", func(w http.ResponseWriter, r *http.Request) {
-		name := r.PathValue("name")
-		for _, c := range d.Circuits() {
-			if c.Name == name {
-				writeJSON(w, http.StatusOK, c)
-				return
-			}
-		}
-		writeJSON(w, http.StatusNotFound, apiError{fmt.Sprintf("no circuit named %q", name)})
-	})
-	mux.HandleFunc("GET /v1/events", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, d.Events())
-	})
-	mux.HandleFunc("POST /v1/circuits/{name...}", func(w http.ResponseWriter, r *http.Request) {
-		if !socket {
-			if len(token) == 0 {
-				writeJSON(w, http.StatusForbidden, apiError{"changes are served only on the admin unix socket (or with --admin-token-file)"})
-				return
-			}
-			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if !ok || subtle.ConstantTimeCompare([]byte(got), token) != 1 {
-				writeJSON(w, http.StatusUnauthorized, apiError{"missing or wrong bearer token"})
-				return
-			}
-		}
-		var body struct {
-			Action string `json:"action"`
-		}
-		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&body); err != nil {
-			writeJSON(w, http.StatusBadRequest, apiError{"body must be {\"action\": \"open|close|release|reset\"}: " + err.Error()})
-			return
-		}
-		ci, err := d.Force(r.PathValue("name"), body.Action)
-		switch {
-		case errors.Is(err, ErrNoCircuit):
-			writeJSON(w, http.StatusNotFound, apiError{err.Error()})
-		case err != nil:
-			writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
-		default:
-			writeJSON(w, http.StatusOK, ci)
-		}
-	})
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotFound, apiError{fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path)})
-	})
-	return mux
 }

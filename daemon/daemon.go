@@ -75,9 +75,10 @@ type Daemon struct {
 	reg      *registry
 	pending  map[uint64]pendingConn // connecting sockets seen retransmitting SYNs, by cookie
 	counted  map[uint64]bool        // sockets already counted as timed out
-	events   []TransitionEvent
+	events   eventRing
 	retired  map[string]maps.Counters // kernel counts of dropped circuits, by target
 	ready    bool
+	admin    net.Addr // the admin API's TCP address, once listening
 
 	lastBeat time.Time
 }
@@ -190,6 +191,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.watchConfig(ctx) })
 	d.mu.Lock()
 	d.ready = true
+	d.admin = srv.tcp
 	d.mu.Unlock()
 	d.log.Info("breakerd ready", "cgroup", d.opts.Cgroup, "pins", d.k.PinDir(), "admin", d.opts.AdminAddr, "socket", d.opts.AdminSocket)
 
@@ -292,11 +294,7 @@ func (d *Daemon) apply(c *circuit, t policy.Transition) {
 	d.log.Info(msg, attrs...)
 	ev := TransitionEvent{Time: t.At, Circuit: c.name, Target: c.target, From: t.From.String(), To: t.To.String(),
 		Reason: string(t.Reason), FailureRate: t.FailureRate, SlowRate: t.SlowRate, Calls: t.Calls, OpenUntil: t.OpenUntil, Trip: t.Trip}
-	if len(d.events) == maxEvents {
-		copy(d.events, d.events[1:])
-		d.events = d.events[:maxEvents-1]
-	}
-	d.events = append(d.events, ev)
+	d.events.add(ev)
 }
 
 func round3(f float64) float64 { return float64(int(f*1000+0.5)) / 1000 }

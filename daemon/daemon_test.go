@@ -39,6 +39,7 @@ type fixture struct {
 	d      *Daemon
 	stop   func()
 	tick   time.Duration // the daemon's tick (default 20ms; 0 in benchmarks that want the product's default)
+	admin  string        // the admin API's TCP address (default none)
 }
 
 // newFixture makes the cgroup, the hosts and a configuration file whose
@@ -73,7 +74,7 @@ func (f *fixture) writeConfig(yaml string) {
 func (f *fixture) start() *Daemon {
 	f.t.Helper()
 	d, err := New(Options{
-		ConfigPath: f.config, Cgroup: f.cg.Path, BPFFS: f.bpffs, AdminSocket: f.socket,
+		ConfigPath: f.config, Cgroup: f.cg.Path, BPFFS: f.bpffs, AdminSocket: f.socket, AdminAddr: f.admin,
 		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(f.logs), nil)), TickInterval: f.tick,
 	})
 	if err != nil {
@@ -352,7 +353,7 @@ func unixClient(path string) *http.Client {
 func TestAdminAPI(t *testing.T) {
 	f := newFixture(t, svcConfig)
 	f.start()
-	tcp := httptest.NewServer(f.d.handler(false, nil))
+	tcp := httptest.NewServer(f.d.handler(exposeTCP, nil))
 	defer tcp.Close()
 	post := func(c *http.Client, url, body string, hdr ...string) (int, string) {
 		req, _ := http.NewRequest("POST", url, strings.NewReader(body))
@@ -370,7 +371,7 @@ func TestAdminAPI(t *testing.T) {
 	if code, body := post(tcp.Client(), tcp.URL+"/v1/circuits/svc", `{"action":"open"}`); code != http.StatusForbidden || !strings.Contains(body, "unix socket") {
 		t.Fatalf("mutating over TCP without a token: %d %s", code, body)
 	}
-	withToken := httptest.NewServer(f.d.handler(false, []byte("s3cret")))
+	withToken := httptest.NewServer(f.d.handler(exposeTCP, []byte("s3cret")))
 	defer withToken.Close()
 	if code, _ := post(withToken.Client(), withToken.URL+"/v1/circuits/svc", `{"action":"open"}`, "Bearer wrong"); code != http.StatusUnauthorized {
 		t.Fatalf("wrong token: %d", code)
@@ -421,7 +422,7 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("metric lint: %s: %s", p.Metric, p.Text)
 	}
 	rec := httptest.NewRecorder()
-	f.d.handler(false, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	f.d.handler(exposeTCP, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body := rec.Body.String()
 	for _, want := range []string{
 		`breakerd_transitions_total{from="closed",reason="consecutive_failures",to="open"} 1`,
@@ -535,7 +536,7 @@ targets:
 		t.Fatalf("after the holder died: %v", got)
 	}
 	rec := httptest.NewRecorder()
-	f.d.handler(false, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	f.d.handler(exposeTCP, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	for _, want := range []string{`breakerd_bulkhead_rejections_total{target="pool"} 296`, `breakerd_bulkhead_connections{target="pool"} 0`} {
 		if !strings.Contains(rec.Body.String(), want) {
 			t.Errorf("scrape lacks %s", want)

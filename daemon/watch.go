@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"path/filepath"
-	"sort"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -52,5 +51,3 @@ func (d *Daemon) watchConfig(ctx context.Context) {
 		}
 	}
 }
-
-func sortStringsSlice(s []string) { sort.Strings(s) }

@@ -1,0 +1,438 @@
+package daemon
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+)
+
+func TestDecodeActionIsStrict(t *testing.T) {
+	for _, c := range []struct{ body, action, err string }{
+		{`{"action":"open"}`, "open", ""},
+		{" {\"action\" : \"close\"}\n\t ", "close", ""},
+		{`{"action":"open"}{"action":"close"}`, "", "trailing data"},
+		{`{"action":"open"} x`, "", "trailing data"},
+		{`{"Action":"open"}`, "", `unknown field "Action"`},
+		{`{"ACTION":"open"}`, "", `unknown field "ACTION"`},
+		{`{"action":"open","action":"close"}`, "", "given twice"},
+		{`{"action":"open","verb":"x"}`, "", `unknown field "verb"`},
+		{`{"action":1}`, "", "must be a string"},
+		{`{"action":{"x":1}}`, "", "must be a string"},
+		{`{"action":null}`, "", "must be a string"},
+		{`{}`, "", `no "action"`},
+		{`[]`, "", "not a JSON object"},
+		{`"open"`, "", "not a JSON object"},
+		{``, "", "EOF"},
+		{`{"action":"open"`, "", "EOF"},
+		{`{"action":"open",}`, "", "invalid character"},
+		{`{"` + strings.Repeat("k", 3000) + `":1}`, "", "(3000 bytes)"},
+	} {
+		got, err := decodeAction(strings.NewReader(c.body))
+		if c.err == "" {
+			if err != nil || got != c.action {
+				t.Errorf("%q: %q %v, want %q", c.body, got, err, c.action)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), c.err) {
+			t.Errorf("%q: %q %v, want an error with %q", c.body, got, err, c.err)
+		}
+		if err != nil && len(err.Error()) > 200 {
+			t.Errorf("%q: error of %d bytes", c.body[:min(len(c.body), 40)], len(err.Error()))
+		}
+	}
+}
+
+func TestQuoteIsBounded(t *testing.T) {
+	if q := quote("a?b"); q != `"a?b"` {
+		t.Fatalf("short: %s", q)
+	}
+	q := quote(strings.Repeat("é", 500000))
+	if len(q) > maxQuoted+40 || !strings.Contains(q, "(1000000 bytes)") || !strings.HasPrefix(q, `"éé`) {
+		t.Fatalf("long: %s", q)
+	}
+}
+
+// socketDir is a fresh directory only root can write.
+func socketDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", kerneltest.UniqueName())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+func TestAdminSocketNeverReplacesWhatIsThere(t *testing.T) {
+	dir := socketDir(t)
+
+	// A regular file at the path is kept, byte for byte.
+	file := filepath.Join(dir, "precious")
+	os.WriteFile(file, []byte("data"), 0o644)
+	if _, err := listenAdminSocket(file); err == nil || !strings.Contains(err.Error(), "is not a socket") {
+		t.Fatalf("regular file: %v", err)
+	}
+	if b, err := os.ReadFile(file); err != nil || string(b) != "data" {
+		t.Fatalf("the regular file was touched: %q %v", b, err)
+	}
+	// So is a directory.
+	sub := filepath.Join(dir, "sub")
+	os.Mkdir(sub, 0o700)
+	if _, err := listenAdminSocket(sub); err == nil {
+		t.Fatal("a directory was accepted as the socket path")
+	}
+
+	// The socket is 0600 and the temporary directory it was bound in is gone.
+	path := filepath.Join(dir, "admin.sock")
+	first, err := listenAdminSocket(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket %v %v, want a socket of mode 0600", fi.Mode(), err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 3 {
+		t.Fatalf("directory holds %d entries, want precious, sub and admin.sock", len(entries))
+	}
+	served := make(chan struct{})
+	go func() {
+		for {
+			c, err := first.l.Accept()
+			if err != nil {
+				close(served)
+				return
+			}
+			c.Close()
+		}
+	}()
+
+	// A second daemon given the same path neither takes it over nor
+	// unlinks it.
+	if _, err := listenAdminSocket(path); err == nil || !strings.Contains(err.Error(), "another process listens") {
+		t.Fatalf("second listener: %v", err)
+	}
+	if c, err := net.Dial("unix", path); err != nil {
+		t.Fatalf("the first daemon's socket stopped answering: %v", err)
+	} else {
+		c.Close()
+	}
+
+	// If someone replaced the socket, shutdown leaves theirs alone.
+	os.Rename(path, path+".mine")
+	other, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	first.path = path // still the path it was told to remove
+	first.remove()
+	<-served
+	if _, err := os.Lstat(path); err != nil {
+		t.Fatalf("shutdown removed a socket that was not its own: %v", err)
+	}
+	other.Close()
+
+	// A stale socket (nothing listens) is replaced; shutdown removes its own.
+	stale := filepath.Join(dir, "stale.sock")
+	l, _ := net.Listen("unix", stale)
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	s, err := listenAdminSocket(stale)
+	if err != nil {
+		t.Fatalf("stale socket: %v", err)
+	}
+	s.remove()
+	if _, err := os.Lstat(stale); !os.IsNotExist(err) {
+		t.Fatalf("shutdown left its socket: %v", err)
+	}
+}
+
+func TestAdminSocketDirectoryChecked(t *testing.T) {
+	dir := socketDir(t)
+	os.Chmod(dir, 0o777)
+	if _, err := listenAdminSocket(filepath.Join(dir, "a.sock")); err == nil || !strings.Contains(err.Error(), "writable by its group or others") {
+		t.Fatalf("world-writable directory: %v", err)
+	}
+	os.Chmod(dir, 0o1777) // like /tmp: sticky does not help, others can still create the path first
+	if _, err := listenAdminSocket(filepath.Join(dir, "a.sock")); err == nil {
+		t.Fatal("sticky world-writable directory accepted")
+	}
+	if os.Geteuid() == 0 {
+		os.Chmod(dir, 0o755)
+		os.Chown(dir, 65534, 65534)
+		if _, err := listenAdminSocket(filepath.Join(dir, "a.sock")); err == nil || !strings.Contains(err.Error(), "owned by uid 65534") {
+			t.Fatalf("directory of another user: %v", err)
+		}
+	}
+}
+
+// The hostile helper: a re-exec of the test binary as an unprivileged
+// user (see unprivileged).
+const hostileEnv = "BREAKERD_ADMIN_HOSTILE"
+
+func init() {
+	if spec := os.Getenv(hostileEnv); spec != "" {
+		os.Exit(runHostile(spec))
+	}
+}
+
+// hostileSpec says what the helper does against the admin API.
+type hostileSpec struct {
+	// Network and Addr are where the API is ("tcp" or "unix").
+	Network, Addr string
+	// Idle connections each make one request, read the answer and then
+	// stay open doing nothing (keep-alive).
+	Idle int
+	// Unread connections each send Requests pipelined requests for Path
+	// and never read.
+	Unread, Requests int
+	Path             string
+}
+
+// runHostile opens the connections, prints how many it holds and
+// "ready", then holds them until stdin closes.
+func runHostile(js string) int {
+	var spec hostileSpec
+	if err := json.Unmarshal([]byte(js), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	var held []net.Conn
+	open := func() net.Conn {
+		c, err := net.DialTimeout(spec.Network, spec.Addr, 2*time.Second)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "dial:", err)
+			return nil
+		}
+		held = append(held, c)
+		return c
+	}
+	idle := 0
+	for range spec.Idle {
+		c := open()
+		if c == nil {
+			continue
+		}
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: b\r\n\r\n")
+		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			idle++
+		}
+		c.SetDeadline(time.Time{})
+	}
+	for range spec.Unread {
+		c := open()
+		if c == nil {
+			continue
+		}
+		c.SetWriteDeadline(time.Now().Add(time.Second))
+		for range spec.Requests {
+			if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: b\r\n\r\n", spec.Path); err != nil {
+				break
+			}
+		}
+	}
+	fmt.Printf("%d %d\nready\n", len(held), idle)
+	io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+// unprivileged starts the hostile helper as uid and gid 65534 (nobody),
+// from a copy of the test binary that user can run.
+func unprivileged(t *testing.T, spec hostileSpec) (held, idle int, stop func()) {
+	t.Helper()
+	dir := socketDir(t)
+	os.Chmod(dir, 0o755)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "helper")
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := json.Marshal(spec)
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), hostileEnv+"="+string(js))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	var errOut strings.Builder
+	cmd.Stderr = &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stop = func() {
+		stdin.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	}
+	t.Cleanup(stop)
+	sc := bufio.NewScanner(stdout)
+	var lines []string
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if sc.Text() == "ready" {
+			break
+		}
+	}
+	if len(lines) != 2 {
+		t.Fatalf("hostile helper: %q (stderr: %s)", lines, errOut.String())
+	}
+	fmt.Sscan(lines[0], &held, &idle)
+	return held, idle, stop
+}
+
+// TestAdminSocketPeerMustBeRoot: even with the socket's mode widened by
+// mistake, a connection from another user is closed unanswered.
+func TestAdminSocketPeerMustBeRoot(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	dir := socketDir(t)
+	os.Chmod(dir, 0o755)
+	f := newFixture(t, svcConfig)
+	f.socket = filepath.Join(dir, "admin.sock")
+	f.start()
+	os.Chmod(f.socket, 0o666)
+	// The helper's one idle request over the socket gets no answer.
+	held, idle, _ := unprivileged(t, hostileSpec{Network: "unix", Addr: f.socket, Idle: 1})
+	if held != 1 || idle != 0 {
+		t.Fatalf("uid 65534 on the socket: %d connections, %d answered; want 1 and 0", held, idle)
+	}
+	if !strings.Contains(f.logs.String(), "peer uid 65534") {
+		t.Fatalf("refusal not logged:\n%s", f.logs.String())
+	}
+	// Root still gets answers.
+	resp, err := unixClient(f.socket).Get("http://breakerd/healthz")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("root on the socket: %v %v", resp, err)
+	}
+	resp.Body.Close()
+}
+
+func do(t *testing.T, h http.Handler, method, target, body string, remote ...string) *httptest.ResponseRecorder {
+	t.Helper()
+	req := httptest.NewRequest(method, target, strings.NewReader(body))
+	if len(remote) > 0 {
+		req.RemoteAddr = remote[0]
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+func TestAdminAPIHostileRequests(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.start()
+	sock := f.d.handler(exposeAll, nil)
+	tcp := f.d.handler(exposeTCP, nil)
+
+	// Trailing data: nothing is applied.
+	if rec := do(t, sock, "POST", "/v1/circuits/svc", `{"action":"open"}{"action":"close"}`); rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "trailing data") {
+		t.Fatalf("trailing data: %d %s", rec.Code, rec.Body.String())
+	}
+	// Keys are exact-case.
+	if rec := do(t, sock, "POST", "/v1/circuits/svc", `{"Action":"open"}`); rec.Code != http.StatusBadRequest {
+		t.Fatalf("\"Action\": %d %s", rec.Code, rec.Body.String())
+	}
+	if c, _ := f.circuit("svc"); c.State != "closed" {
+		t.Fatalf("a refused request changed the circuit: %s", c.State)
+	}
+
+	// Other methods: 405 with Allow.
+	for _, c := range []struct{ method, path, allow string }{
+		{"DELETE", "/v1/circuits/svc", "GET, HEAD, POST"},
+		{"PUT", "/v1/circuits", "GET, HEAD"},
+		{"POST", "/metrics", "GET, HEAD"},
+		{"PATCH", "/v1/events", "GET, HEAD"},
+		{"POST", "/healthz", "GET, HEAD"},
+	} {
+		rec := do(t, sock, c.method, c.path, "")
+		var e apiError
+		if rec.Code != http.StatusMethodNotAllowed || rec.Header().Get("Allow") != c.allow || json.Unmarshal(rec.Body.Bytes(), &e) != nil {
+			t.Errorf("%s %s: %d Allow %q %s", c.method, c.path, rec.Code, rec.Header().Get("Allow"), rec.Body.String())
+		}
+	}
+
+	// Error bodies never echo a 900 KB name.
+	long := strings.Repeat("x", 900<<10)
+	for _, rec := range []*httptest.ResponseRecorder{
+		do(t, sock, "GET", "/v1/circuits/"+long, ""),
+		do(t, sock, "POST", "/v1/circuits/"+long, `{"action":"open"}`),
+		do(t, sock, "GET", "/nothing/"+long, ""),
+		do(t, sock, "GET", "/v1/circuits?limit="+long, ""),
+	} {
+		if rec.Code/100 != 4 || rec.Body.Len() > 300 {
+			t.Errorf("long name: %d, %d bytes", rec.Code, rec.Body.Len())
+		}
+	}
+
+	// Non-loopback TCP clients get metrics and health, not circuits or
+	// events (without the token).
+	remote := "192.0.2.7:40000"
+	for _, p := range []string{"/v1/circuits", "/v1/circuits/svc", "/v1/events"} {
+		if rec := do(t, tcp, "GET", p, "", remote); rec.Code != http.StatusForbidden {
+			t.Errorf("remote GET %s: %d", p, rec.Code)
+		}
+		if rec := do(t, tcp, "GET", p, "", "127.0.0.1:40000"); rec.Code != http.StatusOK {
+			t.Errorf("loopback GET %s: %d", p, rec.Code)
+		}
+	}
+	for _, p := range []string{"/metrics", "/healthz", "/readyz"} {
+		if rec := do(t, tcp, "GET", p, "", remote); rec.Code != http.StatusOK {
+			t.Errorf("remote GET %s: %d", p, rec.Code)
+		}
+	}
+	withToken := f.d.handler(exposeTCP, []byte("s3cret"))
+	req := httptest.NewRequest("GET", "/v1/circuits", nil)
+	req.RemoteAddr = remote
+	req.Header.Set("Authorization", "Bearer s3cret")
+	rec := httptest.NewRecorder()
+	withToken.ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK {
+		t.Errorf("remote GET with the token: %d", rec.Code)
+	}
+
+	// The event ring stays at its capacity through changes by hand.
+	for i := range maxEvents + 5 {
+		if _, err := f.d.Force("svc", []string{"open", "close"}[i%2]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if evs := f.d.Events(); len(evs) != maxEvents || evs[len(evs)-1].To != "forced_open" {
+		t.Fatalf("%d events after %d changes, want %d", len(evs), maxEvents+5, maxEvents)
+	}
+}
+
+func TestAdminCircuitsEmptyIsArray(t *testing.T) {
+	f := newFixture(t, "all:\n  consecutive_failures: 3\n")
+	f.start()
+	rec := do(t, f.d.handler(exposeAll, nil), "GET", "/v1/circuits", "")
+	if rec.Code != http.StatusOK || strings.TrimSpace(rec.Body.String()) != "[]" {
+		t.Fatalf("no circuits: %d %q", rec.Code, rec.Body.String())
+	}
+	rec = do(t, f.d.handler(exposeAll, nil), "GET", "/v1/events", "")
+	if rec.Code != http.StatusOK || strings.TrimSpace(rec.Body.String()) != "[]" {
+		t.Fatalf("no events: %d %q", rec.Code, rec.Body.String())
+	}
+}

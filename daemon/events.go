@@ -1,0 +1,26 @@
+package daemon
+
+// eventRing keeps the last maxEvents transitions in a fixed array: adding
+// to a full ring overwrites the oldest, so it never grows. It is used
+// under Daemon.mu.
+type eventRing struct {
+	buf  [maxEvents]TransitionEvent
+	next int // where the next event goes
+	n    int // how many are held (at most maxEvents)
+}
+
+func (r *eventRing) add(ev TransitionEvent) {
+	r.buf[r.next] = ev
+	r.next = (r.next + 1) % len(r.buf)
+	r.n = min(r.n+1, len(r.buf))
+}
+
+// list returns a copy of the events, oldest first (never nil).
+func (r *eventRing) list() []TransitionEvent {
+	out := make([]TransitionEvent, 0, r.n)
+	start := (r.next - r.n + len(r.buf)) % len(r.buf)
+	for i := range r.n {
+		out = append(out, r.buf[(start+i)%len(r.buf)])
+	}
+	return out
+}
