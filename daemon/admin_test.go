@@ -436,3 +436,19 @@ func TestAdminCircuitsEmptyIsArray(t *testing.T) {
 		t.Fatalf("no events: %d %q", rec.Code, rec.Body.String())
 	}
 }
+
+func TestAdminSocketLongPath(t *testing.T) {
+	dir := socketDir(t)
+	// The final path has room; a temporary name beside it would not.
+	sub := filepath.Join(dir, strings.Repeat("d", 106-len(dir)-len("/a.sock")-1))
+	os.Mkdir(sub, 0o700)
+	path := filepath.Join(sub, "a.sock")
+	s, err := listenAdminSocket(path)
+	if err != nil {
+		t.Fatalf("%d-byte path: %v", len(path), err)
+	}
+	s.remove()
+	if _, err := listenAdminSocket(path + strings.Repeat("x", 10)); err == nil || !strings.Contains(err.Error(), "longer than") {
+		t.Fatalf("too long a path: %v", err)
+	}
+}

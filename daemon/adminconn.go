@@ -108,9 +108,6 @@ func (l *connLimit) Close() error {
 	return l.Listener.Close()
 }
 
-// open is how many connections hold a slot.
-func (l *connLimit) open() int { return len(l.slots) }
-
 // limitedConn frees its slot once, when closed.
 type limitedConn struct {
 	net.Conn

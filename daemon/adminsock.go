@@ -40,12 +40,23 @@ func listenAdminSocket(path string) (*adminSocket, error) {
 	if err := removeStaleSocket(path); err != nil {
 		return nil, err
 	}
+	// Clients connect by path: it must fit in sockaddr_un.
+	if len(path) >= len(unix.RawSockaddrUnix{}.Path) {
+		return nil, fmt.Errorf("admin socket path %s is longer than %d bytes", path, len(unix.RawSockaddrUnix{}.Path)-1)
+	}
 	tmp, err := os.MkdirTemp(dir, ".breakerd-admin-")
 	if err != nil {
 		return nil, fmt.Errorf("admin socket: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	bound := filepath.Join(tmp, "admin.sock")
+	// Bind through the directory's descriptor: /proc/self/fd/N/s is short
+	// however long the directory's path is.
+	tmpDir, err := os.Open(tmp)
+	if err != nil {
+		return nil, fmt.Errorf("admin socket: %w", err)
+	}
+	defer tmpDir.Close()
+	bound := fmt.Sprintf("/proc/self/fd/%d/s", tmpDir.Fd())
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: bound, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("admin socket: %w", err)
@@ -56,10 +67,10 @@ func listenAdminSocket(path string) (*adminSocket, error) {
 		l.Close()
 		return nil, err
 	}
-	if err := os.Chmod(bound, 0o600); err != nil {
+	if err := unix.Fchmodat(int(tmpDir.Fd()), "s", 0o600, 0); err != nil {
 		return fail(fmt.Errorf("admin socket mode: %w", err))
 	}
-	if err := unix.Renameat2(unix.AT_FDCWD, bound, unix.AT_FDCWD, path, unix.RENAME_NOREPLACE); err != nil {
+	if err := unix.Renameat2(int(tmpDir.Fd()), "s", unix.AT_FDCWD, path, unix.RENAME_NOREPLACE); err != nil {
 		return fail(fmt.Errorf("admin socket: moving it to %s: %w", path, err))
 	}
 	var st unix.Stat_t
