@@ -19,6 +19,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"sort"
 	"strings"
@@ -43,13 +44,15 @@ func main() {
 	case err == nil:
 	case errors.As(err, &ue):
 		fmt.Fprintln(os.Stderr, "breakerctl:", err)
-		fmt.Fprintln(os.Stderr, "usage: breakerctl config validate FILE | status | events | inspect | force open|close|release|reset NAME  [-o json] [--socket PATH | --addr HOST:PORT] [--bpffs DIR]")
+		fmt.Fprintln(os.Stderr, usageLine)
 		os.Exit(2)
 	default:
 		fmt.Fprintln(os.Stderr, "breakerctl:", err)
 		os.Exit(1)
 	}
 }
+
+const usageLine = "usage: breakerctl config validate FILE | status | events | inspect | force open|close|release|reset NAME  [-o json] [--socket PATH | --addr HOST:PORT] [--bpffs DIR]"
 
 type client struct {
 	http *http.Client
@@ -64,7 +67,10 @@ func run(args []string, out io.Writer) error {
 	addr := fs.String("addr", "", "the daemon's admin TCP address instead of the socket (read-only unless --token-file)")
 	tokenFile := fs.String("token-file", "", "bearer token for changes over --addr")
 	bpffs := fs.String("bpffs", maps.DefaultDir, "bpffs directory of the pins (inspect)")
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args); errors.Is(err, pflag.ErrHelp) {
+		fmt.Fprintf(out, "breakerctl looks at and steers breakerd.\n\n%s\n\nexit status: 0 success, 1 failure, 2 bad usage\n\nflags:\n%s", usageLine, fs.FlagUsages())
+		return nil
+	} else if err != nil {
 		return usageError{err.Error()}
 	}
 	if *output != "text" && *output != "json" {
@@ -91,8 +97,11 @@ func run(args []string, out io.Writer) error {
 		}
 		return validate(a[2], out)
 	case "status":
-		var cs []daemon.CircuitInfo
-		if err := c.get("/v1/circuits", &cs); err != nil {
+		if len(a) != 1 {
+			return usageError{fmt.Sprintf("status takes no argument (got %q)", a[1])}
+		}
+		cs, err := c.circuits()
+		if err != nil {
 			return err
 		}
 		if asJSON {
@@ -113,6 +122,9 @@ func run(args []string, out io.Writer) error {
 		}
 		return tw.Flush()
 	case "events":
+		if len(a) != 1 {
+			return usageError{fmt.Sprintf("events takes no argument (got %q)", a[1])}
+		}
 		var evs []daemon.TransitionEvent
 		if err := c.get("/v1/events", &evs); err != nil {
 			return err
@@ -144,7 +156,7 @@ func run(args []string, out io.Writer) error {
 			token = strings.TrimSpace(string(b))
 		}
 		var ci daemon.CircuitInfo
-		if err := c.post("/v1/circuits/"+a[2], map[string]string{"action": a[1]}, token, &ci); err != nil {
+		if err := c.post("/v1/circuits/"+url.PathEscape(a[2]), map[string]string{"action": a[1]}, token, &ci); err != nil {
 			return err
 		}
 		if asJSON {
@@ -153,6 +165,9 @@ func run(args []string, out io.Writer) error {
 		fmt.Fprintf(out, "%s is now %s\n", ci.Name, ci.State)
 		return nil
 	case "inspect":
+		if len(a) != 1 {
+			return usageError{fmt.Sprintf("inspect takes no argument (got %q)", a[1])}
+		}
 		return inspect(*bpffs, asJSON, out)
 	}
 	return usageError{fmt.Sprintf("unknown command %q", a[0])}
@@ -256,11 +271,44 @@ func writeJSON(out io.Writer, v any) error {
 }
 
 func (c *client) get(path string, v any) error {
+	_, err := c.getPage(path, v)
+	return err
+}
+
+// getPage gets path and returns the next page's path from the Link
+// header ("" on the last page).
+func (c *client) getPage(path string, v any) (next string, err error) {
 	resp, err := c.http.Get(c.base + path)
 	if err != nil {
-		return fmt.Errorf("reaching breakerd: %w", err)
+		return "", fmt.Errorf("reaching breakerd: %w", err)
 	}
-	return decode(resp, v)
+	if err := decode(resp, v); err != nil {
+		return "", err
+	}
+	for _, l := range resp.Header.Values("Link") {
+		if target, rel, ok := strings.Cut(l, ";"); ok && strings.TrimSpace(rel) == `rel="next"` {
+			return strings.Trim(strings.TrimSpace(target), "<>"), nil
+		}
+	}
+	return "", nil
+}
+
+// circuits reads every page of /v1/circuits.
+func (c *client) circuits() ([]daemon.CircuitInfo, error) {
+	all := []daemon.CircuitInfo{}
+	for path := "/v1/circuits"; path != ""; {
+		var page []daemon.CircuitInfo
+		next, err := c.getPage(path, &page)
+		if err != nil {
+			return nil, err
+		}
+		if !strings.HasPrefix(next, "/v1/circuits?") {
+			next = ""
+		}
+		all = append(all, page...)
+		path = next
+	}
+	return all, nil
 }
 
 func (c *client) post(path string, body any, token string, v any) error {

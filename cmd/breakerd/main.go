@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -28,19 +29,50 @@ import (
 	"github.com/breakerd/breakerd/maps"
 )
 
+// Exit codes: 0 success (and --help), 1 failure, 2 bad usage (unknown
+// flag or command, a flag's bad value).
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	err := run(os.Args[1:], os.Stdout)
+	var ue usageError
+	switch {
+	case err == nil:
+	case errors.As(err, &ue):
+		fmt.Fprintln(os.Stderr, "breakerd:", err)
+		fmt.Fprintln(os.Stderr, "usage: breakerd [run|uninstall|probe] [flags] (see breakerd --help)")
+		os.Exit(2)
+	default:
 		fmt.Fprintln(os.Stderr, "breakerd:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
+// usageError is bad usage: exit status 2.
+type usageError struct{ msg string }
+
+func (u usageError) Error() string { return u.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+const usageHead = `breakerd is the circuit breaker daemon.
+
+usage:
+  breakerd [run] [flags]   run the daemon (the default)
+  breakerd uninstall       detach the programs and remove every pin
+  breakerd probe           print what the running kernel offers
+
+Every flag is also a BREAKERD_... environment variable (--admin-addr is
+BREAKERD_ADMIN_ADDR); a flag given on the command line wins.
+
+flags:
+`
+
+func run(args []string, stdout io.Writer) error {
 	cmd := "run"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
 	}
 	fs := pflag.NewFlagSet("breakerd", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
 	fs.String("config", "", "configuration file (default: the embedded default)")
 	fs.String("cgroup", "", "cgroup v2 directory whose processes are protected (default: the cgroup v2 root, from /proc/mounts)")
 	fs.String("bpffs", maps.DefaultDir, "bpffs directory for pins")
@@ -49,23 +81,40 @@ func run(args []string) error {
 	fs.String("admin-token-file", "", "file with a bearer token that allows changes over the TCP admin API")
 	fs.String("log-level", "info", "debug, info, warn or error")
 	fs.String("log-format", "text", "text or json")
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%w (see breakerd --help)", err)
+	if err := fs.Parse(args); errors.Is(err, pflag.ErrHelp) {
+		fmt.Fprint(stdout, usageHead+fs.FlagUsages())
+		return nil
+	} else if err != nil {
+		return usageError{err.Error()}
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	switch cmd {
+	case "run", "uninstall", "probe":
+	default:
+		return usagef("unknown command %q (run, uninstall, probe)", cmd)
 	}
 	v := viper.New()
 	v.SetEnvPrefix("BREAKERD")
 	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
+	// An empty variable means empty (as an empty flag does), not "unset".
+	v.AllowEmptyEnv(true)
 	v.AutomaticEnv()
 	if err := v.BindPFlags(fs); err != nil {
 		return err
 	}
+	// An explicitly empty --bpffs or --cgroup would silently mean the
+	// default (for --cgroup the whole machine): refuse it.
+	for _, name := range []string{"bpffs", "cgroup"} {
+		if explicitlyEmpty(fs, name) {
+			return usagef("--%s (%s) is empty; leave it out for the default", name, envName(name))
+		}
+	}
 
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(v.GetString("log-level"))); err != nil {
-		return fmt.Errorf("--log-level: %q is not debug, info, warn or error", v.GetString("log-level"))
+		return usagef("--log-level: %q is not debug, info, warn or error", v.GetString("log-level"))
 	}
 	hopts := &slog.HandlerOptions{Level: level}
 	var log *slog.Logger
@@ -75,7 +124,7 @@ func run(args []string) error {
 	case "json":
 		log = slog.New(slog.NewJSONHandler(os.Stderr, hopts))
 	default:
-		return fmt.Errorf("--log-format: %q is not text or json", v.GetString("log-format"))
+		return usagef("--log-format: %q is not text or json", v.GetString("log-format"))
 	}
 	slog.SetDefault(log)
 
@@ -88,11 +137,8 @@ func run(args []string) error {
 		out, _ := json.MarshalIndent(map[string]bool{
 			"set_retval": f.SetRetval, "sockops_cgroup_id": f.SockopsCgroupID,
 		}, "", "  ")
-		fmt.Println(string(out))
+		fmt.Fprintln(stdout, string(out))
 		return nil
-	case "run", "uninstall":
-	default:
-		return fmt.Errorf("unknown command %q (run, uninstall, probe)", cmd)
 	}
 
 	cg := v.GetString("cgroup")
@@ -144,4 +190,19 @@ func run(args []string) error {
 		return err
 	}
 	return nil
+}
+
+func envName(flag string) string {
+	return "BREAKERD_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// explicitlyEmpty reports whether flag name was given as "" on the
+// command line, or (when not given there) its environment variable is set
+// and empty.
+func explicitlyEmpty(fs *pflag.FlagSet, name string) bool {
+	if fs.Changed(name) {
+		return fs.Lookup(name).Value.String() == ""
+	}
+	v, ok := os.LookupEnv(envName(name))
+	return ok && v == ""
 }

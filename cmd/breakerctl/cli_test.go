@@ -1,0 +1,149 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/breakerd/breakerd/daemon"
+)
+
+// fakeDaemon serves the admin API's routes on a unix socket with Go's
+// ServeMux, as breakerd does, and records the names it was asked about.
+type fakeDaemon struct {
+	mu    sync.Mutex
+	names []string
+	sock  string
+}
+
+func newFakeDaemon(t *testing.T, circuits int) *fakeDaemon {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "bkctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	f := &fakeDaemon{sock: filepath.Join(dir, "s")}
+	l, err := net.Listen("unix", f.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/circuits/{name...}", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		f.names = append(f.names, r.PathValue("name"))
+		f.mu.Unlock()
+		json.NewEncoder(w).Encode(daemon.CircuitInfo{Name: r.PathValue("name"), State: "forced_closed"})
+	})
+	mux.HandleFunc("GET /v1/circuits", func(w http.ResponseWriter, r *http.Request) {
+		after := -1
+		if a := r.URL.Query().Get("after"); a != "" {
+			after, _ = strconv.Atoi(strings.TrimPrefix(a, "c"))
+		}
+		page := []daemon.CircuitInfo{}
+		for i := after + 1; i < circuits && len(page) < 3; i++ {
+			page = append(page, daemon.CircuitInfo{Name: fmt.Sprintf("c%06d", i), State: "closed"})
+		}
+		if n := len(page); n > 0 && page[n-1].Name != fmt.Sprintf("c%06d", circuits-1) {
+			w.Header().Set("Link", fmt.Sprintf(`</v1/circuits?after=%s&limit=3>; rel="next"`, page[n-1].Name))
+		}
+		json.NewEncoder(w).Encode(page)
+	})
+	srv := &http.Server{Handler: mux}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return f
+}
+
+func TestForceEscapesNames(t *testing.T) {
+	f := newFakeDaemon(t, 0)
+	names := []string{"a?b", "a#b", "a b%2Fc", "tcp/[2001:db8::1]:443", "web/192.0.2.1", "../x"}
+	for _, n := range names {
+		var out bytes.Buffer
+		if err := run([]string{"force", "close", n, "--socket", f.sock}, &out); err != nil {
+			t.Fatalf("force close %q: %v", n, err)
+		}
+	}
+	if fmt.Sprint(f.names) != fmt.Sprint(names) {
+		t.Fatalf("the daemon was asked about %q, want %q", f.names, names)
+	}
+}
+
+func TestStatusReadsEveryPage(t *testing.T) {
+	f := newFakeDaemon(t, 8)
+	var out bytes.Buffer
+	if err := run([]string{"status", "-o", "json", "--socket", f.sock}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var cs []daemon.CircuitInfo
+	if err := json.Unmarshal(out.Bytes(), &cs); err != nil || len(cs) != 8 || cs[7].Name != "c000007" {
+		t.Fatalf("status over 3 pages: %d circuits, %v\n%s", len(cs), err, out.String())
+	}
+	out.Reset()
+	f0 := newFakeDaemon(t, 0)
+	if err := run([]string{"status", "-o", "json", "--socket", f0.sock}, &out); err != nil || strings.TrimSpace(out.String()) != "[]" {
+		t.Fatalf("no circuits: %v %q", err, out.String())
+	}
+}
+
+func TestUsage(t *testing.T) {
+	for _, help := range []string{"--help", "-h"} {
+		var out bytes.Buffer
+		if err := run([]string{help}, &out); err != nil || !strings.Contains(out.String(), "usage: breakerctl") || !strings.Contains(out.String(), "--socket") {
+			t.Fatalf("%s: %v\n%s", help, err, out.String())
+		}
+	}
+	for _, args := range [][]string{
+		{"status", "extra-arg"}, {"events", "x"}, {"inspect", "x"}, {"force", "close"}, {"force", "explode", "x"},
+		{"--bogus"}, {}, {"frobnicate"}, {"status", "-o", "yaml"},
+	} {
+		var ue usageError
+		if err := run(args, &bytes.Buffer{}); !errors.As(err, &ue) {
+			t.Errorf("%q: %v, want a usage error (exit 2)", args, err)
+		}
+	}
+}
+
+// TestExitCodes runs the built binary: 0 and the usage on stdout for
+// --help, 2 for bad usage.
+func TestExitCodes(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "breakerctl")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building breakerctl: %v\n%s", err, out)
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"--help"}, 0}, {[]string{"status", "--help"}, 0},
+		{[]string{"status", "extra-arg"}, 2}, {[]string{"--bogus"}, 2}, {nil, 2},
+	} {
+		cmd := exec.Command(bin, c.args...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != c.code {
+			t.Errorf("breakerctl %q: exit %d, want %d (stderr %s)", c.args, code, c.code, stderr.String())
+		}
+		if c.code == 0 && (!strings.Contains(stdout.String(), "usage: breakerctl") || strings.Contains(stdout.String()+stderr.String(), "pflag")) {
+			t.Errorf("breakerctl %q: stdout %q stderr %q", c.args, stdout.String(), stderr.String())
+		}
+	}
+}

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestUsageErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{[]string{"--bogus"}, "", "unknown flag: --bogus"},
+		{[]string{"frobnicate"}, "", `unknown command "frobnicate"`},
+		{[]string{"run", "extra"}, "", `unexpected argument "extra"`},
+		{[]string{"--bpffs", ""}, "", "--bpffs (BREAKERD_BPFFS) is empty"},
+		{[]string{"--cgroup="}, "", "--cgroup (BREAKERD_CGROUP) is empty"},
+		{[]string{"uninstall", "--bpffs="}, "", "--bpffs (BREAKERD_BPFFS) is empty"},
+		{nil, "BREAKERD_BPFFS", "--bpffs (BREAKERD_BPFFS) is empty"},
+		{nil, "BREAKERD_CGROUP", "--cgroup (BREAKERD_CGROUP) is empty"},
+		{[]string{"--log-level", "loud"}, "", "--log-level"},
+	} {
+		if c.env != "" {
+			t.Setenv(c.env, "")
+		}
+		var out bytes.Buffer
+		err := run(c.args, &out)
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q %s: %v, want a usage error with %q", c.args, c.env, err, c.want)
+		}
+		if c.env != "" {
+			t.Setenv(c.env, "/set") // undone at the end; keeps later cases clean
+		}
+	}
+}
+
+// TestExitCodes runs the built binary: 2 for bad usage, 0 and the usage on
+// stdout for --help.
+func TestExitCodes(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "breakerd")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building breakerd: %v\n%s", err, out)
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"--bogus"}, 2}, {[]string{"frobnicate"}, 2}, {[]string{"--bpffs", ""}, 2}, {[]string{"--cgroup", ""}, 2},
+		{[]string{"--help"}, 0}, {[]string{"-h"}, 0}, {[]string{"run", "--help"}, 0},
+	} {
+		cmd := exec.Command(bin, c.args...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != c.code {
+			t.Errorf("breakerd %q: exit %d, want %d (stderr %s)", c.args, code, c.code, stderr.String())
+		}
+		if c.code == 0 && (!strings.Contains(stdout.String(), "usage:") || !strings.Contains(stdout.String(), "--admin-socket") || stderr.Len() > 0) {
+			t.Errorf("breakerd %q: stdout %q stderr %q", c.args, stdout.String(), stderr.String())
+		}
+	}
+}
