@@ -6,6 +6,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Capabilities breakerd needs, with why. CAP_SYS_ADMIN also grants what
@@ -41,7 +43,51 @@ func CheckCapabilities() error {
 	if len(missing) > 0 {
 		return fmt.Errorf("missing capabilities: %s", strings.Join(missing, ", "))
 	}
-	return nil
+	return checkBPFSyscall()
+}
+
+// bpfUnknownCmd is no bpf() command: the kernel answers it with EINVAL
+// once its own checks pass, without allocating or changing anything.
+const bpfUnknownCmd = 0x7fffffff
+
+// checkBPFSyscall makes one bpf() call that the kernel itself would answer
+// with EINVAL. With the capabilities held, EPERM or ENOSYS means something
+// in front of the kernel refused the system call, usually a seccomp
+// profile; found here, that is said plainly instead of surfacing later as
+// a missing kernel feature or a memory limit.
+func checkBPFSyscall() error {
+	_, _, errno := unix.Syscall(unix.SYS_BPF, bpfUnknownCmd, 0, 0)
+	return bpfRefusal(errno, seccompMode())
+}
+
+// bpfRefusal classifies the errno of the probing bpf() call, made with
+// CAP_BPF (or CAP_SYS_ADMIN) held, given the Seccomp field of
+// /proc/self/status ("0" none, "1" strict, "2" filter, "" unknown).
+func bpfRefusal(errno unix.Errno, seccomp string) error {
+	if errno != unix.EPERM && errno != unix.ENOSYS {
+		return nil // it reached the kernel's own checks
+	}
+	if seccomp == "0" {
+		return fmt.Errorf("bpf() is refused (%w) although CAP_BPF is held, with no seccomp filter in place: "+
+			"a security module (SELinux, AppArmor, lockdown) refuses it", errno)
+	}
+	return fmt.Errorf("bpf() is refused (%w) although CAP_BPF is held: a seccomp profile blocks it "+
+		"(older container runtimes' default profiles allow bpf() only with CAP_SYS_ADMIN); "+
+		"run breakerd with a seccomp profile that allows bpf(), such as the runtime's current default or Unconfined", errno)
+}
+
+// seccompMode is the Seccomp field of /proc/self/status ("" if unknown).
+func seccompMode() string {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return ""
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "Seccomp:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
 
 func effectiveCaps() (uint64, error) {
