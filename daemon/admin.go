@@ -139,7 +139,7 @@ func optionsMap(o *policy.Options) map[string]any {
 		"slow_call_rate_threshold": o.SlowCallRateThreshold, "connect_timeout": o.ConnectTimeout.String(), "open_duration": o.OpenDuration.String(),
 		"open_duration_multiplier": o.OpenDurationMultiplier, "max_open_duration": o.MaxOpenDuration.String(), "jitter": o.Jitter,
 		"half_open_probes": o.HalfOpenProbes, "half_open_success_threshold": o.HalfOpenSuccessThreshold, "probe_timeout": o.ProbeTimeout.String(),
-		"reject_errno": policy.ErrnoName(o.RejectErrno), "count_abandoned": o.CountAbandoned,
+		"reject_errno": policy.ErrnoName(o.RejectErrno), "count_abandoned": o.CountAbandoned, "reset_failure_window": o.ResetFailureWindow.String(),
 		"max_connections": o.MaxConnections, "max_connecting": o.MaxConnecting, "bulkhead_reject_errno": policy.ErrnoName(o.BulkheadRejectErrno),
 	}
 }

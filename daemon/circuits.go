@@ -22,6 +22,25 @@ type circuit struct {
 	id     uint32
 	c      *policy.Circuit
 	dests  []maps.Dest // destinations whose verdict this circuit writes (registry.byDest maps back)
+	// enumerated: a destination of it is enumerated from the target's
+	// match (it stays in its endpoint group while configured).
+	enumerated bool
+}
+
+// endpointIdle is how long a closed endpoint circuit seen only in traffic
+// may stay idle before it leaves its group (and so the denominator of
+// max_ejection_percent).
+const endpointIdle = 10 * time.Minute
+
+// sweepDepartedEndpoints drops closed endpoint circuits seen only in
+// traffic that have been idle for d.endpointIdle.
+func (d *Daemon) sweepDepartedEndpoints(now time.Time) {
+	for _, c := range d.sortedCircuits() {
+		if c.scope == policy.EndpointScope && !c.enumerated && c.c.State() == policy.Closed && now.Sub(c.c.LastActivity()) >= d.endpointIdle {
+			d.log.Debug("endpoint departed (idle)", "circuit", c.name)
+			d.drop(c)
+		}
+	}
 }
 
 // registry holds every circuit. It is used under Daemon.mu.
@@ -125,15 +144,31 @@ func (d *Daemon) attach(c *circuit, dst maps.Dest) {
 	}
 	c.dests = append(c.dests, dst)
 	d.reg.byDest[dst] = c
-	if o := c.c.Options(); o.HasLimits() && dst.Proto == maps.TCP {
-		l := maps.Limit{Slot: c.id, MaxConnections: uint32(o.MaxConnections), MaxConnecting: uint32(o.MaxConnecting), Errno: o.BulkheadRejectErrno}
-		if err := d.k.PutLimit(dst, l); err != nil {
-			d.metrics.verdictWriteErrors.Inc()
-			d.log.Error("writing bulkhead limits (not enforced for this destination)", "circuit", c.name, "dest", dst, "err", err)
-		}
+	if o := c.c.Options(); o.HasLimits() {
+		d.writeLimit(c, dst)
 	}
 	if s := c.c.State(); s.Rejects() {
 		d.writeVerdict(c, dst, s, c.c.Status(d.now()).OpenUntil)
+	}
+}
+
+// writeLimit writes (or removes) the bulkhead limits of one destination of
+// c from its options.
+func (d *Daemon) writeLimit(c *circuit, dst maps.Dest) {
+	if dst.Proto != maps.TCP {
+		return
+	}
+	o := c.c.Options()
+	if !o.HasLimits() {
+		if err := d.k.DeleteLimit(dst); err != nil {
+			d.log.Warn("deleting bulkhead limits", "circuit", c.name, "dest", dst, "err", err)
+		}
+		return
+	}
+	l := maps.Limit{Slot: c.id, MaxConnections: uint32(o.MaxConnections), MaxConnecting: uint32(o.MaxConnecting), Errno: o.BulkheadRejectErrno}
+	if err := d.k.PutLimit(dst, l); err != nil {
+		d.metrics.verdictWriteErrors.Inc()
+		d.log.Error("writing bulkhead limits (not enforced for this destination)", "circuit", c.name, "dest", dst, "err", err)
 	}
 }
 

@@ -80,7 +80,10 @@ type Daemon struct {
 	ready    bool
 	admin    net.Addr // the admin API's TCP address, once listening
 
-	lastBeat time.Time
+	lastBeat  time.Time
+	lastSweep time.Time
+	// endpointIdle: see the constant (tests shorten it).
+	endpointIdle time.Duration
 }
 
 type pendingConn struct {
@@ -140,6 +143,7 @@ func New(opts Options) (*Daemon, error) {
 		opts: opts, log: opts.Logger, k: k, rand: rng.Float64,
 		reg: newRegistry(), pending: map[uint64]pendingConn{}, counted: map[uint64]bool{},
 		resolved: map[string][]netip.Addr{}, retired: map[string]maps.Counters{},
+		endpointIdle: endpointIdle,
 	}
 	d.metrics = newMetrics(d)
 	d.mu.Lock()
@@ -265,7 +269,15 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time) {
 			// the same second as the kernel's first SYN retransmission).
 			r.Kind = policy.Failure
 		}
-	case maps.Refused, maps.TimedOut, maps.Unreachable, maps.Reset, maps.Stalled, maps.Error:
+	case maps.Reset:
+		// A reset counts only soon after connect: later ones are most
+		// often idle timeouts of pooled connections (NATs, load
+		// balancers), not a failing service.
+		if w := c.c.Options().ResetFailureWindow; ev.Duration > w || w == 0 {
+			return
+		}
+		r = policy.Result{Kind: policy.Failure, Duration: ev.Duration, Probe: ev.Probe}
+	case maps.Refused, maps.TimedOut, maps.Unreachable, maps.Stalled, maps.Error:
 		r = policy.Result{Kind: policy.Failure, Duration: ev.Duration, Probe: ev.Probe}
 	default:
 		return
@@ -351,6 +363,10 @@ func (d *Daemon) tick(now time.Time) {
 			d.apply(c, t)
 		}
 	}
+	if now.Sub(d.lastSweep) >= d.endpointIdle/10 {
+		d.lastSweep = now
+		d.sweepDepartedEndpoints(now)
+	}
 }
 
 func (d *Daemon) heartbeat() error {
@@ -406,15 +422,43 @@ func (d *Daemon) resolve(ctx context.Context) {
 
 // applyConfig installs a new configuration (first start or reload) and
 // rebuilds what depends on it.
+//
+// A reload keeps every circuit whose matching still holds: its state,
+// window, trips, open time and any override set through the API stay, and
+// the new options apply from its next call and transition (a verdict
+// already written keeps its errno and probe settings until then). A circuit
+// is dropped only when its target is removed, its scope changes, or a
+// destination of it now matches elsewhere (rematch). A target whose
+// `state` key changed takes the new state.
 func (d *Daemon) applyConfig(cfg *policy.Config) {
 	old := d.cfg
 	d.cfg = cfg
 	if old != nil {
+		now := d.now()
 		ch := policy.Diff(old, cfg)
 		for _, c := range d.sortedCircuits() {
-			drop := (c.target == allTarget && ch.AllChanged) || contains(ch.Changed, c.target) || contains(ch.Removed, c.target)
-			if drop {
+			if c.target == allTarget {
+				if ch.AllChanged {
+					d.setOptions(c, &cfg.All, now)
+				}
+				continue
+			}
+			if !contains(ch.Changed, c.target) && !contains(ch.Removed, c.target) {
+				continue
+			}
+			nt, ot := cfg.Targets[c.target], old.Targets[c.target]
+			if nt == nil || nt.Scope != ot.Scope {
 				d.drop(c)
+				continue
+			}
+			d.setOptions(c, &nt.Options, now)
+			if nt.State != ot.State {
+				d.apply(c, c.c.Override(now, nt.State))
+			}
+		}
+		for name, g := range d.reg.groups {
+			if t := cfg.Targets[name]; t != nil && t.Scope == policy.EndpointScope {
+				g.MaxEjectionPercent = t.MaxEjectionPercent
 			}
 		}
 		d.log.Info("configuration reloaded", "all_changed", ch.AllChanged, "mode_changed", ch.ModeChanged,
@@ -424,6 +468,15 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 		}
 	}
 	d.rematch()
+}
+
+// setOptions gives a kept circuit its reloaded options and rewrites its
+// bulkhead limits.
+func (d *Daemon) setOptions(c *circuit, o *policy.Options, now time.Time) {
+	c.c.SetOptions(o, now)
+	for _, dst := range c.dests {
+		d.writeLimit(c, dst)
+	}
 }
 
 // rematch rebuilds the matcher, drops circuits whose destinations now
@@ -447,7 +500,9 @@ func (d *Daemon) rematch() {
 	}
 	for _, name := range sortedKeys(d.cfg.Targets) {
 		for _, dst := range staticDests(d.cfg.Targets[name], d.resolved) {
-			d.lookup(dst, now)
+			if c := d.lookup(dst, now); c != nil {
+				c.enumerated = true
+			}
 		}
 	}
 }

@@ -259,14 +259,26 @@ func TestReload(t *testing.T) {
 	if v := testutil.ToFloat64(f.d.metrics.reloadOK); v != 1 {
 		t.Fatalf("reload_successful %v", v)
 	}
-	// A change of svc's options resets its circuit.
+	// A change of svc's options keeps its state; the new options apply
+	// from its next transition.
 	f.writeConfig(strings.Replace(svcConfig, "open_duration: 1s", "open_duration: 2s", 1))
 	if err := f.d.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	f.waitState("svc", "closed", time.Second)
+	if c, _ := f.circuit("svc"); c.State != "open" || c.Options["open_duration"] != "2s" {
+		t.Fatalf("a changed target lost its state or kept its old options: %+v", c)
+	}
+	if got := errnos(f.dial(8080, 1, 0)); got[unix.EHOSTUNREACH] != 1 {
+		t.Fatalf("after a changed target the verdict went: %v", got)
+	}
+	// A changed state key applies at once.
+	f.writeConfig(svcConfig + "    state: forced_closed\n")
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	f.waitState("svc", "forced_closed", time.Second)
 	if got := errnos(f.dial(8080, 1, 0)); got[unix.ECONNREFUSED] != 1 {
-		t.Fatalf("after a changed target the old verdict stayed: %v", got)
+		t.Fatalf("forced_closed by a reload still rejects: %v", got)
 	}
 }
 

@@ -144,6 +144,17 @@ func overrideState(o Override) State {
 	return Closed
 }
 
+// SetOptions gives the circuit new options (a reload). Its state, trips,
+// open time and probe count stay; the new options apply from the next call
+// and the next transition. The window keeps its calls unless its shape
+// (window_size or window_duration) changed: then it starts empty.
+func (c *Circuit) SetOptions(o *Options, now time.Time) {
+	if o.WindowSize != c.opts.WindowSize || o.WindowDuration != c.opts.WindowDuration {
+		c.win = newWindow(o, now)
+	}
+	c.opts = o
+}
+
 // Release removes the circuit from its group; call it when the circuit is
 // dropped.
 func (c *Circuit) Release() {
@@ -416,9 +427,11 @@ func (c *Circuit) Status(now time.Time) Status {
 
 // Group is the set of endpoint circuits of one endpoint-scoped target; it
 // keeps no more than MaxEjectionPercent of its endpoints open (or half-open)
-// at once.
+// at once, but always lets one endpoint be ejected (Envoy's rule: with few
+// endpoints a percentage would otherwise round down to none).
 type Group struct {
-	// MaxEjectionPercent is the cap, in percent of the known endpoints.
+	// MaxEjectionPercent is the cap, in percent of the known endpoints
+	// (1..100). A reload may change it; it applies to the next ejection.
 	MaxEjectionPercent int
 	endpoints, ejected int
 }
@@ -426,7 +439,13 @@ type Group struct {
 // NewGroup makes an endpoint group.
 func NewGroup(maxEjectionPercent int) *Group { return &Group{MaxEjectionPercent: maxEjectionPercent} }
 
+// mayEject reports whether one more endpoint may be ejected: the first
+// always may; then only while the ejected ones stay within
+// MaxEjectionPercent of the known endpoints, rounded down.
 func (g *Group) mayEject() bool {
+	if g.ejected == 0 {
+		return true
+	}
 	return (g.ejected+1)*100 <= g.MaxEjectionPercent*g.endpoints
 }
 

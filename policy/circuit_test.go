@@ -313,7 +313,7 @@ func TestInvariantsOverRandomSequences(t *testing.T) {
 			o.HalfOpenProbes = 1 + rng.IntN(4)
 			o.HalfOpenSuccessThreshold = 1 + rng.IntN(o.HalfOpenProbes)
 		})
-		g := NewGroup(rng.IntN(101))
+		g := NewGroup(1 + rng.IntN(100))
 		var cs []*Circuit
 		for i := 0; i < 1+rng.IntN(6); i++ {
 			cs = append(cs, NewCircuit(o, NoOverride, g, clk.now(), rng.Float64))
@@ -365,7 +365,7 @@ func TestInvariantsOverRandomSequences(t *testing.T) {
 					open++
 				}
 			}
-			if open != ej || ej*100 > g.MaxEjectionPercent*n {
+			if open != ej || ej > max(1, g.MaxEjectionPercent*n/100) {
 				t.Fatalf("seed %d: %d open (group says %d) of %d, limit %d%%", seed, open, ej, n, g.MaxEjectionPercent)
 			}
 		}
@@ -444,5 +444,63 @@ func BenchmarkStatus(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = c.Status(clk.t)
+	}
+}
+
+// One endpoint may always be ejected: with few endpoints a percentage
+// rounds down to none (1 at 50%, 2 at 40%, 3 at 33%).
+func TestEndpointGroupAlwaysEjectsOne(t *testing.T) {
+	for _, tc := range []struct{ endpoints, pct, want int }{
+		{1, 50, 1}, {2, 40, 1}, {3, 33, 1}, {3, 34, 1}, {3, 67, 2}, {5, 40, 2}, {10, 100, 10}, {4, 1, 1},
+	} {
+		clk := newClock()
+		o := opts(func(o *Options) { o.ConsecutiveFailures = 1 })
+		g := NewGroup(tc.pct)
+		var cs []*Circuit
+		for range tc.endpoints {
+			cs = append(cs, NewCircuit(o, NoOverride, g, clk.now(), nil))
+		}
+		for _, c := range cs {
+			feed(t, c, clk, fail)
+		}
+		if _, ej := g.Counts(); ej != tc.want {
+			t.Errorf("%d endpoints at %d%%: %d ejected, want %d", tc.endpoints, tc.pct, ej, tc.want)
+		}
+	}
+}
+
+// A changed max_ejection_percent applies to the next ejection; a released
+// (departed) endpoint leaves the denominator.
+func TestEndpointGroupFollowsItsPercentAndDepartures(t *testing.T) {
+	clk := newClock()
+	o := opts(func(o *Options) { o.ConsecutiveFailures = 1 })
+	g := NewGroup(50)
+	var cs []*Circuit
+	for range 4 {
+		cs = append(cs, NewCircuit(o, NoOverride, g, clk.now(), nil))
+	}
+	feed(t, cs[0], clk, fail)
+	feed(t, cs[1], clk, fail)
+	if trs := feed(t, cs[2], clk, fail); len(trs) != 1 || trs[0].Reason != ReasonEjectionLimit {
+		t.Fatalf("third of four at 50%%: %+v", trs)
+	}
+	g.MaxEjectionPercent = 75
+	if trs := feed(t, cs[2], clk, fail); len(trs) != 1 || trs[0].To != Open {
+		t.Fatalf("at 75%%: %+v", trs)
+	}
+	// Two more endpoints arrive and depart: the denominator follows.
+	extra := []*Circuit{NewCircuit(o, NoOverride, g, clk.now(), nil), NewCircuit(o, NoOverride, g, clk.now(), nil)}
+	if n, _ := g.Counts(); n != 6 {
+		t.Fatalf("%d endpoints, want 6", n)
+	}
+	for _, c := range extra {
+		c.Release()
+	}
+	if n, ej := g.Counts(); n != 4 || ej != 3 {
+		t.Fatalf("after departures: %d endpoints, %d ejected", n, ej)
+	}
+	// 4 endpoints at 75%: the fourth stays closed.
+	if trs := feed(t, cs[3], clk, fail); len(trs) != 1 || trs[0].Reason != ReasonEjectionLimit {
+		t.Fatalf("fourth of four at 75%%: %+v", trs)
 	}
 }

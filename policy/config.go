@@ -8,8 +8,9 @@
 //     must match [a-z0-9_-]+.
 //   - A named target's scope defaults to service; max_ejection_percent
 //     defaults to 50 and only applies to endpoint scope. The share is of the
-//     endpoints the group has seen, rounded down (Envoy's rule), so with 5
-//     endpoints and 40% at most 2 are ejected.
+//     endpoints the group knows, rounded down, so with 5 endpoints and 40%
+//     at most 2 are ejected; one endpoint may always be ejected (Envoy's
+//     rule), so with 2 endpoints and 40% one is.
 //   - Jitter only lengthens an open period (up to jitter × duration), so an
 //     open duration never exceeds max_open_duration × (1 + jitter).
 //   - A half-open circuit counts only probe outcomes; outcomes of
@@ -144,7 +145,7 @@ var targetFields = []docField{
 	{"match.ports", "[] (every port)", "list of ports or ranges", "`443`, `8000-8100`."},
 	{"match.protocol", "tcp", "tcp | udp | any", "Transport protocol. UDP is enforced on sendmsg and connected UDP."},
 	{"scope", "service", "service | endpoint", "`service`: one circuit for the target; `endpoint`: one per address and port."},
-	{"max_ejection_percent", "50", "percent", "Endpoint scope: never more than this share of the target's known endpoints open at once."},
+	{"max_ejection_percent", "50", "percent in [1, 100]", "Endpoint scope: never more than this share of the target's known endpoints open at once (rounded down), except that one endpoint may always be open (Envoy's rule). See *Endpoint groups*."},
 	{"state", "(none)", "forced_open | forced_closed | disabled", "Operator override: always reject, never reject, or metrics only."},
 }
 
@@ -382,8 +383,8 @@ func (d *decoder) target(name string, val any) *Target {
 		}
 	}
 	if v, ok := m["max_ejection_percent"]; ok {
-		if err := setInt(&t.MaxEjectionPercent, v, 0, 100); err != nil {
-			d.add(path+".max_ejection_percent", "%v", err)
+		if err := setInt(&t.MaxEjectionPercent, v, 1, 100); err != nil {
+			d.add(path+".max_ejection_percent", "%v (one endpoint may always be ejected; to never reject, use state: forced_closed or disabled)", err)
 		}
 	}
 	if v, ok := m["state"]; ok {

@@ -316,3 +316,12 @@ func TestREADMEExampleIsValid(t *testing.T) {
 		t.Fatalf("example decoded to %+v", c.Targets)
 	}
 }
+
+// max_ejection_percent: 0 would silently never eject (or, with one
+// endpoint always ejectable, mean one): it is an error.
+func TestMaxEjectionPercentZeroIsAnError(t *testing.T) {
+	got := strings.Join(problems(t, "targets:\n  pay:\n    match: {cidrs: [10.0.0.0/24]}\n    scope: endpoint\n    max_ejection_percent: 0\n"), "\n")
+	if !strings.Contains(got, "targets.pay.max_ejection_percent: 0 is not in [1, 100]") {
+		t.Fatalf("problems: %s", got)
+	}
+}

@@ -53,6 +53,10 @@ type Options struct {
 	ProbeTimeout time.Duration
 	// RejectErrno is the errno a rejected connect sees.
 	RejectErrno syscall.Errno
+	// ResetFailureWindow: an RST on an established connection counts as a
+	// failure only when it comes within this time of the connection's
+	// connect(); a later reset counts as nothing (0: resets never count).
+	ResetFailureWindow time.Duration
 	// CountAbandoned counts a connect the application gave up on after
 	// SlowCallDuration as a failure instead of as slow.
 	CountAbandoned bool
@@ -120,6 +124,8 @@ var optionFields = []optionField{
 		func(o *Options, r any) error { return setDuration(&o.ProbeTimeout, r, time.Millisecond, time.Hour) }},
 	{"reject_errno", "ECONNREFUSED", "errno name", "What a rejected connect sees (needs bpf_set_retval, kernel 5.18+; EPERM before). One of " + strings.Join(errnoNames(), ", ") + ".",
 		func(o *Options, r any) error { return setErrno(&o.RejectErrno, r) }},
+	{"reset_failure_window", "5s", "duration", "An RST on an established connection counts as a failure only when it comes within this time of the connection's `connect()` (handshake included): a service that accepts and then resets is failing, while a pooled connection reset later by an idle timeout (a NAT, a load balancer) or by the peer's restart counts as nothing. 0: resets never count. breakerd does not see requests, so it cannot tell whether one was outstanding.",
+		func(o *Options, r any) error { return setDuration(&o.ResetFailureWindow, r, 0, time.Hour) }},
 	{"count_abandoned", "false", "bool", "A connect the application abandons after `slow_call_duration` counts as a failure instead of as slow (before that it counts as nothing).",
 		func(o *Options, r any) error { return setBool(&o.CountAbandoned, r) }},
 	{"max_connections", "0", "sockets", "Bulkhead: at most this many connecting plus established sockets from the protected cgroup to the circuit's destinations (service scope: the whole target), counted exactly by the kernel and enforced in connect. 0 turns it off.",

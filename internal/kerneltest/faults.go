@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // The failure makers below act on a server host. A port of 0 means every
@@ -236,8 +237,14 @@ func (h *Host) ServeHold(tb testing.TB, port uint16) {
 
 // ServeReset accepts connections on port and closes each at once with
 // SO_LINGER 0, so the client receives a RST on an established connection.
-func (h *Host) ServeReset(tb testing.TB, port uint16) {
+func (h *Host) ServeReset(tb testing.TB, port uint16) { h.ServeResetAfter(tb, port, 0) }
+
+// ServeResetAfter accepts connections on port, keeps each for d, then
+// closes it with SO_LINGER 0: the client receives a RST on a connection
+// that has been established for d (an idle timeout's reset).
+func (h *Host) ServeResetAfter(tb testing.TB, port uint16, d time.Duration) {
 	h.Serve(tb, port, func(c *net.TCPConn) {
+		time.Sleep(d)
 		_ = c.SetLinger(0)
 		c.Close()
 	})

@@ -1,0 +1,182 @@
+package daemon
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+)
+
+// A reset soon after connect is a failure; one after reset_failure_window
+// (an idle timeout's reset of a pooled connection) counts as nothing.
+func TestResetCountsOnlySoonAfterConnect(t *testing.T) {
+	f := newFixture(t, `
+targets:
+  early:
+    match: {cidrs: [SRV], ports: ["8090"]}
+    consecutive_failures: 0
+    min_requests: 6
+    failure_rate_threshold: 0.5
+    reset_failure_window: 400ms
+  late:
+    match: {cidrs: [SRV], ports: ["8091"]}
+    consecutive_failures: 0
+    min_requests: 6
+    failure_rate_threshold: 0.5
+    reset_failure_window: 400ms
+`)
+	f.srv.ServeReset(t, 8090)
+	f.srv.ServeResetAfter(t, 8091, 900*time.Millisecond)
+	f.start()
+	for _, port := range []uint16{8090, 8091} {
+		res := f.topo.Client.Dial(t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, port), Count: 3, Parallel: 3, Hold: 1500 * time.Millisecond})
+		if got := errnos(res); got[0] != 3 {
+			t.Fatalf("port %d: connects %v", port, got)
+		}
+	}
+	f.waitState("early", "open", 2*time.Second)
+	// Three established (successes) and three resets.
+	if !kerneltest.WaitFor(2*time.Second, func() bool { c, _ := f.circuit("late"); return c.Calls == 3 }) {
+		c, _ := f.circuit("late")
+		t.Fatalf("late: %+v", c)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if c, _ := f.circuit("late"); c.State != "closed" || c.Failures != 0 || c.Calls != 3 {
+		t.Fatalf("resets after reset_failure_window counted: %+v", c)
+	}
+}
+
+// A reload that changes `all` keeps the dynamic circuits: 50 open ones
+// still reject, with no SYN reaching the host.
+func TestReloadKeepsOpenDynamicCircuits(t *testing.T) {
+	const n = 50
+	cfg := `
+all:
+  consecutive_failures: 1
+  open_duration: 121s
+  reject_errno: EHOSTUNREACH
+`
+	f := newFixture(t, cfg)
+	f.start()
+	for i := range n {
+		if got := errnos(f.dial(uint16(9000+i), 1, 0)); got[unix.ECONNREFUSED] != 1 {
+			t.Fatalf("port %d: %v", 9000+i, got)
+		}
+	}
+	ip := f.srv.IPv4.String()
+	if !kerneltest.WaitFor(3*time.Second, func() bool {
+		open := 0
+		for _, c := range f.d.Circuits() {
+			if c.State == "open" {
+				open++
+			}
+		}
+		return open == n
+	}) {
+		t.Fatalf("not all %d circuits opened: %v", n, f.d.Circuits())
+	}
+	before, _ := f.circuit("tcp/" + ip + ":9000")
+
+	f.writeConfig(strings.Replace(cfg, "121s", "122s", 1))
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	syns := f.srv.SYNs(t)
+	for i := range n {
+		if got := errnos(f.dial(uint16(9000+i), 1, 0)); got[unix.EHOSTUNREACH] != 1 {
+			t.Fatalf("port %d after the reload: %v, want rejected", 9000+i, got)
+		}
+	}
+	if d := f.srv.SYNs(t) - syns; d != 0 {
+		t.Fatalf("%d SYNs reached the host after the reload", d)
+	}
+	after, _ := f.circuit("tcp/" + ip + ":9000")
+	if after.State != "open" || !after.OpenUntil.Equal(before.OpenUntil) {
+		t.Fatalf("circuit %+v before, %+v after: the open time must stay", before, after)
+	}
+	if after.Options["open_duration"] != "2m2s" {
+		t.Fatalf("new options not applied: %v", after.Options["open_duration"])
+	}
+}
+
+// Endpoint groups: one endpoint may always be ejected (3 endpoints at 34%
+// would otherwise eject none), and a reload that raises
+// max_ejection_percent takes effect while the ejected one stays open.
+func TestEndpointGroupEjectsOneAndFollowsReload(t *testing.T) {
+	cfg := `
+targets:
+  pay:
+    match: {cidrs: [SRV], ports: ["8101-8103"]}
+    scope: endpoint
+    max_ejection_percent: 34
+    consecutive_failures: 1
+    open_duration: 1m
+`
+	f := newFixture(t, cfg)
+	f.start()
+	ip := f.srv.IPv4.String()
+	for _, p := range []uint16{8101, 8102, 8103} {
+		f.dial(p, 1, 0)
+	}
+	state := func(p int) string { c, _ := f.circuit(fmt.Sprintf("pay/%s:%d", ip, p)); return c.State }
+	if !kerneltest.WaitFor(2*time.Second, func() bool { return state(8101) == "open" }) {
+		t.Fatalf("first endpoint not ejected: %v", f.d.Circuits())
+	}
+	time.Sleep(100 * time.Millisecond)
+	if state(8102) != "closed" || state(8103) != "closed" {
+		t.Fatalf("more than one of three ejected at 34%%: %s %s", state(8102), state(8103))
+	}
+	f.writeConfig(strings.Replace(cfg, "34", "67", 1))
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if state(8101) != "open" {
+		t.Fatalf("the reload closed the ejected endpoint: %s", state(8101))
+	}
+	f.dial(8102, 1, 0)
+	if !kerneltest.WaitFor(2*time.Second, func() bool { return state(8102) == "open" }) {
+		t.Fatalf("after raising max_ejection_percent to 67 the second endpoint is %s", state(8102))
+	}
+	f.dial(8103, 1, 0)
+	time.Sleep(200 * time.Millisecond)
+	if state(8103) != "closed" {
+		t.Fatalf("third of three ejected at 67%%: %s", state(8103))
+	}
+}
+
+// An endpoint seen only in traffic leaves its group once closed and idle.
+func TestIdleEndpointLeavesItsGroup(t *testing.T) {
+	f := newFixture(t, `
+targets:
+  wide:
+    match: {cidrs: [SRV], ports: ["8000-9000"]}
+    scope: endpoint
+    consecutive_failures: 2
+`)
+	f.start()
+	f.d.mu.Lock()
+	f.d.endpointIdle = 300 * time.Millisecond
+	f.d.mu.Unlock()
+	f.dial(8500, 1, 0)
+	name := fmt.Sprintf("wide/%s:8500", f.srv.IPv4)
+	if _, ok := f.circuit(name); !ok {
+		t.Fatalf("no endpoint circuit: %v", f.d.Circuits())
+	}
+	if n, _ := f.d.reg.groups["wide"].Counts(); n != 1 {
+		t.Fatalf("%d endpoints, want 1", n)
+	}
+	if !kerneltest.WaitFor(3*time.Second, func() bool { _, ok := f.circuit(name); return !ok }) {
+		t.Fatalf("idle endpoint stayed: %v", f.d.Circuits())
+	}
+	f.d.mu.Lock()
+	n, _ := f.d.reg.groups["wide"].Counts()
+	f.d.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d endpoints after the departure, want 0", n)
+	}
+}
