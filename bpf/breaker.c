@@ -5,8 +5,8 @@
  *
  * cgroup/connect4|6 and cgroup/sendmsg4|6 turn connections to a destination
  * whose circuit is open away inside the system call, before a packet leaves;
- * when an open circuit is due they move it to half-open and admit exactly
- * `probes` connections per round. sockops watches how each TCP connection
+ * when an open circuit is due they admit exactly `probes` TCP connections
+ * per round of the circuit. sockops watches how each TCP connection
  * of the cgroup ends and reports one record per outcome on a ring buffer.
  *
  * Fail-open, always: no config entry, a stale heartbeat, no verdict entry or
@@ -82,6 +82,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } counters SEC(".maps");
 
+/* Each circuit's probe budget (round and tokens), written by the kernel
+ * only; every verdict of a circuit points here through its circuit_id. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_CIRCUIT_IDS);
+	__type(key, __u32);
+	__type(value, struct probe_budget);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} probe_budgets SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_DESTINATIONS);
@@ -136,7 +146,7 @@ struct sock_state {
 	__u32 rtos;
 	__u32 bulk;      /* enum bulk_flags: what this socket holds */
 	__u32 bulk_slot; /* which bulk_count it holds it in */
-	__u32 _pad;
+	__u32 round;     /* SOCK_PROBE: the half-open round that admitted it */
 };
 
 /* Pinned like every other map: a socket counted in a bulkhead before a
@@ -160,6 +170,7 @@ const enum config_flags *unused_config_flags __attribute__((unused));
 const enum event_flags *unused_event_flags __attribute__((unused));
 const struct limit *unused_limit __attribute__((unused));
 const struct bulk_count *unused_bulk __attribute__((unused));
+const struct probe_budget *unused_budget __attribute__((unused));
 
 /* count adds one to a shared counter. */
 #define count(field) __sync_fetch_and_add(&(field), 1)
@@ -177,7 +188,7 @@ static __always_inline struct circuit_counters *counters_of(__u32 id)
 }
 
 static __always_inline void emit(const struct dest_key *dest, __u8 outcome, __u8 flags,
-				 __u64 duration, __u32 count, __u32 err, __u64 cookie,
+				 __u64 duration, __u32 count, __u32 err, __u32 round, __u64 cookie,
 				 __u64 cgroup_id, __u64 now)
 {
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
@@ -188,9 +199,9 @@ static __always_inline void emit(const struct dest_key *dest, __u8 outcome, __u8
 	__builtin_memcpy(&e->dest, dest, sizeof(e->dest));
 	e->outcome = outcome;
 	e->flags = flags;
-	e->_pad = 0;
+	e->err = (__u16)err;
 	e->count = count;
-	e->err = err;
+	e->round = round;
 	e->duration_ns = duration;
 	e->cookie = cookie;
 	e->cgroup_id = cgroup_id;
@@ -208,19 +219,52 @@ enum decision {
 	REJECT = 2,
 };
 
-/* take_token hands out one probe token of the current round, atomically:
- * exactly `probes` callers win however many race. A loser gives back what it
- * took, so the count never drifts. */
-static __always_inline int take_token(struct verdict *v)
+#define ROUND_OF(w) ((__u32)((w) >> 32))
+#define TOKENS_OF(w) ((__u32)(w))
+#define BUDGET(round, tokens) (((__u64)(round) << 32) | (__u32)(tokens))
+#define TAKE_ATTEMPTS 16
+
+/* take_probe hands out one probe token of the verdict's round from the
+ * circuit's budget, exactly: at most v->probes winners per round however
+ * many race, because every change of the budget word is one
+ * compare-and-exchange from the value just read. The first taker of a round
+ * the budget has not reached yet begins it (full tokens, minus its own).
+ * A verdict older than the budget's round (another destination of the
+ * circuit already carries the next one) admits nothing. Each failed
+ * exchange means another caller changed the word, which happens at most
+ * probes + 1 times per round; after TAKE_ATTEMPTS the caller is rejected
+ * (the token stays for the next one). */
+static __always_inline enum decision take_probe(struct verdict *v, __u32 *round, __u32 *new_round)
 {
-	__s32 old = __sync_fetch_and_add(&v->tokens, -1);
-	if (old > 0)
-		return 1;
-	__sync_fetch_and_add(&v->tokens, 1);
-	return 0;
+	__u32 id = v->circuit_id;
+	struct probe_budget *b = bpf_map_lookup_elem(&probe_budgets, &id);
+	if (!b)
+		return ALLOW; /* fail open */
+	__u32 want = v->round;
+	if (!v->probes)
+		return REJECT;
+#pragma unroll
+	for (int i = 0; i < TAKE_ATTEMPTS; i++) {
+		__u64 old = *(volatile __u64 *)&b->word;
+		__s32 ahead = (__s32)(want - ROUND_OF(old));
+		__u64 next;
+		if (ahead > 0)
+			next = BUDGET(want, v->probes - 1);
+		else if (ahead == 0 && TOKENS_OF(old) > 0)
+			next = old - 1;
+		else
+			return REJECT;
+		if (__sync_val_compare_and_swap(&b->word, old, next) == old) {
+			*round = want;
+			*new_round = ahead > 0;
+			return ALLOW_PROBE;
+		}
+	}
+	return REJECT;
 }
 
-static __always_inline enum decision decide(struct verdict *v, __u64 now, __u32 *new_round)
+static __always_inline enum decision decide(struct verdict *v, struct dest_key *key, __u64 now,
+					    __u32 *round, __u32 *new_round)
 {
 	switch (v->state) {
 	case VERDICT_FORCED_OPEN:
@@ -228,62 +272,45 @@ static __always_inline enum decision decide(struct verdict *v, __u64 now, __u32 
 	case VERDICT_OPEN:
 		if (now < v->due_ns)
 			return REJECT;
-		/* Due: one caller moves it to half-open and starts the round. */
-		if (__sync_val_compare_and_swap(&v->state, VERDICT_OPEN, VERDICT_HALF_OPEN) ==
-		    VERDICT_OPEN) {
-			v->round_ns = now;
-			*new_round = 1;
-		}
-		break;
-	case VERDICT_HALF_OPEN:
-		break;
+		/* Due: half-open. Only TCP connections probe (sockops reports
+		 * how they end); a UDP send could never report, so it never
+		 * takes a token and stays rejected until the circuit closes. */
+		if (key->proto != IPPROTO_TCP)
+			return REJECT;
+		return take_probe(v, round, new_round);
 	default:
 		return ALLOW; /* unknown state: fail open */
 	}
-
-	if (take_token(v))
-		return ALLOW_PROBE;
-
-	/* No token left. A round whose probes never reported (the client
-	 * vanished) hands its tokens out again after the probe timeout; one
-	 * caller wins the re-issue. */
-	__u64 round = v->round_ns;
-	if (round && v->probe_timeout_ns && now - round > v->probe_timeout_ns &&
-	    __sync_val_compare_and_swap(&v->round_ns, round, now) == round) {
-		__sync_lock_test_and_set(&v->tokens, (__s32)v->probes);
-		*new_round = 1;
-		if (take_token(v))
-			return ALLOW_PROBE;
-	}
-	return REJECT;
 }
-
 
 /* verdict_allows applies an open, half-open or forced-open verdict. */
 static __always_inline int verdict_allows(struct bpf_sock_addr *ctx, struct dest_key *key,
 					  struct verdict *v, __u32 flags, __u64 now)
 {
-	__u32 new_round = 0;
-	enum decision d = decide(v, now, &new_round);
+	__u32 round = 0, new_round = 0;
+	enum decision d = decide(v, key, now, &round, &new_round);
 	struct circuit_counters *c = counters_of(v->circuit_id);
 	if (new_round) {
 		if (c)
 			count(c->rounds);
-		emit(key, OUTCOME_PROBE_ROUND, 0, 0, 0, 0, 0, bpf_get_current_cgroup_id(), now);
+		emit(key, OUTCOME_PROBE_ROUND, 0, 0, 0, 0, round, 0, bpf_get_current_cgroup_id(), now);
 	}
 
 	switch (d) {
 	case ALLOW_PROBE:
 		if (c)
 			count(c->probes);
-		/* Mark the socket so its outcome is reported as a probe. */
-		if (key->proto == IPPROTO_TCP) {
+		/* Mark the socket so its outcome is reported as a probe of
+		 * its round (probes are TCP only). */
+		{
 			struct sock_state *st = bpf_sk_storage_get(&socks, ctx->sk, 0,
 								   BPF_SK_STORAGE_GET_F_CREATE);
-			if (st)
+			if (st) {
 				st->flags |= SOCK_PROBE;
-			else
+				st->round = round;
+			} else {
 				stat_inc(STAT_STORAGE_FAILED);
+			}
 		}
 		return 1;
 	case REJECT:
@@ -517,7 +544,7 @@ static __always_inline __u8 probe_flag(struct sock_state *st)
 static __always_inline void report(struct bpf_sock_ops *ops, struct sock_state *st, __u8 outcome,
 				   __u64 duration, __u32 count, __u32 err, __u64 now)
 {
-	emit(&st->dest, outcome, probe_flag(st), duration, count, err,
+	emit(&st->dest, outcome, probe_flag(st), duration, count, err, st->round,
 	     bpf_get_socket_cookie(ops), st->cgroup_id, now);
 }
 

@@ -27,25 +27,34 @@ struct dest_key {
 
 /* Verdict states. A destination whose circuit is closed has no entry. */
 enum verdict_state {
-	VERDICT_OPEN = 1,        /* reject until due_ns, then probe */
-	VERDICT_HALF_OPEN = 2,   /* admit up to `probes` per round */
+	VERDICT_OPEN = 1,        /* reject until due_ns, then admit the round's probes */
 	VERDICT_FORCED_OPEN = 3, /* reject, never probe */
 };
 
-/* Value of the verdicts map. The daemon writes an open entry with
- * tokens == probes; the kernel moves it to half-open when due and hands the
- * tokens out atomically. */
+/* Value of the verdicts map, written by the daemon only. An open entry
+ * rejects until due_ns; from then on its circuit is half-open and the
+ * kernel admits up to `probes` TCP connections of round `round`, taking
+ * them from the circuit's probe_budget (one budget per circuit, however
+ * many destinations its verdicts cover). A new round is the daemon
+ * writing a higher round number. */
 struct verdict {
-	__u64 due_ns;           /* bpf_ktime_get_ns() at which an open entry becomes due */
-	__u64 round_ns;         /* when the current half-open round began (0: none yet) */
-	__u64 probe_timeout_ns; /* a round older than this hands its tokens out again */
-	__u32 state;            /* enum verdict_state */
-	__s32 tokens;           /* probe tokens left in this round */
-	__u32 probes;           /* tokens per round (half_open_probes) */
-	__u32 circuit_id;       /* index into the counters map */
-	__u16 reject_errno;     /* errno a rejected connect sees (with bpf_set_retval) */
+	__u64 due_ns;       /* bpf_ktime_get_ns() from which the circuit probes */
+	__u32 state;        /* enum verdict_state */
+	__u32 round;        /* the half-open round this verdict admits probes of */
+	__u32 probes;       /* tokens per round (half_open_probes) */
+	__u32 circuit_id;   /* index into the counters and probe_budgets maps */
+	__u16 reject_errno; /* errno a rejected connect sees (with bpf_set_retval) */
 	__u16 _pad0;
 	__u32 _pad1;
+};
+
+/* Value of the probe_budgets array, indexed by circuit id, written by the
+ * kernel only: the circuit's current round and the probe tokens left in
+ * it, in one word, so a token is taken with one compare-and-exchange that
+ * also checks the round (a taker can never take from, or give back to,
+ * another round than the one it read). */
+struct probe_budget {
+	__u64 word; /* round << 32 | tokens left */
 };
 
 /* Global settings, one entry in the config array. */
@@ -66,7 +75,7 @@ struct circuit_counters {
 	__u64 rejected;        /* connects/sends turned away */
 	__u64 shadow_rejected; /* would have been turned away (shadow mode) */
 	__u64 probes;          /* half-open probes admitted */
-	__u64 rounds;          /* half-open rounds begun (due, or tokens re-issued) */
+	__u64 rounds;          /* half-open rounds begun */
 	__u64 bulkhead_rejected; /* connects turned away by a concurrency limit */
 };
 
@@ -108,7 +117,7 @@ enum outcome {
 	OUTCOME_ABANDONED = 7,   /* closed by the application while connecting */
 	OUTCOME_SYN_RETRANS = 8, /* early: the first SYN was retransmitted */
 	OUTCOME_ERROR = 9,       /* connect failed with another errno (err) */
-	OUTCOME_PROBE_ROUND = 10, /* kernel began a half-open round (no socket) */
+	OUTCOME_PROBE_ROUND = 10, /* kernel admitted the first probe of a round (no socket) */
 };
 
 enum event_flags {
@@ -120,9 +129,9 @@ struct event {
 	struct dest_key dest;
 	__u8 outcome; /* enum outcome */
 	__u8 flags;   /* enum event_flags */
-	__u16 _pad;
+	__u16 err;    /* the socket's errno, when it failed */
 	__u32 count;  /* RTOs for stalled */
-	__u32 err;    /* the socket's errno, when it failed */
+	__u32 round;  /* probes and probe-round records: the half-open round */
 	__u64 duration_ns;
 	__u64 cookie;    /* socket cookie */
 	__u64 cgroup_id; /* cgroup of the socket */

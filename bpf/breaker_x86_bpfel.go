@@ -48,9 +48,9 @@ type BreakerEvent struct {
 	Dest       BreakerDestKey
 	Outcome    uint8
 	Flags      uint8
-	Pad        uint16
+	Err        uint16
 	Count      uint32
-	Err        uint32
+	Round      uint32
 	DurationNs uint64
 	Cookie     uint64
 	CgroupId   uint64
@@ -87,6 +87,11 @@ const (
 	BreakerOutcomeOUTCOME_PROBE_ROUND BreakerOutcome = 10
 )
 
+type BreakerProbeBudget struct {
+	_    structs.HostLayout
+	Word uint64
+}
+
 type BreakerSettings struct {
 	_           structs.HostLayout
 	HeartbeatNs uint64
@@ -104,7 +109,7 @@ type BreakerSockState struct {
 	Rtos     uint32
 	Bulk     uint32
 	BulkSlot uint32
-	Pad      uint32
+	Round    uint32
 }
 
 type BreakerStatIndex uint32
@@ -117,24 +122,21 @@ const (
 )
 
 type BreakerVerdict struct {
-	_              structs.HostLayout
-	DueNs          uint64
-	RoundNs        uint64
-	ProbeTimeoutNs uint64
-	State          uint32
-	Tokens         int32
-	Probes         uint32
-	CircuitId      uint32
-	RejectErrno    uint16
-	Pad0           uint16
-	Pad1           uint32
+	_           structs.HostLayout
+	DueNs       uint64
+	State       uint32
+	Round       uint32
+	Probes      uint32
+	CircuitId   uint32
+	RejectErrno uint16
+	Pad0        uint16
+	Pad1        uint32
 }
 
 type BreakerVerdictState uint32
 
 const (
 	BreakerVerdictStateVERDICT_OPEN        BreakerVerdictState = 1
-	BreakerVerdictStateVERDICT_HALF_OPEN   BreakerVerdictState = 2
 	BreakerVerdictStateVERDICT_FORCED_OPEN BreakerVerdictState = 3
 )
 
@@ -147,6 +149,7 @@ const (
 	BreakerMapCounters           = "counters"
 	BreakerMapEvents             = "events"
 	BreakerMapLimits             = "limits"
+	BreakerMapProbeBudgets       = "probe_budgets"
 	BreakerMapSocks              = "socks"
 	BreakerMapStats              = "stats"
 	BreakerMapVerdicts           = "verdicts"
@@ -158,6 +161,7 @@ const (
 	BreakerProgSockRelease       = "sock_release"
 	BreakerVarHasSetRetval       = "has_set_retval"
 	BreakerVarHasSockopsCgroupId = "has_sockops_cgroup_id"
+	BreakerVarUnusedBudget       = "unused_budget"
 	BreakerVarUnusedBulk         = "unused_bulk"
 	BreakerVarUnusedConfigFlags  = "unused_config_flags"
 	BreakerVarUnusedEvent        = "unused_event"
@@ -222,14 +226,15 @@ type BreakerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BreakerMapSpecs struct {
-	Bulk     *ebpf.MapSpec `ebpf:"bulk"`
-	Config   *ebpf.MapSpec `ebpf:"config"`
-	Counters *ebpf.MapSpec `ebpf:"counters"`
-	Events   *ebpf.MapSpec `ebpf:"events"`
-	Limits   *ebpf.MapSpec `ebpf:"limits"`
-	Socks    *ebpf.MapSpec `ebpf:"socks"`
-	Stats    *ebpf.MapSpec `ebpf:"stats"`
-	Verdicts *ebpf.MapSpec `ebpf:"verdicts"`
+	Bulk         *ebpf.MapSpec `ebpf:"bulk"`
+	Config       *ebpf.MapSpec `ebpf:"config"`
+	Counters     *ebpf.MapSpec `ebpf:"counters"`
+	Events       *ebpf.MapSpec `ebpf:"events"`
+	Limits       *ebpf.MapSpec `ebpf:"limits"`
+	ProbeBudgets *ebpf.MapSpec `ebpf:"probe_budgets"`
+	Socks        *ebpf.MapSpec `ebpf:"socks"`
+	Stats        *ebpf.MapSpec `ebpf:"stats"`
+	Verdicts     *ebpf.MapSpec `ebpf:"verdicts"`
 }
 
 // BreakerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -238,6 +243,7 @@ type BreakerMapSpecs struct {
 type BreakerVariableSpecs struct {
 	HasSetRetval       *ebpf.VariableSpec `ebpf:"has_set_retval"`
 	HasSockopsCgroupId *ebpf.VariableSpec `ebpf:"has_sockops_cgroup_id"`
+	UnusedBudget       *ebpf.VariableSpec `ebpf:"unused_budget"`
 	UnusedBulk         *ebpf.VariableSpec `ebpf:"unused_bulk"`
 	UnusedConfigFlags  *ebpf.VariableSpec `ebpf:"unused_config_flags"`
 	UnusedEvent        *ebpf.VariableSpec `ebpf:"unused_event"`
@@ -268,14 +274,15 @@ func (o *BreakerObjects) Close() error {
 //
 // It can be passed to LoadBreakerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BreakerMaps struct {
-	Bulk     *ebpf.Map `ebpf:"bulk"`
-	Config   *ebpf.Map `ebpf:"config"`
-	Counters *ebpf.Map `ebpf:"counters"`
-	Events   *ebpf.Map `ebpf:"events"`
-	Limits   *ebpf.Map `ebpf:"limits"`
-	Socks    *ebpf.Map `ebpf:"socks"`
-	Stats    *ebpf.Map `ebpf:"stats"`
-	Verdicts *ebpf.Map `ebpf:"verdicts"`
+	Bulk         *ebpf.Map `ebpf:"bulk"`
+	Config       *ebpf.Map `ebpf:"config"`
+	Counters     *ebpf.Map `ebpf:"counters"`
+	Events       *ebpf.Map `ebpf:"events"`
+	Limits       *ebpf.Map `ebpf:"limits"`
+	ProbeBudgets *ebpf.Map `ebpf:"probe_budgets"`
+	Socks        *ebpf.Map `ebpf:"socks"`
+	Stats        *ebpf.Map `ebpf:"stats"`
+	Verdicts     *ebpf.Map `ebpf:"verdicts"`
 }
 
 func (m *BreakerMaps) Close() error {
@@ -285,6 +292,7 @@ func (m *BreakerMaps) Close() error {
 		m.Counters,
 		m.Events,
 		m.Limits,
+		m.ProbeBudgets,
 		m.Socks,
 		m.Stats,
 		m.Verdicts,
@@ -297,6 +305,7 @@ func (m *BreakerMaps) Close() error {
 type BreakerVariables struct {
 	HasSetRetval       *ebpf.Variable `ebpf:"has_set_retval"`
 	HasSockopsCgroupId *ebpf.Variable `ebpf:"has_sockops_cgroup_id"`
+	UnusedBudget       *ebpf.Variable `ebpf:"unused_budget"`
 	UnusedBulk         *ebpf.Variable `ebpf:"unused_bulk"`
 	UnusedConfigFlags  *ebpf.Variable `ebpf:"unused_config_flags"`
 	UnusedEvent        *ebpf.Variable `ebpf:"unused_event"`

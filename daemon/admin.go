@@ -85,6 +85,7 @@ type circuitSnap struct {
 	info  CircuitInfo
 	opts  *policy.Options // from the loaded configuration: never changed after load
 	dests []maps.Dest
+	round uint32 // the half-open round the circuit's verdict admits probes of
 }
 
 // snap copies what the API shows of c. Called under d.mu; no kernel reads.
@@ -101,6 +102,7 @@ func snap(c *circuit, now time.Time) circuitSnap {
 			DestinationsTotal: len(c.dests)},
 		opts:  c.c.Options(),
 		dests: slices.Clone(c.dests[:min(len(c.dests), listedDests)]),
+		round: st.Round,
 	}
 }
 
@@ -115,13 +117,13 @@ func (d *Daemon) complete(s circuitSnap) CircuitInfo {
 	}
 	slices.Sort(ci.Destinations)
 	if ci.State == policy.Open.String() || ci.State == policy.HalfOpen.String() {
-		for _, dst := range s.dests {
-			if v, ok, err := d.k.Verdict(dst); err == nil && ok {
-				tokens := max(v.Tokens, 0)
-				ci.ProbesLeft = &tokens
-				break
-			}
+		// One budget per circuit: the tokens left in its current round,
+		// all of them when the round has not begun.
+		left := int32(s.opts.HalfOpenProbes)
+		if b, err := d.k.Budget(ci.CircuitID); err == nil && b.Round == s.round {
+			left = int32(b.Tokens)
 		}
+		ci.ProbesLeft = &left
 	}
 	if cnt, err := d.k.Counters(ci.CircuitID); err == nil {
 		ci.Rejected, ci.ShadowRejected, ci.BulkheadRejected = cnt.Rejected, cnt.ShadowRejected, cnt.BulkheadRejected

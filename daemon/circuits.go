@@ -129,6 +129,11 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 	if err := d.k.ResetCounters(c.id); err != nil {
 		d.log.Warn("resetting counters", "circuit", name, "err", err)
 	}
+	// Continue the rounds of the slot's probe budget, so the first open
+	// verdict begins a new round there.
+	if b, err := d.k.Budget(c.id); err == nil {
+		c.c.SeedRound(b.Round)
+	}
 	d.reg.byName[name] = c
 	if ov == policy.ForceOpen {
 		d.writeVerdicts(c, policy.Transition{To: policy.ForcedOpen, At: now})
@@ -148,7 +153,7 @@ func (d *Daemon) attach(c *circuit, dst maps.Dest) {
 		d.writeLimit(c, dst)
 	}
 	if s := c.c.State(); s.Rejects() {
-		d.writeVerdict(c, dst, s, c.c.Status(d.now()).OpenUntil)
+		d.writeVerdict(c, dst, s, c.c.Status(d.now()).OpenUntil, c.c.Round())
 	}
 }
 
@@ -268,20 +273,23 @@ func (d *Daemon) drop(c *circuit) {
 // destination of the circuit.
 func (d *Daemon) writeVerdicts(c *circuit, t policy.Transition) {
 	for _, dst := range c.dests {
-		d.writeVerdict(c, dst, t.To, t.OpenUntil)
+		d.writeVerdict(c, dst, t.To, t.OpenUntil, t.Round)
 	}
 }
 
-func (d *Daemon) writeVerdict(c *circuit, dst maps.Dest, s policy.State, openUntil time.Time) {
+// writeVerdict writes what state s means for dst. Open and half-open are
+// both an open verdict, due at openUntil (half-open: now), admitting the
+// probes of round from the circuit's one probe budget.
+func (d *Daemon) writeVerdict(c *circuit, dst maps.Dest, s policy.State, openUntil time.Time, round uint32) {
 	o := c.c.Options()
 	var err error
 	switch s {
-	case policy.Open:
-		due := maps.Now() + openUntil.Sub(d.now())
-		err = d.k.PutVerdict(dst, maps.OpenVerdict(due, uint32(o.HalfOpenProbes), o.ProbeTimeout, o.RejectErrno, c.id))
-	case policy.HalfOpen:
-		// The kernel moved it to half-open itself; nothing to write.
-		return
+	case policy.Open, policy.HalfOpen:
+		due := maps.Now()
+		if s == policy.Open {
+			due += openUntil.Sub(d.now())
+		}
+		err = d.k.PutVerdict(dst, maps.OpenVerdict(due, round, uint32(o.HalfOpenProbes), o.RejectErrno, c.id))
 	case policy.ForcedOpen:
 		err = d.k.PutVerdict(dst, maps.Verdict{State: maps.ForcedOpen, Errno: o.RejectErrno, CircuitID: c.id})
 	default:

@@ -90,6 +90,7 @@ type pendingConn struct {
 	dest  maps.Dest
 	start time.Time
 	probe bool
+	round uint32
 }
 
 // TransitionEvent is one transition as the admin API reports it.
@@ -233,7 +234,7 @@ func (d *Daemon) readEvents(rd *maps.EventReader) {
 func (d *Daemon) handle(ev *maps.Event, now time.Time) {
 	if ev.Outcome == maps.ProbeRound {
 		if c, ok := d.reg.byDest[ev.Dest]; ok {
-			if t, moved := c.c.BeginHalfOpen(now); moved {
+			if t, moved := c.c.BeginHalfOpen(now, ev.Round); moved {
 				d.apply(c, t)
 			}
 		}
@@ -246,7 +247,7 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time) {
 	target := c.target
 	d.metrics.outcomes.WithLabelValues(ev.Outcome.String(), target).Inc()
 	if ev.Outcome == maps.SYNRetrans {
-		d.pending[ev.Cookie] = pendingConn{dest: ev.Dest, start: now.Add(-ev.Duration), probe: ev.Probe}
+		d.pending[ev.Cookie] = pendingConn{dest: ev.Dest, start: now.Add(-ev.Duration), probe: ev.Probe, round: ev.Round}
 		return
 	}
 	delete(d.pending, ev.Cookie)
@@ -258,10 +259,10 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time) {
 	var r policy.Result
 	switch ev.Outcome {
 	case maps.Established:
-		r = policy.Result{Kind: policy.Success, Duration: ev.Duration, Probe: ev.Probe}
+		r = policy.Result{Kind: policy.Success, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
 		d.metrics.handshake.WithLabelValues(target).Observe(ev.Duration.Seconds())
 	case maps.Abandoned:
-		r = policy.Result{Kind: policy.Abandoned, Duration: ev.Duration, Probe: ev.Probe}
+		r = policy.Result{Kind: policy.Abandoned, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
 		if ev.Duration >= c.c.Options().ConnectTimeout {
 			// The client gave up no earlier than connect_timeout: the
 			// destination did not answer in time, which is a timeout
@@ -276,9 +277,9 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time) {
 		if w := c.c.Options().ResetFailureWindow; ev.Duration > w || w == 0 {
 			return
 		}
-		r = policy.Result{Kind: policy.Failure, Duration: ev.Duration, Probe: ev.Probe}
+		r = policy.Result{Kind: policy.Failure, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
 	case maps.Refused, maps.TimedOut, maps.Unreachable, maps.Stalled, maps.Error:
-		r = policy.Result{Kind: policy.Failure, Duration: ev.Duration, Probe: ev.Probe}
+		r = policy.Result{Kind: policy.Failure, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
 	default:
 		return
 	}
@@ -291,8 +292,12 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time) {
 // event list.
 func (d *Daemon) apply(c *circuit, t policy.Transition) {
 	if t.From != t.To {
-		d.writeVerdicts(c, t)
+		if t.To != policy.HalfOpen { // the kernel began the round itself
+			d.writeVerdicts(c, t)
+		}
 		d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason)).Inc()
+	} else if t.Reason == policy.ReasonNewRound {
+		d.writeVerdicts(c, t)
 	}
 	attrs := []any{"circuit", c.name, "target", c.target, "from", t.From.String(), "to", t.To.String(),
 		"reason", string(t.Reason), "failure_ratio", round3(t.FailureRate), "slow_ratio", round3(t.SlowRate), "calls", t.Calls}
@@ -300,7 +305,10 @@ func (d *Daemon) apply(c *circuit, t policy.Transition) {
 		attrs = append(attrs, "open_until", t.OpenUntil.UTC().Format(time.RFC3339Nano), "trip", t.Trip)
 	}
 	msg := "circuit transition"
-	if t.From == t.To {
+	if t.Reason == policy.ReasonNewRound {
+		msg = "new half-open round"
+		attrs = append(attrs, "round", t.Round)
+	} else if t.From == t.To {
 		msg = "circuit kept " + t.To.String()
 	}
 	d.log.Info(msg, attrs...)
@@ -351,7 +359,7 @@ func (d *Daemon) tick(now time.Time) {
 		delete(d.pending, cookie)
 		d.counted[cookie] = true
 		d.metrics.outcomes.WithLabelValues("connect_timeout", c.target).Inc()
-		if t, moved := c.c.Record(now, policy.Result{Kind: policy.Failure, Duration: now.Sub(p.start), Probe: p.probe}); moved {
+		if t, moved := c.c.Record(now, policy.Result{Kind: policy.Failure, Duration: now.Sub(p.start), Probe: p.probe, Round: p.round}); moved {
 			d.apply(c, t)
 		}
 	}
@@ -574,15 +582,29 @@ func (d *Daemon) adopt() error {
 			continue
 		}
 		switch v.State {
-		case maps.Open, maps.HalfOpen:
+		case maps.Open:
 			if c.c.State() == policy.Closed {
-				c.c.Restore(now, map[maps.State]policy.State{maps.Open: policy.Open, maps.HalfOpen: policy.HalfOpen}[v.State], now.Add(v.Due-mono))
-				d.log.Info("adopted open circuit", "circuit", c.name, "dest", dst, "state", v.State.String(), "due_in", (v.Due - mono).String())
+				round, begun := v.Round, false
+				if b, err := d.k.Budget(v.CircuitID); err == nil && b.Round == v.Round {
+					begun = true
+				}
+				if v.CircuitID != c.id {
+					// Another slot: continue its rounds, from a round
+					// not begun there.
+					c.c.SeedRound(v.Round)
+					if b, err := d.k.Budget(c.id); err == nil {
+						c.c.SeedRound(b.Round)
+					}
+					round, begun = c.c.Round()+1, false
+				}
+				c.c.Restore(now, now.Add(v.Due-mono), round, begun)
+				d.log.Info("adopted open circuit", "circuit", c.name, "dest", dst, "round", round, "half_open", begun, "due_in", (v.Due - mono).String())
 				adopted++
 			}
-			if v.CircuitID != c.id {
-				// Keep the kernel entry as it is; only re-point counters.
-				v.CircuitID = c.id
+			if v.CircuitID != c.id || v.Round != c.c.Round() {
+				// Re-point counters and the probe budget to the circuit's
+				// slot, in its round; the due time stays.
+				v.CircuitID, v.Round = c.id, c.c.Round()
 				_ = d.k.PutVerdict(dst, v)
 			}
 		case maps.ForcedOpen:

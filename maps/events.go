@@ -55,6 +55,8 @@ type Event struct {
 	Outcome Outcome
 	// Probe is set when the socket was admitted as a half-open probe.
 	Probe bool
+	// Round is the half-open round of a probe or of a ProbeRound record.
+	Round uint32
 	// Count is the number of RTOs (stalled, syn_retransmit).
 	Count uint32
 	// Err is the socket's error when it failed.
@@ -87,8 +89,9 @@ func DecodeEvent(b []byte, e *Event) error {
 	}
 	e.Outcome = Outcome(b[20])
 	e.Probe = b[21]&uint8(bpf.BreakerEventFlagsEVENT_PROBE) != 0
+	e.Err = syscall.Errno(le.Uint16(b[22:24]))
 	e.Count = le.Uint32(b[24:28])
-	e.Err = syscall.Errno(le.Uint32(b[28:32]))
+	e.Round = le.Uint32(b[28:32])
 	e.Duration = time.Duration(le.Uint64(b[32:40]))
 	e.Cookie = le.Uint64(b[40:48])
 	e.CgroupID = le.Uint64(b[48:56])

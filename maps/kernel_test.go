@@ -110,7 +110,7 @@ func TestOpenCircuitRejectsBeforeAnyPacket(t *testing.T) {
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			d := e.dest(8080, c.v6)
-			if err := e.k.PutVerdict(d, OpenVerdict(Now()+farFuture, 1, 0, c.errno, uint32(i+1))); err != nil {
+			if err := e.k.PutVerdict(d, OpenVerdict(Now()+farFuture, 1, 1, c.errno, uint32(i+1))); err != nil {
 				t.Fatal(err)
 			}
 			defer e.k.DeleteVerdict(d)
@@ -181,7 +181,7 @@ func TestExactlyNProbesWhenManyRace(t *testing.T) {
 	e.srv.ServeHold(t, 8081)
 	const probes, racers = 3, 64
 	d := e.dest(8081, false)
-	v := OpenVerdict(Now()-time.Millisecond, probes, time.Second, 0, 7)
+	v := OpenVerdict(Now()-time.Millisecond, 1, probes, 0, 7)
 	if err := e.k.PutVerdict(d, v); err != nil {
 		t.Fatal(err)
 	}
@@ -194,26 +194,116 @@ func TestExactlyNProbesWhenManyRace(t *testing.T) {
 	if n := e.srv.SYNs(t) - before; n != probes {
 		t.Fatalf("%d SYNs reached the server, want %d", n, probes)
 	}
-	cur, ok, err := e.k.Verdict(d)
-	if err != nil || !ok {
-		t.Fatalf("verdict gone: %v", err)
-	}
-	if cur.State != HalfOpen || cur.Tokens != 0 || cur.RoundStart == 0 {
-		t.Fatalf("verdict after the race: %+v, want half-open with no tokens left", cur)
+	if b, err := e.k.Budget(7); err != nil || b != (Budget{Round: 1, Tokens: 0}) {
+		t.Fatalf("budget after the race: %+v %v, want round 1 with no tokens left", b, err)
 	}
 	cnt, _ := e.k.Counters(7)
 	if cnt.Probes != probes || cnt.Rejected != racers-probes || cnt.Rounds != 1 {
 		t.Fatalf("counters %+v, want %d probes, %d rejected, 1 round", cnt, probes, racers-probes)
 	}
-
-	// No outcome within the probe timeout: the tokens are handed out again.
+	// Without a new round nothing more gets through, however long.
+	time.Sleep(100 * time.Millisecond)
 	if res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr}); res[0].Errno == 0 {
-		t.Fatal("a connect got through before the probe timeout")
+		t.Fatal("a connect got through with no token left")
 	}
-	time.Sleep(1100 * time.Millisecond)
-	res = e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: racers, Parallel: 16, Barrier: true})
-	if got := errnos(res); got[0] != probes {
-		t.Fatalf("after the probe timeout %d got through (errnos %v), want %d", got[0], got, probes)
+}
+
+// TestReissuedRoundsAreExact races many threads connecting to a half-open
+// destination while the daemon's side writes new rounds: every round
+// admits exactly `probes` connections (counted at the server and by the
+// rounds the probes' outcome records carry), never more, however the
+// connects interleave with the re-issue.
+func TestReissuedRoundsAreExact(t *testing.T) {
+	e := newEnv(t, Options{})
+	w := e.watch(t)
+	e.srv.ServeHold(t, 8084)
+	const probes, rounds = 2, 6
+	d := e.dest(8084, false)
+	// A second destination of the same circuit (service scope) shares the
+	// budget: together they admit `probes` per round, not twice that.
+	d2 := e.dest(8085, false)
+	e.srv.ServeHold(t, 8085)
+	before := e.srv.SYNs(t)
+	for _, dst := range []Dest{d, d2} {
+		if err := e.k.PutVerdict(dst, OpenVerdict(Now()+time.Hour, 1, probes, 0, 12)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 32 clients connect in a loop from the protected cgroup for the whole
+	// test, to both destinations.
+	var clients []*kerneltest.Process
+	for _, dst := range []Dest{d, d2} {
+		clients = append(clients, e.topo.Client.StartDial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: dst.Addr, Count: 1 << 20, Parallel: 16, Hold: 20 * time.Millisecond}))
+	}
+	for r := uint32(1); r <= rounds; r++ {
+		// The daemon's side: a new round, written while the clients race.
+		for _, dst := range []Dest{d, d2} {
+			if err := e.k.PutVerdict(dst, OpenVerdict(Now()-time.Millisecond, r, probes, 0, 12)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !kerneltest.WaitFor(2*time.Second, func() bool { b, _ := e.k.Budget(12); return b.Round == r && b.Tokens == 0 }) {
+			b, _ := e.k.Budget(12)
+			t.Fatalf("round %d not used up: %+v", r, b)
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
+	for _, dst := range []Dest{d, d2} {
+		if err := e.k.PutVerdict(dst, Verdict{State: ForcedOpen, CircuitID: 12}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range clients {
+		_ = c.Cmd.Process.Kill()
+		_ = c.Cmd.Wait()
+	}
+	time.Sleep(200 * time.Millisecond) // the last records reach the reader
+	if n := e.srv.SYNs(t) - before; n != probes*rounds {
+		t.Fatalf("%d SYNs reached the server over %d rounds, want exactly %d", n, rounds, probes*rounds)
+	}
+	perRound := map[uint32]int{}
+	began := map[uint32]int{}
+	for _, p := range []uint16{8084, 8085} {
+		for _, ev := range w.wait(p, 0, 0) {
+			switch {
+			case ev.Outcome == ProbeRound:
+				began[ev.Round]++
+			case ev.Outcome == Established && ev.Probe:
+				perRound[ev.Round]++
+			}
+		}
+	}
+	for r := uint32(1); r <= rounds; r++ {
+		if perRound[r] != probes || began[r] != 1 {
+			t.Fatalf("round %d: %d probes established, %d round records (all rounds %v, records %v); want %d and 1", r, perRound[r], began[r], perRound, began, probes)
+		}
+	}
+	if cnt, _ := e.k.Counters(12); cnt.Probes != probes*rounds || cnt.Rounds != rounds {
+		t.Fatalf("counters %+v", cnt)
+	}
+}
+
+// UDP never takes a probe token: while half-open, a datagram is rejected
+// and the circuit's TCP probes keep their budget.
+func TestUDPNeverProbes(t *testing.T) {
+	e := newEnv(t, Options{})
+	e.srv.ServeHold(t, 5360)
+	tcp, udp := e.dest(5360, false), e.dest(5360, false)
+	udp.Proto = UDP
+	for _, dst := range []Dest{tcp, udp} {
+		if err := e.k.PutVerdict(dst, OpenVerdict(Now()-time.Millisecond, 1, 1, 0, 13)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "udp4", Addr: udp.Addr, Op: "sendto", Count: 5})
+	if got := errnos(res); got[0] != 0 {
+		t.Fatalf("a datagram to a half-open destination got through: %v", got)
+	}
+	if b, _ := e.k.Budget(13); b.Round != 0 {
+		t.Fatalf("UDP began a round: %+v", b)
+	}
+	if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: tcp.Addr, Count: 2})); got[0] != 1 {
+		t.Fatalf("TCP probes after the datagrams: %v, want exactly one through", got)
 	}
 }
 
@@ -221,7 +311,7 @@ func TestForcedOpenNeverProbes(t *testing.T) {
 	e := newEnv(t, Options{})
 	e.srv.ServeHold(t, 8082)
 	d := e.dest(8082, false)
-	if err := e.k.PutVerdict(d, Verdict{State: ForcedOpen, Due: 1, Probes: 5, Tokens: 5, ProbeTimeout: time.Millisecond, CircuitID: 3}); err != nil {
+	if err := e.k.PutVerdict(d, Verdict{State: ForcedOpen, Due: 1, Round: 1, Probes: 5, CircuitID: 3}); err != nil {
 		t.Fatal(err)
 	}
 	res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 20, Parallel: 4})
@@ -240,7 +330,7 @@ func TestShadowModeRejectsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := e.dest(8083, false)
-	if err := e.k.PutVerdict(d, OpenVerdict(Now()+farFuture, 1, 0, 0, 4)); err != nil {
+	if err := e.k.PutVerdict(d, OpenVerdict(Now()+farFuture, 1, 1, 0, 4)); err != nil {
 		t.Fatal(err)
 	}
 	res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 6})
@@ -334,7 +424,7 @@ func TestBpftoolShowsNamedFields(t *testing.T) {
 		t.Fatalf("bpftool not installed (scripts/setup installs it): %v", err)
 	}
 	d := e.dest(443, false)
-	if err := e.k.PutVerdict(d, OpenVerdict(12345, 2, time.Second, unix.ECONNREFUSED, 42)); err != nil {
+	if err := e.k.PutVerdict(d, OpenVerdict(12345, 7, 2, unix.ECONNREFUSED, 42)); err != nil {
 		t.Fatal(err)
 	}
 	out, err := exec.Command("bpftool", "map", "dump", "pinned", filepath.Join(e.k.PinDir(), "verdicts"), "-j").Output()
@@ -351,7 +441,7 @@ func TestBpftoolShowsNamedFields(t *testing.T) {
 			Value struct {
 				DueNs       uint64 `json:"due_ns"`
 				State       int    `json:"state"`
-				Tokens      int    `json:"tokens"`
+				Round       int    `json:"round"`
 				Probes      int    `json:"probes"`
 				CircuitID   int    `json:"circuit_id"`
 				RejectErrno int    `json:"reject_errno"`
@@ -365,7 +455,7 @@ func TestBpftoolShowsNamedFields(t *testing.T) {
 		t.Fatalf("%d entries in the dump, want 1:\n%s", len(dump), out)
 	}
 	f := dump[0].Formatted
-	if f.Value.DueNs != 12345 || f.Value.State != int(Open) || f.Value.Probes != 2 || f.Value.CircuitID != 42 || f.Value.RejectErrno != int(unix.ECONNREFUSED) {
+	if f.Value.DueNs != 12345 || f.Value.State != int(Open) || f.Value.Round != 7 || f.Value.Probes != 2 || f.Value.CircuitID != 42 || f.Value.RejectErrno != int(unix.ECONNREFUSED) {
 		t.Fatalf("dumped value %+v", f.Value)
 	}
 	if f.Key.Proto != int(TCP) || len(f.Key.Addr) != 16 || f.Key.Port != int(htons(443)) {
@@ -377,7 +467,7 @@ func TestReloadAdoptsPinsWithoutGap(t *testing.T) {
 	e := newEnv(t, Options{})
 	e.srv.ServeHold(t, 8087)
 	d := e.dest(8087, false)
-	if err := e.k.PutVerdict(d, OpenVerdict(Now()+farFuture, 1, 0, 0, 8)); err != nil {
+	if err := e.k.PutVerdict(d, OpenVerdict(Now()+farFuture, 1, 1, 0, 8)); err != nil {
 		t.Fatal(err)
 	}
 	// A client hammers the open destination while the first daemon goes

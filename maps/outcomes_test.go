@@ -226,7 +226,7 @@ func TestOutcomes(t *testing.T) {
 	})
 	t.Run("probe mark", func(t *testing.T) {
 		d := e.dest(9008, false)
-		if err := e.k.PutVerdict(d, OpenVerdict(Now(), 1, time.Minute, 0, 11)); err != nil {
+		if err := e.k.PutVerdict(d, OpenVerdict(Now(), 5, 1, 0, 11)); err != nil {
 			t.Fatal(err)
 		}
 		res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 3})
@@ -235,7 +235,7 @@ func TestOutcomes(t *testing.T) {
 		}
 		evs := w.wait(9008, 2, 2*time.Second)
 		expectOutcomes(t, evs, ProbeRound, Established)
-		if !evs[1].Probe || evs[0].Dest != d {
+		if !evs[1].Probe || evs[0].Dest != d || evs[0].Round != 5 || evs[1].Round != 5 {
 			t.Fatalf("records %+v", evs)
 		}
 	})

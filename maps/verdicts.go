@@ -67,10 +67,10 @@ func ntohs(p uint16) uint16 { return p<<8 | p>>8 }
 // State is the kernel's state of a circuit with a verdict entry.
 type State uint32
 
-// Verdict states, as in bpf/breaker.h.
+// Verdict states, as in bpf/breaker.h. An Open verdict whose Due has
+// passed is half-open: the kernel admits the probes of its Round.
 const (
 	Open       = State(bpf.BreakerVerdictStateVERDICT_OPEN)
-	HalfOpen   = State(bpf.BreakerVerdictStateVERDICT_HALF_OPEN)
 	ForcedOpen = State(bpf.BreakerVerdictStateVERDICT_FORCED_OPEN)
 )
 
@@ -79,8 +79,6 @@ func (s State) String() string {
 	switch s {
 	case Open:
 		return "open"
-	case HalfOpen:
-		return "half_open"
 	case ForcedOpen:
 		return "forced_open"
 	}
@@ -89,24 +87,22 @@ func (s State) String() string {
 
 // Verdict is what the kernel enforces for one destination.
 type Verdict struct {
-	// State is Open, HalfOpen or ForcedOpen.
+	// State is Open or ForcedOpen.
 	State State
-	// Due is the monotonic time (see Now) at which an open verdict starts
-	// admitting probes.
+	// Due is the monotonic time (see Now) from which an open verdict
+	// admits the probes of Round.
 	Due time.Duration
-	// RoundStart is when the current half-open round began (0: none).
-	RoundStart time.Duration
-	// Probes is the number of probe tokens per round; Tokens how many are
-	// left in the current one (an Open verdict is written with Tokens ==
-	// Probes).
+	// Round is the half-open round the verdict admits probes of; the
+	// kernel takes them from the circuit's probe budget (CircuitID), which
+	// it moves to Round on the first probe. A new round is a verdict with
+	// a higher Round.
+	Round uint32
+	// Probes is the number of probe tokens per round.
 	Probes uint32
-	Tokens int32
-	// ProbeTimeout: a round whose tokens are all out for longer hands them
-	// out again. 0 never re-issues.
-	ProbeTimeout time.Duration
 	// Errno is what a rejected connect sees (0: ECONNREFUSED).
 	Errno syscall.Errno
-	// CircuitID indexes the counters map (0 .. MaxCircuitIDs-1).
+	// CircuitID indexes the counters and probe budgets (0 ..
+	// MaxCircuitIDs-1).
 	CircuitID uint32
 }
 
@@ -119,36 +115,48 @@ const MaxCircuitIDs = 1 << 18
 // (MAX_DESTINATIONS in bpf/breaker.c).
 const MaxDestinations = 1 << 18
 
-// OpenVerdict returns an open verdict due at due with a full round of
-// probes.
-func OpenVerdict(due time.Duration, probes uint32, probeTimeout time.Duration, errno syscall.Errno, id uint32) Verdict {
-	return Verdict{State: Open, Due: due, Probes: probes, Tokens: int32(probes), ProbeTimeout: probeTimeout, Errno: errno, CircuitID: id}
+// OpenVerdict returns an open verdict due at due that admits probes of
+// round.
+func OpenVerdict(due time.Duration, round, probes uint32, errno syscall.Errno, id uint32) Verdict {
+	return Verdict{State: Open, Due: due, Round: round, Probes: probes, Errno: errno, CircuitID: id}
 }
 
 func (v Verdict) raw() bpf.BreakerVerdict {
 	return bpf.BreakerVerdict{
-		DueNs:          uint64(v.Due),
-		RoundNs:        uint64(v.RoundStart),
-		ProbeTimeoutNs: uint64(v.ProbeTimeout),
-		State:          uint32(v.State),
-		Tokens:         v.Tokens,
-		Probes:         v.Probes,
-		CircuitId:      v.CircuitID,
-		RejectErrno:    uint16(v.Errno),
+		DueNs:       uint64(v.Due),
+		State:       uint32(v.State),
+		Round:       v.Round,
+		Probes:      v.Probes,
+		CircuitId:   v.CircuitID,
+		RejectErrno: uint16(v.Errno),
 	}
 }
 
 func verdictFromRaw(r *bpf.BreakerVerdict) Verdict {
 	return Verdict{
-		State:        State(r.State),
-		Due:          time.Duration(r.DueNs),
-		RoundStart:   time.Duration(r.RoundNs),
-		ProbeTimeout: time.Duration(r.ProbeTimeoutNs),
-		Probes:       r.Probes,
-		Tokens:       r.Tokens,
-		CircuitID:    r.CircuitId,
-		Errno:        syscall.Errno(r.RejectErrno),
+		State:     State(r.State),
+		Due:       time.Duration(r.DueNs),
+		Round:     r.Round,
+		Probes:    r.Probes,
+		CircuitID: r.CircuitId,
+		Errno:     syscall.Errno(r.RejectErrno),
 	}
+}
+
+// Budget is a circuit's probe budget: the round the kernel is in and the
+// tokens left in it.
+type Budget struct {
+	Round  uint32
+	Tokens uint32
+}
+
+// Budget reads circuit id's probe budget.
+func (v *View) Budget(id uint32) (Budget, error) {
+	var raw bpf.BreakerProbeBudget
+	if err := v.budgets.Lookup(&id, &raw); err != nil {
+		return Budget{}, fmt.Errorf("reading probe budget %d: %w", id, err)
+	}
+	return Budget{Round: uint32(raw.Word >> 32), Tokens: uint32(raw.Word)}, nil
 }
 
 // ErrVerdictsFull is returned by PutVerdict when the verdict map has no

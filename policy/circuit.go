@@ -55,8 +55,9 @@ type Result struct {
 	// connecting (Failure, Abandoned).
 	Duration time.Duration
 	// Probe is set for a connection the kernel admitted as a half-open
-	// probe.
+	// probe; Round is the round that admitted it.
 	Probe bool
+	Round uint32
 }
 
 // Reason says why a transition happened.
@@ -71,6 +72,7 @@ const (
 	ReasonProbeFailed    Reason = "probe_failed"
 	ReasonProbeTimeout   Reason = "probe_timeout"
 	ReasonProbesOK       Reason = "probes_succeeded"
+	ReasonNewRound       Reason = "probe_round"
 	ReasonEjectionLimit  Reason = "max_ejection_percent"
 	ReasonForcedOpen     Reason = "forced_open"
 	ReasonForcedClosed   Reason = "forced_closed"
@@ -82,7 +84,8 @@ const (
 
 // Transition is a change of a circuit's state, with what the daemon needs
 // to write the verdict map, log and count it. A transition with From == To
-// is a notice (an endpoint kept closed by max_ejection_percent).
+// is a notice (an endpoint kept closed by max_ejection_percent) or, with
+// ReasonNewRound, a new half-open round whose verdict must be written.
 type Transition struct {
 	From, To State
 	Reason   Reason
@@ -96,10 +99,12 @@ type Transition struct {
 	// Trip counts the consecutive trips without a clean close (0 for the
 	// first).
 	Trip int
-	// Probes, ProbeTimeout and Errno are the verdict's settings.
-	Probes       int
-	ProbeTimeout time.Duration
-	Errno        syscall.Errno
+	// Round is the half-open round the verdict admits probes of (To Open,
+	// or a new round).
+	Round uint32
+	// Probes and Errno are the verdict's settings.
+	Probes int
+	Errno  syscall.Errno
 }
 
 // Circuit is one circuit's state machine. It is not safe for concurrent
@@ -114,10 +119,17 @@ type Circuit struct {
 	consecutive int
 	trips       int
 	openUntil   time.Time
-	halfOpenAt  time.Time
-	probeOK     int
-	blocked     bool
-	last        time.Time
+	// round is the half-open round the circuit's verdict admits probes
+	// of; outcomes of other rounds are ignored. roundBegun says the kernel
+	// admitted its first probe, at roundStart.
+	round      uint32
+	roundBegun bool
+	roundStart time.Time
+	// probeOK counts the successful probes since the circuit became
+	// half-open (across rounds); roundOK those of the current round.
+	probeOK, roundOK int
+	blocked          bool
+	last             time.Time
 }
 
 // NewCircuit makes a closed circuit (or one in the override's state) with
@@ -186,17 +198,21 @@ func (c *Circuit) Record(now time.Time, r Result) (Transition, bool) {
 	}
 	switch c.state {
 	case Open:
-		if !r.Probe {
-			// Started before the circuit opened: neither reopens nor
-			// extends it.
+		if !r.Probe || r.Round != c.round {
+			// Started before the circuit opened, or a probe of an
+			// earlier round: neither reopens nor extends it.
 			return Transition{}, false
 		}
 		// The kernel's round record was lost: the probe says it began.
 		c.halfOpen(now)
 		return c.probeResult(now, failed)
 	case HalfOpen:
-		if !r.Probe {
+		if !r.Probe || r.Round != c.round {
+			// Not a probe, or one of an earlier round (late).
 			return Transition{}, false
+		}
+		if !c.roundBegun {
+			c.roundBegun, c.roundStart, c.roundOK = true, now, 0
 		}
 		return c.probeResult(now, failed)
 	case Closed:
@@ -267,7 +283,7 @@ func (c *Circuit) transition(now time.Time, to State, reason Reason) Transition 
 	calls, failures, slow := c.win.counts(now)
 	t := Transition{
 		From: c.state, To: to, Reason: reason, At: now, Calls: calls, Trip: c.trips,
-		Probes: c.opts.HalfOpenProbes, ProbeTimeout: c.opts.ProbeTimeout, Errno: c.opts.RejectErrno,
+		Round: c.round, Probes: c.opts.HalfOpenProbes, Errno: c.opts.RejectErrno,
 	}
 	if calls > 0 {
 		t.FailureRate = float64(failures) / float64(calls)
@@ -299,6 +315,8 @@ func (c *Circuit) open(now time.Time, reason Reason, fromHalfOpen bool) Transiti
 	if c.opts.Jitter > 0 && c.rand != nil {
 		d += time.Duration(float64(d) * c.opts.Jitter * c.rand())
 	}
+	c.round++
+	c.roundBegun = false
 	t := c.transition(now, Open, reason)
 	t.Trip = c.trips
 	t.OpenUntil = now.Add(d)
@@ -309,7 +327,8 @@ func (c *Circuit) open(now time.Time, reason Reason, fromHalfOpen bool) Transiti
 
 func (c *Circuit) halfOpen(now time.Time) Transition {
 	t := c.transition(now, HalfOpen, ReasonDue)
-	c.state, c.halfOpenAt, c.probeOK = HalfOpen, now, 0
+	c.state, c.probeOK = HalfOpen, 0
+	c.roundBegun, c.roundStart, c.roundOK = true, now, 0
 	return t
 }
 
@@ -318,6 +337,7 @@ func (c *Circuit) probeResult(now time.Time, failed bool) (Transition, bool) {
 		return c.open(now, ReasonProbeFailed, true), true
 	}
 	c.probeOK++
+	c.roundOK++
 	if c.probeOK < c.opts.HalfOpenSuccessThreshold {
 		return Transition{}, false
 	}
@@ -334,29 +354,58 @@ func (c *Circuit) close(now time.Time, reason Reason) Transition {
 	return t
 }
 
-// BeginHalfOpen is called when the kernel reports that it began a probe
-// round (the open period elapsed and a connection came).
-func (c *Circuit) BeginHalfOpen(now time.Time) (Transition, bool) {
+// BeginHalfOpen is called when the kernel reports that it admitted the
+// first probe of round (the open period elapsed and a connection came, or
+// a new round began). A record of another round than the circuit's
+// current one is stale and ignored.
+func (c *Circuit) BeginHalfOpen(now time.Time, round uint32) (Transition, bool) {
+	if round != c.round {
+		return Transition{}, false
+	}
 	c.last = now
 	switch c.state {
 	case Open:
 		return c.halfOpen(now), true
 	case HalfOpen:
-		// The kernel re-issued the tokens after the probe timeout; the
-		// timeout transition (Tick) has normally reopened it first.
-		c.halfOpenAt = now
+		if !c.roundBegun {
+			c.roundBegun, c.roundStart, c.roundOK = true, now, 0
+		}
 	}
 	return Transition{}, false
 }
 
-// Tick advances time: a half-open circuit whose probes have not succeeded
-// within probe_timeout reopens. The daemon calls it periodically.
+// Tick advances time. probe_timeout after a half-open round began: when no
+// probe of the round succeeded (and none failed: that reopens at once),
+// the circuit reopens (a trip, so the open duration grows); when some
+// succeeded, it stays half-open with its count of successes and begins a
+// new round (a transition with ReasonNewRound, whose verdict the daemon
+// writes), so a little traffic closes it in time. A round no connection
+// has begun waits for one. The daemon calls Tick periodically.
 func (c *Circuit) Tick(now time.Time) (Transition, bool) {
-	if c.state == HalfOpen && now.Sub(c.halfOpenAt) >= c.opts.ProbeTimeout {
-		c.last = now
+	if c.state != HalfOpen || !c.roundBegun || now.Sub(c.roundStart) < c.opts.ProbeTimeout {
+		return Transition{}, false
+	}
+	c.last = now
+	if c.roundOK == 0 {
 		return c.open(now, ReasonProbeTimeout, true), true
 	}
-	return Transition{}, false
+	c.round++
+	c.roundBegun, c.roundOK = false, 0
+	return c.transition(now, HalfOpen, ReasonNewRound), true
+}
+
+// Round returns the half-open round the circuit's verdict admits probes
+// of.
+func (c *Circuit) Round() uint32 { return c.round }
+
+// SeedRound makes the circuit's rounds continue after round (the probe
+// budget its counter slot holds in the kernel, from an earlier circuit of
+// that slot or an earlier daemon), so its first open verdict begins a new
+// round there.
+func (c *Circuit) SeedRound(round uint32) {
+	if int32(round-c.round) > 0 {
+		c.round = round
+	}
 }
 
 // Override applies an operator's change: forced_open, forced_closed,
@@ -387,17 +436,21 @@ func (c *Circuit) Reset(now time.Time) Transition {
 	return c.close(now, ReasonReset)
 }
 
-// Restore puts the circuit in the open or half-open state the kernel's
-// verdict map shows (a restarted daemon adopting its predecessor's
-// circuits), due at openUntil.
-func (c *Circuit) Restore(now time.Time, s State, openUntil time.Time) {
-	if s != Open && s != HalfOpen {
-		return
-	}
+// Restore puts the circuit in the open state the kernel's verdict map
+// shows (a restarted daemon adopting its predecessor's circuits): due at
+// openUntil, admitting probes of round. begun says the kernel's budget has
+// reached that round (its first probe was admitted): the circuit is then
+// half-open, its round timed from now.
+func (c *Circuit) Restore(now time.Time, openUntil time.Time, round uint32, begun bool) {
 	if c.group != nil && c.state != Open && c.state != HalfOpen {
 		c.group.ejected++
 	}
-	c.state, c.openUntil, c.halfOpenAt, c.last = s, openUntil, now, now
+	c.state, c.openUntil, c.round, c.last = Open, openUntil, round, now
+	c.roundBegun = false
+	if begun {
+		c.state, c.probeOK = HalfOpen, 0
+		c.roundBegun, c.roundStart, c.roundOK = true, now, 0
+	}
 }
 
 // Status is a circuit's state and window, for the admin API and metrics.
@@ -409,17 +462,19 @@ type Status struct {
 	OpenUntil             time.Time
 	Trip                  int
 	ProbesSucceeded       int
+	// Round is the half-open round the verdict admits probes of.
+	Round uint32
 }
 
 // Status reports the circuit's state at now.
 func (c *Circuit) Status(now time.Time) Status {
 	calls, failures, slow := c.win.counts(now)
-	s := Status{State: c.state, Calls: calls, Failures: failures, Slow: slow, ConsecutiveFailures: c.consecutive, Trip: c.trips, ProbesSucceeded: c.probeOK}
+	s := Status{State: c.state, Calls: calls, Failures: failures, Slow: slow, ConsecutiveFailures: c.consecutive, Trip: c.trips, ProbesSucceeded: c.probeOK, Round: c.round}
 	if calls > 0 {
 		s.FailureRate = float64(failures) / float64(calls)
 		s.SlowRate = float64(slow) / float64(calls)
 	}
-	if c.state == Open {
+	if c.state == Open || c.state == HalfOpen {
 		s.OpenUntil = c.openUntil
 	}
 	return s

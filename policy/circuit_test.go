@@ -172,10 +172,10 @@ func TestHalfOpenProbesAndGrowth(t *testing.T) {
 	// Four failed half-opens: 2s, 4s, 5s (capped), 5s.
 	for _, d := range []time.Duration{2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second} {
 		clk.advance(tr.OpenUntil.Sub(clk.now()))
-		if h, ok := c.BeginHalfOpen(clk.now()); !ok || h.To != HalfOpen {
+		if h, ok := c.BeginHalfOpen(clk.now(), c.Round()); !ok || h.To != HalfOpen {
 			t.Fatalf("round: %+v", h)
 		}
-		trs := feed(t, c, clk, Result{Kind: Failure, Probe: true})
+		trs := feed(t, c, clk, Result{Kind: Failure, Probe: true, Round: c.Round()})
 		if len(trs) != 1 || trs[0].Reason != ReasonProbeFailed {
 			t.Fatalf("probe failure: %+v", trs)
 		}
@@ -190,11 +190,11 @@ func TestHalfOpenProbesAndGrowth(t *testing.T) {
 	}
 	// Recover: two successful probes close it; the next trip is back to 1s.
 	clk.advance(tr.OpenUntil.Sub(clk.now()))
-	c.BeginHalfOpen(clk.now())
-	if trs := feed(t, c, clk, Result{Kind: Success, Probe: true}); len(trs) != 0 {
+	c.BeginHalfOpen(clk.now(), c.Round())
+	if trs := feed(t, c, clk, Result{Kind: Success, Probe: true, Round: c.Round()}); len(trs) != 0 {
 		t.Fatalf("closed after 1 of 2 probes: %+v", trs)
 	}
-	trs := feed(t, c, clk, Result{Kind: Success, Probe: true})
+	trs := feed(t, c, clk, Result{Kind: Success, Probe: true, Round: c.Round()})
 	if len(trs) != 1 || trs[0].To != Closed || trs[0].Reason != ReasonProbesOK {
 		t.Fatalf("%+v", trs)
 	}
@@ -209,7 +209,7 @@ func TestHalfOpenWithoutOutcomeTimesOut(t *testing.T) {
 	c := NewCircuit(opts(func(o *Options) { o.ConsecutiveFailures = 1; o.ProbeTimeout = 5 * time.Second }), NoOverride, nil, clk.now(), nil)
 	feed(t, c, clk, fail)
 	clk.advance(time.Minute)
-	c.BeginHalfOpen(clk.now())
+	c.BeginHalfOpen(clk.now(), c.Round())
 	clk.advance(4 * time.Second)
 	if _, ok := c.Tick(clk.now()); ok {
 		t.Fatal("timed out early")
@@ -228,7 +228,7 @@ func TestLostRoundRecordProbeStillCounts(t *testing.T) {
 	c := NewCircuit(opts(func(o *Options) { o.ConsecutiveFailures = 1 }), NoOverride, nil, clk.now(), nil)
 	feed(t, c, clk, fail)
 	clk.advance(time.Minute)
-	trs := feed(t, c, clk, Result{Kind: Success, Probe: true})
+	trs := feed(t, c, clk, Result{Kind: Success, Probe: true, Round: c.Round()})
 	if len(trs) != 1 || trs[0].To != Closed {
 		t.Fatalf("%+v", trs)
 	}
@@ -256,8 +256,8 @@ func TestEndpointGroupEjectionLimit(t *testing.T) {
 	}
 	// One recovers: the third may now go.
 	clk.advance(time.Minute)
-	cs[0].BeginHalfOpen(clk.now())
-	feed(t, cs[0], clk, Result{Kind: Success, Probe: true})
+	cs[0].BeginHalfOpen(clk.now(), cs[0].Round())
+	feed(t, cs[0], clk, Result{Kind: Success, Probe: true, Round: cs[0].Round()})
 	if trs := feed(t, cs[2], clk, fail); len(trs) != 1 || trs[0].To != Open {
 		t.Fatalf("after a recovery: %+v", trs)
 	}
@@ -327,7 +327,7 @@ func TestInvariantsOverRandomSequences(t *testing.T) {
 			var moved bool
 			switch rng.IntN(6) {
 			case 0:
-				tr, moved = c.BeginHalfOpen(clk.now())
+				tr, moved = c.BeginHalfOpen(clk.now(), c.Round())
 				if moved {
 					probesInRound[i] = 0
 				}
@@ -341,7 +341,7 @@ func TestInvariantsOverRandomSequences(t *testing.T) {
 						continue
 					}
 					probesInRound[i]++
-					r.Probe = true
+					r.Probe, r.Round = true, c.Round()
 				}
 				before := c.State()
 				tr, moved = c.Record(clk.now(), r)
@@ -392,9 +392,9 @@ func FuzzCircuitEvents(f *testing.F) {
 			case 0, 1, 2:
 				c.Record(clk.now(), Result{Kind: Kind(b % 3), Duration: time.Duration(b) * 10 * time.Millisecond})
 			case 3:
-				c.Record(clk.now(), Result{Kind: Kind(b % 2), Probe: true})
+				c.Record(clk.now(), Result{Kind: Kind(b % 2), Probe: true, Round: c.Round()})
 			case 4:
-				c.BeginHalfOpen(clk.now())
+				c.BeginHalfOpen(clk.now(), c.Round())
 			case 5:
 				c.Tick(clk.now())
 			case 6:
@@ -502,5 +502,127 @@ func TestEndpointGroupFollowsItsPercentAndDepartures(t *testing.T) {
 	// 4 endpoints at 75%: the fourth stays closed.
 	if trs := feed(t, cs[3], clk, fail); len(trs) != 1 || trs[0].Reason != ReasonEjectionLimit {
 		t.Fatalf("fourth of four at 75%%: %+v", trs)
+	}
+}
+
+// TestHalfOpenRounds drives a circuit (probes 2, success threshold 2,
+// probe_timeout 5s, open 10s) through rounds with their numbers: each step
+// is an event (a round record or a probe outcome, of a round given
+// relative to the circuit's first open round R), and the state after it.
+func TestHalfOpenRounds(t *testing.T) {
+	type step struct {
+		after time.Duration // time since the previous step
+		ev    string        // "round", "ok", "fail", "tick", "call-fail"
+		round int           // relative to R (the first open's round)
+		want  State
+		trip  int    // trips so far (0: the first open)
+		why   Reason // the transition's reason, "" for none
+	}
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{"every probe that came succeeded: a new round, then close", []step{
+			{10 * time.Second, "round", 0, HalfOpen, 0, ReasonDue},
+			{time.Second, "ok", 0, HalfOpen, 0, ""},
+			{4 * time.Second, "tick", 0, HalfOpen, 0, ReasonNewRound}, // no reopen, no growth
+			{20 * time.Second, "tick", 0, HalfOpen, 0, ""},             // no connection yet: waits
+			{time.Second, "round", 1, HalfOpen, 0, ""},
+			{time.Second, "ok", 1, Closed, 0, ReasonProbesOK},
+		}},
+		{"no probe succeeded in the round: reopen and grow", []step{
+			{10 * time.Second, "round", 0, HalfOpen, 0, ReasonDue},
+			{5 * time.Second, "tick", 0, Open, 1, ReasonProbeTimeout},
+		}},
+		{"late failure of an earlier round changes nothing", []step{
+			{10 * time.Second, "round", 0, HalfOpen, 0, ReasonDue},
+			{5 * time.Second, "tick", 0, Open, 1, ReasonProbeTimeout},
+			{time.Second, "fail", 0, Open, 1, ""},
+			{20 * time.Second, "round", 1, HalfOpen, 1, ReasonDue},
+			{time.Second, "fail", 0, HalfOpen, 1, ""},
+			{time.Second, "ok", 1, HalfOpen, 1, ""},
+			{time.Second, "ok", 1, Closed, 0, ReasonProbesOK},
+		}},
+		{"late success of an earlier round does not close", []step{
+			{10 * time.Second, "round", 0, HalfOpen, 0, ReasonDue},
+			{time.Second, "fail", 0, Open, 1, ReasonProbeFailed},
+			{time.Second, "ok", 0, Open, 1, ""},
+			{time.Second, "ok", 0, Open, 1, ""},
+		}},
+		{"a second destination's round record does not restart the round", []step{
+			{10 * time.Second, "round", 0, HalfOpen, 0, ReasonDue},
+			{4 * time.Second, "round", 0, HalfOpen, 0, ""},
+			{time.Second, "tick", 0, Open, 1, ReasonProbeTimeout},
+		}},
+		{"a stale round record is ignored", []step{
+			{10 * time.Second, "round", 0, HalfOpen, 0, ReasonDue},
+			{time.Second, "fail", 0, Open, 1, ReasonProbeFailed},
+			{time.Second, "round", 0, Open, 1, ""},
+			{10 * time.Second, "tick", 0, Open, 1, ""},
+		}},
+		{"lost round record: the probe begins the round", []step{
+			{10 * time.Second, "ok", 0, HalfOpen, 0, ""},
+			{time.Second, "ok", 0, Closed, 0, ReasonProbesOK},
+		}},
+		{"a failure in a later round after successes reopens", []step{
+			{10 * time.Second, "round", 0, HalfOpen, 0, ReasonDue},
+			{time.Second, "ok", 0, HalfOpen, 0, ""},
+			{4 * time.Second, "tick", 0, HalfOpen, 0, ReasonNewRound},
+			{time.Second, "round", 1, HalfOpen, 0, ""},
+			{time.Second, "fail", 1, Open, 1, ReasonProbeFailed},
+		}},
+		{"a non-probe failure in half-open counts nothing", []step{
+			{10 * time.Second, "round", 0, HalfOpen, 0, ReasonDue},
+			{time.Second, "call-fail", 0, HalfOpen, 0, ""},
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newClock()
+			c := NewCircuit(opts(func(o *Options) {
+				o.ConsecutiveFailures = 1
+				o.OpenDuration = 10 * time.Second
+				o.HalfOpenProbes = 2
+				o.HalfOpenSuccessThreshold = 2
+				o.ProbeTimeout = 5 * time.Second
+			}), NoOverride, nil, clk.now(), nil)
+			c.SeedRound(41)
+			first := feed(t, c, clk, fail)[0]
+			r0 := c.Round()
+			if r0 != 42 || first.Round != 42 {
+				t.Fatalf("first open round %d (transition %d), want 42 after the seed 41", r0, first.Round)
+			}
+			for i, s := range tc.steps {
+				clk.advance(s.after)
+				round := r0 + uint32(s.round)
+				var tr Transition
+				var moved bool
+				switch s.ev {
+				case "round":
+					tr, moved = c.BeginHalfOpen(clk.now(), round)
+				case "ok":
+					tr, moved = c.Record(clk.now(), Result{Kind: Success, Probe: true, Round: round})
+				case "fail":
+					tr, moved = c.Record(clk.now(), Result{Kind: Failure, Probe: true, Round: round})
+				case "call-fail":
+					tr, moved = c.Record(clk.now(), fail)
+				case "tick":
+					tr, moved = c.Tick(clk.now())
+				}
+				st := c.Status(clk.now())
+				if c.State() != s.want || st.Trip != s.trip || (moved && tr.Reason != s.why) || (!moved && s.why != "") {
+					t.Fatalf("step %d (%s of round R+%d): state %v trip %d transition %v %+v; want %v trip %d reason %q",
+						i, s.ev, s.round, c.State(), st.Trip, moved, tr, s.want, s.trip, s.why)
+				}
+				if moved && tr.Reason == ReasonNewRound && tr.Round != c.Round() {
+					t.Fatalf("new round transition carries round %d, circuit is at %d", tr.Round, c.Round())
+				}
+				if moved && tr.To == Open {
+					if d := tr.OpenUntil.Sub(tr.At); d != c.Options().OpenDurationOf(s.trip) {
+						t.Fatalf("open for %v at trip %d", d, s.trip)
+					}
+				}
+			}
+		})
 	}
 }

@@ -194,7 +194,8 @@ type InspectEntry struct {
 	Dest       string  `json:"dest"`
 	State      string  `json:"state"`
 	DueInSec   float64 `json:"due_in_seconds"`
-	Tokens     int32   `json:"tokens"`
+	Round      uint32  `json:"round"`
+	Tokens     uint32  `json:"tokens"`
 	Probes     uint32  `json:"probes"`
 	Errno      string  `json:"reject_errno"`
 	CircuitID  uint32  `json:"circuit_id"`
@@ -234,10 +235,19 @@ func inspect(dir string, asJSON bool, out io.Writer) error {
 	}
 	rep.Verdicts = []InspectEntry{}
 	for d, vd := range all {
-		e := InspectEntry{Dest: d.String(), State: vd.State.String(), Tokens: vd.Tokens, Probes: vd.Probes,
+		e := InspectEntry{Dest: d.String(), State: vd.State.String(), Round: vd.Round, Probes: vd.Probes,
 			Errno: policy.ErrnoName(vd.Errno), CircuitID: vd.CircuitID}
 		if vd.State == maps.Open {
 			e.DueInSec = (vd.Due - now).Seconds()
+			// The circuit's budget: the tokens left when it is in this
+			// verdict's round, all of them when the round has not begun.
+			e.Tokens = vd.Probes
+			if b, err := v.Budget(vd.CircuitID); err == nil && b.Round == vd.Round {
+				e.Tokens = b.Tokens
+			}
+			if e.DueInSec <= 0 {
+				e.State = "half_open"
+			}
 		}
 		if cnt, err := v.Counters(vd.CircuitID); err == nil {
 			e.Rejected, e.ProbesUsed = cnt.Rejected, cnt.Probes
@@ -257,9 +267,9 @@ func inspect(dir string, asJSON bool, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "heartbeat %.1fs ago, fail-safe %.0fs: %s; events lost %d\n", rep.HeartbeatAgeSec, rep.FailsafeSec, mode, rep.EventsLost)
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DEST\tSTATE\tDUE IN\tTOKENS\tERRNO\tCIRCUIT\tREJECTED")
+	fmt.Fprintln(tw, "DEST\tSTATE\tDUE IN\tROUND\tTOKENS\tERRNO\tCIRCUIT\tREJECTED")
 	for _, e := range rep.Verdicts {
-		fmt.Fprintf(tw, "%s\t%s\t%.1fs\t%d/%d\t%s\t%d\t%d\n", e.Dest, e.State, e.DueInSec, e.Tokens, e.Probes, e.Errno, e.CircuitID, e.Rejected)
+		fmt.Fprintf(tw, "%s\t%s\t%.1fs\t%d\t%d/%d\t%s\t%d\t%d\n", e.Dest, e.State, e.DueInSec, e.Round, e.Tokens, e.Probes, e.Errno, e.CircuitID, e.Rejected)
 	}
 	return tw.Flush()
 }
