@@ -526,7 +526,7 @@ func TestHalfOpenRounds(t *testing.T) {
 			{10 * time.Second, "round", 0, HalfOpen, 0, ReasonDue},
 			{time.Second, "ok", 0, HalfOpen, 0, ""},
 			{4 * time.Second, "tick", 0, HalfOpen, 0, ReasonNewRound}, // no reopen, no growth
-			{20 * time.Second, "tick", 0, HalfOpen, 0, ""},             // no connection yet: waits
+			{20 * time.Second, "tick", 0, HalfOpen, 0, ""},            // no connection yet: waits
 			{time.Second, "round", 1, HalfOpen, 0, ""},
 			{time.Second, "ok", 1, Closed, 0, ReasonProbesOK},
 		}},

@@ -49,7 +49,8 @@ type Options struct {
 	HalfOpenProbes int
 	// HalfOpenSuccessThreshold is how many probes must succeed to close.
 	HalfOpenSuccessThreshold int
-	// ProbeTimeout: a probe with no outcome after it counts as failed.
+	// ProbeTimeout is how long a half-open round lasts: then it reopens
+	// when none of its probes succeeded, else a new round begins.
 	ProbeTimeout time.Duration
 	// RejectErrno is the errno a rejected connect sees.
 	RejectErrno syscall.Errno
@@ -116,11 +117,11 @@ var optionFields = []optionField{
 		}},
 	{"jitter", "0.1", "ratio in [0, 1]", "Up to this share of the open duration is added at random, so a fleet does not probe in step.",
 		func(o *Options, r any) error { return setRatio(&o.Jitter, r, true) }},
-	{"half_open_probes", "1", "connections", "Connections a half-open circuit admits, handed out atomically by the kernel.",
+	{"half_open_probes", "1", "connections", "Connections a half-open circuit admits per round (one budget per circuit, whatever its scope), handed out exactly by the kernel. TCP only.",
 		func(o *Options, r any) error { return setInt(&o.HalfOpenProbes, r, 1, 1000) }},
-	{"half_open_success_threshold", "1", "connections", "Successful probes needed to close; one failed probe reopens.",
+	{"half_open_success_threshold", "1", "connections", "Successful probes needed to close, counted across rounds; one failed probe reopens.",
 		func(o *Options, r any) error { return setInt(&o.HalfOpenSuccessThreshold, r, 1, 1000) }},
-	{"probe_timeout", "5s", "duration", "A probe with no outcome after this counts as failed, and the kernel hands its token out again.",
+	{"probe_timeout", "5s", "duration", "How long a half-open round lasts once its first probe is admitted: then, with no successful probe in the round, the circuit reopens; with some, a new round begins. See *Half-open rounds*.",
 		func(o *Options, r any) error { return setDuration(&o.ProbeTimeout, r, time.Millisecond, time.Hour) }},
 	{"reject_errno", "ECONNREFUSED", "errno name", "What a rejected connect sees (needs bpf_set_retval, kernel 5.18+; EPERM before). One of " + strings.Join(errnoNames(), ", ") + ".",
 		func(o *Options, r any) error { return setErrno(&o.RejectErrno, r) }},
