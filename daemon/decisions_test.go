@@ -180,3 +180,70 @@ targets:
 		t.Fatalf("%d endpoints after the departure, want 0", n)
 	}
 }
+
+// With half_open_success_threshold 2 and one connection per round (little
+// traffic) a circuit begins a new round at probe_timeout instead of
+// reopening, and closes; and a service-scope target with two destinations
+// has one probe budget: a round admits half_open_probes in total.
+func TestServiceScopeOneBudgetAndLittleTrafficCloses(t *testing.T) {
+	f := newFixture(t, `
+targets:
+  svc:
+    match: {cidrs: [SRV], ports: ["8086-8087"]}
+    consecutive_failures: 2
+    open_duration: 1s
+    jitter: 0
+    connect_timeout: 1s
+    half_open_probes: 2
+    half_open_success_threshold: 2
+    probe_timeout: 1s
+`)
+	f.start()
+	f.dial(8086, 2, 0)
+	f.waitState("svc", "open", 2*time.Second)
+	f.srv.ServeHold(t, 8086)
+	f.srv.ServeHold(t, 8087)
+	time.Sleep(1100 * time.Millisecond)
+	// One connection in the round: it succeeds.
+	if got := errnos(f.dial(8086, 1, 0)); got[0] != 1 {
+		t.Fatalf("first probe: %v", got)
+	}
+	f.waitState("svc", "half_open", time.Second)
+	// probe_timeout passes with every probe that came succeeded: no reopen.
+	time.Sleep(1500 * time.Millisecond)
+	if c, _ := f.circuit("svc"); c.State != "half_open" || c.Trip != 0 {
+		t.Fatalf("after a round whose every probe succeeded: %+v", c)
+	}
+	// The next round's one connection closes it.
+	if got := errnos(f.dial(8087, 1, 0)); got[0] != 1 {
+		t.Fatalf("second round's probe: %v", got)
+	}
+	f.waitState("svc", "closed", 2*time.Second)
+	var reasons []string
+	for _, e := range f.d.Events() {
+		reasons = append(reasons, e.From+">"+e.To+":"+e.Reason)
+	}
+	want := "closed>open:consecutive_failures open>half_open:open_duration_elapsed half_open>half_open:probe_round half_open>closed:probes_succeeded"
+	if strings.Join(reasons, " ") != want {
+		t.Fatalf("events %v, want %s", reasons, want)
+	}
+
+	// Black-holed: two connect timeouts open it again; once due, 16
+	// connects to each destination at once get exactly 2 probes through.
+	f.srv.BlackHole(t, 8086, true)
+	f.srv.BlackHole(t, 8087, true)
+	f.topo.Client.Dial(t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, 8086), Count: 2, Parallel: 2, Timeout: 1500 * time.Millisecond})
+	f.waitState("svc", "open", 3*time.Second)
+	time.Sleep(1100 * time.Millisecond)
+	syns := f.srv.SYNs(t)
+	done := make(chan []kerneltest.DialResult, 2)
+	for _, p := range []uint16{8086, 8087} {
+		go func() {
+			done <- f.topo.Client.Dial(t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, p), Count: 16, Parallel: 16, Barrier: true, Timeout: 300 * time.Millisecond})
+		}()
+	}
+	got := errnos(append(<-done, <-done...))
+	if got[unix.ECONNREFUSED] != 30 || f.srv.SYNs(t)-syns != 2 {
+		t.Fatalf("a round of a two-destination circuit: errnos %v, %d SYNs; want 30 rejected and 2 SYNs", got, f.srv.SYNs(t)-syns)
+	}
+}
