@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/maps"
 )
 
 // Every scenario drives unmodified programs (curl, redis-cli,
@@ -83,7 +84,7 @@ func TestServerDownRefused(t *testing.T) {
 	if err != nil || !strings.Contains(string(status), "web") || !strings.Contains(string(status), "open") {
 		t.Errorf("breakerctl status: %v\n%s", err, status)
 	}
-	out, err := exec.Command("bpftool", "-j", "map", "dump", "pinned", filepath.Join(w.bpffs, "v2", "verdicts")).Output()
+	out, err := exec.Command("bpftool", "-j", "map", "dump", "pinned", maps.PinDir(w.bpffs) + "/verdicts").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
