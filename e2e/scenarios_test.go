@@ -84,7 +84,7 @@ func TestServerDownRefused(t *testing.T) {
 	if err != nil || !strings.Contains(string(status), "web") || !strings.Contains(string(status), "open") {
 		t.Errorf("breakerctl status: %v\n%s", err, status)
 	}
-	out, err := exec.Command("bpftool", "-j", "map", "dump", "pinned", maps.PinDir(w.bpffs) + "/verdicts").Output()
+	out, err := exec.Command("bpftool", "-j", "map", "dump", "pinned", maps.PinDir(w.bpffs)+"/verdicts").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
