@@ -82,6 +82,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } counters SEC(".maps");
 
+#define MAX_OVERRIDES 4096
+
+/* Overrides set through the admin API, by circuit name (daemon only). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_OVERRIDES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct override_key);
+	__type(value, struct override);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} overrides SEC(".maps");
+
 /* Each circuit's probe budget (round and tokens), written by the kernel
  * only; every verdict of a circuit points here through its circuit_id. */
 struct {
@@ -171,6 +183,7 @@ const enum event_flags *unused_event_flags __attribute__((unused));
 const struct limit *unused_limit __attribute__((unused));
 const struct bulk_count *unused_bulk __attribute__((unused));
 const struct probe_budget *unused_budget __attribute__((unused));
+const enum override_state *unused_override_state __attribute__((unused));
 
 /* count adds one to a shared counter. */
 #define count(field) __sync_fetch_and_add(&(field), 1)

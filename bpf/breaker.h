@@ -57,6 +57,24 @@ struct probe_budget {
 	__u64 word; /* round << 32 | tokens left */
 };
 
+/* Key and value of the overrides map: a circuit's override set through the
+ * admin API, by circuit name, kept so it survives a restart. Only the
+ * daemon reads and writes it; no program looks at it. */
+struct override_key {
+	char name[128]; /* the circuit's name, NUL-padded */
+};
+
+enum override_state {
+	OVERRIDE_FORCED_OPEN = 1,
+	OVERRIDE_FORCED_CLOSED = 2,
+	OVERRIDE_DISABLED = 3,
+};
+
+struct override {
+	__u32 state; /* enum override_state */
+	__u32 _pad;
+};
+
 /* Global settings, one entry in the config array. */
 enum config_flags {
 	CONFIG_SHADOW = 1 << 0, /* count what would be rejected, reject nothing */

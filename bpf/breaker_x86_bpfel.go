@@ -87,6 +87,25 @@ const (
 	BreakerOutcomeOUTCOME_PROBE_ROUND BreakerOutcome = 10
 )
 
+type BreakerOverride struct {
+	_     structs.HostLayout
+	State uint32
+	Pad   uint32
+}
+
+type BreakerOverrideKey struct {
+	_    structs.HostLayout
+	Name [128]int8
+}
+
+type BreakerOverrideState uint32
+
+const (
+	BreakerOverrideStateOVERRIDE_FORCED_OPEN   BreakerOverrideState = 1
+	BreakerOverrideStateOVERRIDE_FORCED_CLOSED BreakerOverrideState = 2
+	BreakerOverrideStateOVERRIDE_DISABLED      BreakerOverrideState = 3
+)
+
 type BreakerProbeBudget struct {
 	_    structs.HostLayout
 	Word uint64
@@ -144,32 +163,34 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	BreakerMapBulk               = "bulk"
-	BreakerMapConfig             = "config"
-	BreakerMapCounters           = "counters"
-	BreakerMapEvents             = "events"
-	BreakerMapLimits             = "limits"
-	BreakerMapProbeBudgets       = "probe_budgets"
-	BreakerMapSocks              = "socks"
-	BreakerMapStats              = "stats"
-	BreakerMapVerdicts           = "verdicts"
-	BreakerProgConnect4          = "connect4"
-	BreakerProgConnect6          = "connect6"
-	BreakerProgObserve           = "observe"
-	BreakerProgSendmsg4          = "sendmsg4"
-	BreakerProgSendmsg6          = "sendmsg6"
-	BreakerProgSockRelease       = "sock_release"
-	BreakerVarHasSetRetval       = "has_set_retval"
-	BreakerVarHasSockopsCgroupId = "has_sockops_cgroup_id"
-	BreakerVarUnusedBudget       = "unused_budget"
-	BreakerVarUnusedBulk         = "unused_bulk"
-	BreakerVarUnusedConfigFlags  = "unused_config_flags"
-	BreakerVarUnusedEvent        = "unused_event"
-	BreakerVarUnusedEventFlags   = "unused_event_flags"
-	BreakerVarUnusedLimit        = "unused_limit"
-	BreakerVarUnusedOutcome      = "unused_outcome"
-	BreakerVarUnusedStat         = "unused_stat"
-	BreakerVarUnusedState        = "unused_state"
+	BreakerMapBulk                = "bulk"
+	BreakerMapConfig              = "config"
+	BreakerMapCounters            = "counters"
+	BreakerMapEvents              = "events"
+	BreakerMapLimits              = "limits"
+	BreakerMapOverrides           = "overrides"
+	BreakerMapProbeBudgets        = "probe_budgets"
+	BreakerMapSocks               = "socks"
+	BreakerMapStats               = "stats"
+	BreakerMapVerdicts            = "verdicts"
+	BreakerProgConnect4           = "connect4"
+	BreakerProgConnect6           = "connect6"
+	BreakerProgObserve            = "observe"
+	BreakerProgSendmsg4           = "sendmsg4"
+	BreakerProgSendmsg6           = "sendmsg6"
+	BreakerProgSockRelease        = "sock_release"
+	BreakerVarHasSetRetval        = "has_set_retval"
+	BreakerVarHasSockopsCgroupId  = "has_sockops_cgroup_id"
+	BreakerVarUnusedBudget        = "unused_budget"
+	BreakerVarUnusedBulk          = "unused_bulk"
+	BreakerVarUnusedConfigFlags   = "unused_config_flags"
+	BreakerVarUnusedEvent         = "unused_event"
+	BreakerVarUnusedEventFlags    = "unused_event_flags"
+	BreakerVarUnusedLimit         = "unused_limit"
+	BreakerVarUnusedOutcome       = "unused_outcome"
+	BreakerVarUnusedOverrideState = "unused_override_state"
+	BreakerVarUnusedStat          = "unused_stat"
+	BreakerVarUnusedState         = "unused_state"
 )
 
 // LoadBreaker returns the embedded CollectionSpec for Breaker.
@@ -231,6 +252,7 @@ type BreakerMapSpecs struct {
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
 	Events       *ebpf.MapSpec `ebpf:"events"`
 	Limits       *ebpf.MapSpec `ebpf:"limits"`
+	Overrides    *ebpf.MapSpec `ebpf:"overrides"`
 	ProbeBudgets *ebpf.MapSpec `ebpf:"probe_budgets"`
 	Socks        *ebpf.MapSpec `ebpf:"socks"`
 	Stats        *ebpf.MapSpec `ebpf:"stats"`
@@ -241,17 +263,18 @@ type BreakerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BreakerVariableSpecs struct {
-	HasSetRetval       *ebpf.VariableSpec `ebpf:"has_set_retval"`
-	HasSockopsCgroupId *ebpf.VariableSpec `ebpf:"has_sockops_cgroup_id"`
-	UnusedBudget       *ebpf.VariableSpec `ebpf:"unused_budget"`
-	UnusedBulk         *ebpf.VariableSpec `ebpf:"unused_bulk"`
-	UnusedConfigFlags  *ebpf.VariableSpec `ebpf:"unused_config_flags"`
-	UnusedEvent        *ebpf.VariableSpec `ebpf:"unused_event"`
-	UnusedEventFlags   *ebpf.VariableSpec `ebpf:"unused_event_flags"`
-	UnusedLimit        *ebpf.VariableSpec `ebpf:"unused_limit"`
-	UnusedOutcome      *ebpf.VariableSpec `ebpf:"unused_outcome"`
-	UnusedStat         *ebpf.VariableSpec `ebpf:"unused_stat"`
-	UnusedState        *ebpf.VariableSpec `ebpf:"unused_state"`
+	HasSetRetval        *ebpf.VariableSpec `ebpf:"has_set_retval"`
+	HasSockopsCgroupId  *ebpf.VariableSpec `ebpf:"has_sockops_cgroup_id"`
+	UnusedBudget        *ebpf.VariableSpec `ebpf:"unused_budget"`
+	UnusedBulk          *ebpf.VariableSpec `ebpf:"unused_bulk"`
+	UnusedConfigFlags   *ebpf.VariableSpec `ebpf:"unused_config_flags"`
+	UnusedEvent         *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedEventFlags    *ebpf.VariableSpec `ebpf:"unused_event_flags"`
+	UnusedLimit         *ebpf.VariableSpec `ebpf:"unused_limit"`
+	UnusedOutcome       *ebpf.VariableSpec `ebpf:"unused_outcome"`
+	UnusedOverrideState *ebpf.VariableSpec `ebpf:"unused_override_state"`
+	UnusedStat          *ebpf.VariableSpec `ebpf:"unused_stat"`
+	UnusedState         *ebpf.VariableSpec `ebpf:"unused_state"`
 }
 
 // BreakerObjects contains all objects after they have been loaded into the kernel.
@@ -279,6 +302,7 @@ type BreakerMaps struct {
 	Counters     *ebpf.Map `ebpf:"counters"`
 	Events       *ebpf.Map `ebpf:"events"`
 	Limits       *ebpf.Map `ebpf:"limits"`
+	Overrides    *ebpf.Map `ebpf:"overrides"`
 	ProbeBudgets *ebpf.Map `ebpf:"probe_budgets"`
 	Socks        *ebpf.Map `ebpf:"socks"`
 	Stats        *ebpf.Map `ebpf:"stats"`
@@ -292,6 +316,7 @@ func (m *BreakerMaps) Close() error {
 		m.Counters,
 		m.Events,
 		m.Limits,
+		m.Overrides,
 		m.ProbeBudgets,
 		m.Socks,
 		m.Stats,
@@ -303,17 +328,18 @@ func (m *BreakerMaps) Close() error {
 //
 // It can be passed to LoadBreakerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BreakerVariables struct {
-	HasSetRetval       *ebpf.Variable `ebpf:"has_set_retval"`
-	HasSockopsCgroupId *ebpf.Variable `ebpf:"has_sockops_cgroup_id"`
-	UnusedBudget       *ebpf.Variable `ebpf:"unused_budget"`
-	UnusedBulk         *ebpf.Variable `ebpf:"unused_bulk"`
-	UnusedConfigFlags  *ebpf.Variable `ebpf:"unused_config_flags"`
-	UnusedEvent        *ebpf.Variable `ebpf:"unused_event"`
-	UnusedEventFlags   *ebpf.Variable `ebpf:"unused_event_flags"`
-	UnusedLimit        *ebpf.Variable `ebpf:"unused_limit"`
-	UnusedOutcome      *ebpf.Variable `ebpf:"unused_outcome"`
-	UnusedStat         *ebpf.Variable `ebpf:"unused_stat"`
-	UnusedState        *ebpf.Variable `ebpf:"unused_state"`
+	HasSetRetval        *ebpf.Variable `ebpf:"has_set_retval"`
+	HasSockopsCgroupId  *ebpf.Variable `ebpf:"has_sockops_cgroup_id"`
+	UnusedBudget        *ebpf.Variable `ebpf:"unused_budget"`
+	UnusedBulk          *ebpf.Variable `ebpf:"unused_bulk"`
+	UnusedConfigFlags   *ebpf.Variable `ebpf:"unused_config_flags"`
+	UnusedEvent         *ebpf.Variable `ebpf:"unused_event"`
+	UnusedEventFlags    *ebpf.Variable `ebpf:"unused_event_flags"`
+	UnusedLimit         *ebpf.Variable `ebpf:"unused_limit"`
+	UnusedOutcome       *ebpf.Variable `ebpf:"unused_outcome"`
+	UnusedOverrideState *ebpf.Variable `ebpf:"unused_override_state"`
+	UnusedStat          *ebpf.Variable `ebpf:"unused_stat"`
+	UnusedState         *ebpf.Variable `ebpf:"unused_state"`
 }
 
 // BreakerPrograms contains all programs after they have been loaded into the kernel.

@@ -236,10 +236,13 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	switch action {
 	case "open":
 		t = c.c.Override(now, policy.ForceOpen)
+		d.keepOverride(c, policy.ForceOpen)
 	case "close":
 		t = c.c.Override(now, policy.ForceClosed)
+		d.keepOverride(c, policy.ForceClosed)
 	case "release":
 		t = c.c.Override(now, policy.NoOverride)
+		d.keepOverride(c, policy.NoOverride)
 	case "reset":
 		t = c.c.Reset(now)
 	default:

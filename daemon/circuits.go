@@ -124,6 +124,13 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
 }
 
 func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.Options, ov policy.Override, g *policy.Group, now time.Time) *circuit {
+	// An override set through the API before a restart (or before the
+	// circuit was last dropped and made again) comes back.
+	if kept, ok, err := d.k.Override(name); err != nil {
+		d.log.Warn("reading a kept override", "circuit", name, "err", err)
+	} else if ok {
+		ov = policyOverride(kept)
+	}
 	c := &circuit{name: name, target: target, scope: scope, id: d.reg.allocID(),
 		c: policy.NewCircuit(o, ov, g, now, d.rand)}
 	if err := d.k.ResetCounters(c.id); err != nil {
@@ -139,6 +146,34 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 		d.writeVerdicts(c, policy.Transition{To: policy.ForcedOpen, At: now})
 	}
 	return c
+}
+
+// keptOverrides maps the API's overrides to the pinned map's states.
+var keptOverrides = map[policy.Override]maps.OverrideState{
+	policy.ForceOpen: maps.OverrideForcedOpen, policy.ForceClosed: maps.OverrideForcedClosed, policy.DisableState: maps.OverrideDisabled,
+}
+
+func policyOverride(s maps.OverrideState) policy.Override {
+	for o, k := range keptOverrides {
+		if k == s {
+			return o
+		}
+	}
+	return policy.NoOverride
+}
+
+// keepOverride records (or, for NoOverride, forgets) c's override set
+// through the API in the pinned overrides map, so it survives a restart.
+func (d *Daemon) keepOverride(c *circuit, o policy.Override) {
+	var err error
+	if k, ok := keptOverrides[o]; ok {
+		err = d.k.PutOverride(c.name, k)
+	} else {
+		err = d.k.DeleteOverride(c.name)
+	}
+	if err != nil {
+		d.log.Warn("the override will not survive a restart", "circuit", c.name, "err", err)
+	}
 }
 
 // attach adds dst to c; if c already rejects, the new destination's
@@ -260,6 +295,9 @@ func (d *Daemon) drop(c *circuit) {
 		d.retired[c.target] = r
 	}
 	c.c.Release()
+	if s := c.c.State(); s == policy.ForcedOpen || s == policy.ForcedClosed || s == policy.Disabled {
+		d.keepOverride(c, policy.NoOverride)
+	}
 	delete(d.reg.byName, c.name)
 	if c.target == allTarget {
 		d.reg.dynamic--

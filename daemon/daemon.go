@@ -461,7 +461,10 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 			}
 			d.setOptions(c, &nt.Options, now)
 			if nt.State != ot.State {
+				// The configuration's new state wins over one set
+				// through the API.
 				d.apply(c, c.c.Override(now, nt.State))
+				d.keepOverride(c, policy.NoOverride)
 			}
 		}
 		for name, g := range d.reg.groups {

@@ -247,3 +247,58 @@ targets:
 		t.Fatalf("a round of a two-destination circuit: errnos %v, %d SYNs; want 30 rejected and 2 SYNs", got, f.srv.SYNs(t)-syns)
 	}
 }
+
+// Overrides set through the API survive a reload of their target (and of
+// `all`) and a restart; releasing one survives a restart too.
+func TestOverridesSurviveReloadAndRestart(t *testing.T) {
+	cfg := svcConfig + `
+all:
+  reject_errno: ENETUNREACH
+`
+	f := newFixture(t, cfg)
+	f.start()
+	dyn := fmt.Sprintf("tcp/%s:8081", f.srv.IPv4)
+	f.dial(8081, 1, 0) // a dynamic circuit, closed
+	if _, err := f.d.Force("svc", "close"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.d.Force(dyn, "open"); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		if c, _ := f.circuit("svc"); c.State != "forced_closed" {
+			t.Fatalf("%s: svc is %s, want forced_closed", when, c.State)
+		}
+		if c, _ := f.circuit(dyn); c.State != "forced_open" {
+			t.Fatalf("%s: %s is %s, want forced_open", when, dyn, c.State)
+		}
+		// forced_closed: three refused connects do not trip it.
+		if got := errnos(f.dial(8080, 3, 0)); got[unix.ECONNREFUSED] != 3 {
+			t.Fatalf("%s: svc connects %v, want 3 refused by the host", when, got)
+		}
+		if got := errnos(f.dial(8081, 2, 0)); got[unix.ENETUNREACH] != 2 {
+			t.Fatalf("%s: forced-open connects %v, want rejected", when, got)
+		}
+	}
+	check("before")
+	f.writeConfig(strings.Replace(cfg, "consecutive_failures: 3", "consecutive_failures: 2", 1) + "  open_duration: 2m\n")
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	check("after a reload of both")
+	f.stop()
+	f.start()
+	check("after a restart")
+	if _, err := f.d.Force(dyn, "release"); err != nil {
+		t.Fatal(err)
+	}
+	f.stop()
+	f.start()
+	if c, ok := f.circuit(dyn); ok && c.State != "closed" {
+		t.Fatalf("a released override came back after a restart: %+v", c)
+	}
+	if got := errnos(f.dial(8081, 1, 0)); got[unix.ECONNREFUSED] != 1 {
+		t.Fatalf("released: %v", got)
+	}
+}

@@ -15,12 +15,12 @@ import (
 // View of pinned maps without loading any program (breakerctl inspect,
 // with or without a daemon).
 type View struct {
-	verdicts, config, counters, stats, limits, bulk, budgets *ebpf.Map
-	closers                                                  []*ebpf.Map
+	verdicts, config, counters, stats, limits, bulk, budgets, overrides *ebpf.Map
+	closers                                                             []*ebpf.Map
 }
 
 func viewOf(o *bpf.BreakerObjects) View {
-	return View{verdicts: o.Verdicts, config: o.Config, counters: o.Counters, stats: o.Stats, limits: o.Limits, bulk: o.Bulk, budgets: o.ProbeBudgets}
+	return View{verdicts: o.Verdicts, config: o.Config, counters: o.Counters, stats: o.Stats, limits: o.Limits, bulk: o.Bulk, budgets: o.ProbeBudgets, overrides: o.Overrides}
 }
 
 // OpenPinned opens the pinned maps under dir (the base directory, like
@@ -31,7 +31,7 @@ func OpenPinned(dir string) (*View, error) {
 	for _, m := range []struct {
 		name string
 		dst  **ebpf.Map
-	}{{bpf.BreakerMapVerdicts, &v.verdicts}, {bpf.BreakerMapConfig, &v.config}, {bpf.BreakerMapCounters, &v.counters}, {bpf.BreakerMapStats, &v.stats}, {bpf.BreakerMapLimits, &v.limits}, {bpf.BreakerMapBulk, &v.bulk}, {bpf.BreakerMapProbeBudgets, &v.budgets}} {
+	}{{bpf.BreakerMapVerdicts, &v.verdicts}, {bpf.BreakerMapConfig, &v.config}, {bpf.BreakerMapCounters, &v.counters}, {bpf.BreakerMapStats, &v.stats}, {bpf.BreakerMapLimits, &v.limits}, {bpf.BreakerMapBulk, &v.bulk}, {bpf.BreakerMapProbeBudgets, &v.budgets}, {bpf.BreakerMapOverrides, &v.overrides}} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(pins, m.name), &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil {
 			v.Close()
