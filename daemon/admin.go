@@ -489,7 +489,13 @@ func (d *Daemon) handler(exp exposure, token []byte) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no endpoint %s", quote(r.URL.Path))
 	})
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.RequestURI == "*" { // ServeMux would answer 400 with no body
+			writeError(w, http.StatusBadRequest, "no endpoint *")
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // fromLoopback reports whether the request came from this host's loopback.
