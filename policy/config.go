@@ -4,8 +4,11 @@
 // its own (both are injected), so all of it is testable without root.
 //
 // Choices made where the design is silent:
-//   - Target names are lowercased (viper's keys are case-insensitive) and
-//     must match [a-z0-9_-]+.
+//   - Keys are case-sensitive. Target names must match [a-z0-9_-]+ and
+//     must not be all, tcp or udp: those name the dynamic circuits of `all`
+//     (tcp/addr:port, udp/addr:port) and their metric label, and an
+//     endpoint-scope target of that name would make circuit names that
+//     collide with them.
 //   - A named target's scope defaults to service; max_ejection_percent
 //     defaults to 50 and only applies to endpoint scope. The share is of the
 //     endpoints the group knows, rounded down, so with 5 endpoints and 40%
@@ -23,14 +26,11 @@ import (
 	_ "embed"
 	"fmt"
 	"net/netip"
-	"os"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/spf13/viper"
 )
 
 // Mode is enforce or shadow.
@@ -160,10 +160,22 @@ func DefaultYAML() []byte { return bytes.Clone(defaultYAML) }
 
 // Problem is one thing wrong with a configuration.
 type Problem struct {
-	// Path is the key path, like targets.payments.min_requests.
+	// Path is the key path, like targets.payments.min_requests, or
+	// "(file)" for the file as a whole.
 	Path string
+	// Line is the line of the key in the file, when known (0 otherwise).
+	Line int
 	// Msg says what is wrong.
 	Msg string
+}
+
+// String returns "key.path: reason (line N)".
+func (p Problem) String() string {
+	s := p.Path + ": " + p.Msg
+	if p.Line > 0 {
+		s += " (line " + strconv.Itoa(p.Line) + ")"
+	}
+	return s
 }
 
 // ValidationError lists every problem of a configuration.
@@ -175,60 +187,52 @@ type ValidationError struct {
 func (e *ValidationError) Error() string {
 	lines := make([]string, len(e.Problems))
 	for i, p := range e.Problems {
-		lines[i] = p.Path + ": " + p.Msg
+		lines[i] = p.String()
 	}
 	return "invalid configuration:\n  " + strings.Join(lines, "\n  ")
 }
 
-type decoder struct{ problems []Problem }
+type decoder struct {
+	problems []Problem
+	dropped  int            // problems past maxProblems, counted only
+	lines    map[string]int // line of each key path
+}
 
 func (d *decoder) add(path, format string, args ...any) {
-	d.problems = append(d.problems, Problem{Path: path, Msg: fmt.Sprintf(format, args...)})
+	d.addLine(path, d.lineOf(path), fmt.Sprintf(format, args...))
 }
 
-// LoadFile reads, decodes and validates a configuration file, with
-// BREAKERD_… environment variables overriding its keys. An empty path
-// means the embedded default.
-func LoadFile(path string) (*Config, error) {
-	if path == "" {
-		return Parse(defaultYAML, true)
+// result returns the validation error, if any.
+func (d *decoder) result() error {
+	if len(d.problems) == 0 {
+		return nil
 	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("reading configuration: %w", err)
+	ps := d.problems
+	if d.dropped > 0 {
+		ps = append(ps, Problem{Path: "(file)", Msg: fmt.Sprintf("and %d more problems", d.dropped)})
 	}
-	return Parse(data, true)
+	return &ValidationError{Problems: ps}
 }
 
-// Parse decodes and validates a YAML configuration. With env set,
-// BREAKERD_… variables override keys (BREAKERD_ALL_OPEN_DURATION=30s,
-// BREAKERD_MODE=shadow, and any key present in the file, such as
-// BREAKERD_TARGETS_PAYMENTS_MIN_REQUESTS).
-func Parse(data []byte, env bool) (*Config, error) {
-	v := viper.New()
-	v.SetConfigType("yaml")
-	if env {
-		v.SetEnvPrefix("BREAKERD")
-		v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
-		v.AutomaticEnv()
-		for _, f := range topFields {
-			v.SetDefault(f.key, f.def)
-		}
-		for _, f := range optionFields {
-			v.SetDefault("all."+f.key, f.def)
-		}
-	}
-	if err := v.ReadConfig(bytes.NewReader(data)); err != nil {
-		return nil, &ValidationError{Problems: []Problem{{Path: "(file)", Msg: "not valid YAML: " + err.Error()}}}
-	}
-	return decode(v.AllSettings())
-}
+// reservedNames are target names that the dynamic circuits of `all` use
+// (their target label, and the tcp/… and udp/… circuit names).
+var reservedNames = map[string]bool{"all": true, "tcp": true, "udp": true}
 
-func decode(raw map[string]any) (*Config, error) {
-	d := &decoder{}
+func (d *decoder) decode(raw map[string]any) (*Config, error) {
 	c := &Config{Mode: Enforce, MaxCircuits: 100000, FailsafeTimeout: 10 * time.Second, MaxRTO: 3, All: DefaultOptions(), Targets: map[string]*Target{}}
 	for _, k := range sortedKeys(raw) {
 		val := raw[k]
+		known := k == "all" || k == "targets" || k == "exclude"
+		for _, f := range topFields {
+			known = known || f.key == k
+		}
+		if !known {
+			d.add(k, "unknown key%s", suggest(k, topKeys()))
+			continue
+		}
+		if val == nil {
+			continue // reported as a null value
+		}
 		switch k {
 		case "mode":
 			s, _ := asString(val)
@@ -258,12 +262,13 @@ func decode(raw map[string]any) (*Config, error) {
 			}
 			c.All = d.options("all", m, nil)
 		case "targets":
-			if val == nil {
-				continue
-			}
 			m, ok := asMap(val)
 			if !ok {
 				d.add(k, "must be a mapping of target names to blocks")
+				continue
+			}
+			if len(m) > MaxTargets {
+				d.add(k, "%d targets; the limit is %d", len(m), MaxTargets)
 				continue
 			}
 			for _, name := range sortedKeys(m) {
@@ -272,16 +277,20 @@ func decode(raw map[string]any) (*Config, error) {
 				}
 			}
 		case "exclude":
-			if val == nil {
-				continue
-			}
 			list, ok := val.([]any)
 			if !ok {
 				d.add(k, "must be a list of match blocks")
 				continue
 			}
+			if len(list) > MaxExclude {
+				d.add(k, "%d exclude blocks; the limit is %d", len(list), MaxExclude)
+				continue
+			}
 			for i, e := range list {
 				path := fmt.Sprintf("exclude[%d]", i)
+				if e == nil {
+					continue // reported as an empty entry
+				}
 				m, ok := asMap(e)
 				if !ok {
 					d.add(path, "must be a match block (cidrs, hosts, ports, protocol)")
@@ -293,15 +302,48 @@ func decode(raw map[string]any) (*Config, error) {
 				}
 				c.Exclude = append(c.Exclude, mt)
 			}
-		default:
-			d.add(k, "unknown key")
 		}
 	}
+	d.limits(c)
 	d.overlaps(c)
-	if len(d.problems) > 0 {
-		return nil, &ValidationError{Problems: d.problems}
+	if err := d.result(); err != nil {
+		return nil, err
 	}
 	return c, nil
+}
+
+func topKeys() []string {
+	keys := []string{"all", "targets", "exclude"}
+	for _, f := range topFields {
+		keys = append(keys, f.key)
+	}
+	return keys
+}
+
+// limits checks the limits that span blocks: match entries and host
+// names over the whole file.
+func (d *decoder) limits(c *Config) {
+	entries := 0
+	hosts := map[string]bool{}
+	count := func(m Match) {
+		ports := max(len(m.Ports), 1)
+		entries += len(m.Prefixes) * ports
+		for _, h := range m.Hosts {
+			hosts[h] = true
+		}
+	}
+	for _, t := range c.Targets {
+		count(t.Match)
+	}
+	for _, ex := range c.Exclude {
+		count(ex)
+	}
+	if entries > MaxMatchEntries {
+		d.add("(file)", "targets and excludes name %d address × port pairs; the limit is %d", entries, MaxMatchEntries)
+	}
+	if len(hosts) > MaxHosts {
+		d.add("(file)", "%d distinct host names; the limit is %d", len(hosts), MaxHosts)
+	}
 }
 
 // options decodes an options block; extra lists the other keys the block
@@ -318,8 +360,11 @@ func (d *decoder) options(path string, m map[string]any, extra map[string]bool) 
 		}
 		f, ok := known[k]
 		if !ok {
-			d.add(path+"."+k, "unknown key%s", suggest(k))
+			d.add(path+"."+k, "unknown key%s", suggest(k, optionKeys(extra)))
 			continue
+		}
+		if m[k] == nil {
+			continue // reported as a null value
 		}
 		if err := f.set(&o, m[k]); err != nil {
 			d.add(path+"."+k, "%v", err)
@@ -355,6 +400,13 @@ func (d *decoder) target(name string, val any) *Target {
 		d.add(path, "target names must match [a-z0-9_-]+")
 		return nil
 	}
+	if reservedNames[name] {
+		d.add(path, "%q is reserved: all, tcp and udp name the dynamic circuits of `all` (tcp/addr:port) and their metrics; choose another name", name)
+		return nil
+	}
+	if val == nil {
+		return nil // reported as a null value
+	}
 	m, ok := asMap(val)
 	if !ok {
 		d.add(path, "must be a mapping (match, scope, options …)")
@@ -362,7 +414,7 @@ func (d *decoder) target(name string, val any) *Target {
 	}
 	t := &Target{Name: name, Scope: ServiceScope, MaxEjectionPercent: 50}
 	t.Options = d.options(path, m, targetKeys)
-	if mv, ok := m["match"]; ok {
+	if mv, ok := m["match"]; ok && mv != nil {
 		mm, ok := asMap(mv)
 		if !ok {
 			d.add(path+".match", "must be a mapping (cidrs, hosts, ports, protocol)")
@@ -373,7 +425,7 @@ func (d *decoder) target(name string, val any) *Target {
 	if len(t.Match.Prefixes) == 0 && len(t.Match.Hosts) == 0 {
 		d.add(path+".match", "names no cidrs or hosts")
 	}
-	if v, ok := m["scope"]; ok {
+	if v, ok := m["scope"]; ok && v != nil {
 		s, _ := asString(v)
 		switch Scope(s) {
 		case ServiceScope, EndpointScope:
@@ -382,12 +434,12 @@ func (d *decoder) target(name string, val any) *Target {
 			d.add(path+".scope", "%v is not service or endpoint", v)
 		}
 	}
-	if v, ok := m["max_ejection_percent"]; ok {
+	if v, ok := m["max_ejection_percent"]; ok && v != nil {
 		if err := setInt(&t.MaxEjectionPercent, v, 1, 100); err != nil {
 			d.add(path+".max_ejection_percent", "%v (one endpoint may always be ejected; to never reject, use state: forced_closed or disabled)", err)
 		}
 	}
-	if v, ok := m["state"]; ok {
+	if v, ok := m["state"]; ok && v != nil {
 		s, _ := asString(v)
 		switch Override(s) {
 		case ForceOpen, ForceClosed, DisableState:
@@ -403,6 +455,12 @@ func (d *decoder) match(path string, m map[string]any) Match {
 	mt := Match{Proto: "tcp"}
 	for _, k := range sortedKeys(m) {
 		v := m[k]
+		if v == nil {
+			switch k {
+			case "cidrs", "hosts", "ports", "protocol":
+				continue // reported as a null value
+			}
+		}
 		switch k {
 		case "cidrs":
 			for i, s := range d.strings(path+".cidrs", v) {
@@ -442,6 +500,12 @@ func (d *decoder) match(path string, m map[string]any) Match {
 			d.add(path+"."+k, "unknown key (match takes cidrs, hosts, ports, protocol)")
 		}
 	}
+	if n := len(mt.Prefixes) + len(mt.Hosts); n > MaxAddresses {
+		d.add(path, "%d cidrs and hosts; the limit is %d per match block", n, MaxAddresses)
+	}
+	if len(mt.Ports) > MaxPorts {
+		d.add(path+".ports", "%d ports and ranges; the limit is %d per match block", len(mt.Ports), MaxPorts)
+	}
 	return mt
 }
 
@@ -457,7 +521,18 @@ func (d *decoder) strings(path string, v any) []string {
 		return nil
 	}
 	out := make([]string, 0, len(list))
-	for _, e := range list {
+	for i, e := range list {
+		if e == nil {
+			continue // reported as an empty entry
+		}
+		if _, isList := e.([]any); isList {
+			d.add(fmt.Sprintf("%s[%d]", path, i), "must be a single value, not a list")
+			continue
+		}
+		if _, isMap := e.(map[string]any); isMap {
+			d.add(fmt.Sprintf("%s[%d]", path, i), "must be a single value, not a mapping")
+			continue
+		}
 		out = append(out, strings.TrimSpace(fmt.Sprint(e)))
 	}
 	return out
@@ -510,12 +585,27 @@ func sortedKeys(m map[string]any) []string {
 	return keys
 }
 
-// suggest names the known option closest to a misspelt key.
-func suggest(k string) string {
-	best, bestD := "", 4
+func optionKeys(extra map[string]bool) []string {
+	keys := make([]string, 0, len(optionFields)+len(extra))
 	for _, f := range optionFields {
-		if d := editDistance(k, f.key); d < bestD {
-			best, bestD = f.key, d
+		keys = append(keys, f.key)
+	}
+	for k := range extra {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// suggest names the known key closest to a misspelt one.
+func suggest(k string, known []string) string {
+	if len(k) > 64 {
+		return "" // no key is that long; spare the edit distance
+	}
+	best, bestD := "", 4
+	for _, key := range known {
+		if d := editDistance(k, key); d < bestD {
+			best, bestD = key, d
 		}
 	}
 	if best == "" {

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"net/netip"
+	"slices"
 	"sort"
 )
 
@@ -73,9 +74,73 @@ func entries(name string, m Match, resolved map[string][]netip.Addr) []entry {
 
 // Matcher maps destinations to targets: exclude wins, then the most
 // specific target entry; a destination no target names belongs to `all`.
+//
+// It is a longest-prefix lookup: entries are indexed by their masked
+// prefix, in one table per prefix length and address family, and a lookup
+// probes the lengths present from the longest down (at most 33 for IPv4,
+// 129 for IPv6), so its cost does not grow with the number of targets or
+// excludes.
 type Matcher struct {
-	exclude []entry
-	targets []entry // most specific first
+	exclude prefixIndex
+	targets prefixIndex
+}
+
+// prefixIndex holds entries by masked prefix, one map per prefix length.
+type prefixIndex struct {
+	byPrefix map[netip.Prefix][]entry // entries of a node: best (port rank, then name) first
+	lens4    []int                    // IPv4 prefix lengths present, longest first
+	lens6    []int                    // IPv6 prefix lengths present, longest first
+}
+
+func (x *prefixIndex) add(e entry) {
+	if x.byPrefix == nil {
+		x.byPrefix = map[netip.Prefix][]entry{}
+	}
+	p := e.prefix.Masked()
+	if _, ok := x.byPrefix[p]; !ok {
+		if p.Addr().Is4() {
+			x.lens4 = insertLen(x.lens4, p.Bits())
+		} else {
+			x.lens6 = insertLen(x.lens6, p.Bits())
+		}
+	}
+	x.byPrefix[p] = append(x.byPrefix[p], e)
+}
+
+func insertLen(lens []int, n int) []int {
+	i := sort.Search(len(lens), func(i int) bool { return lens[i] <= n })
+	if i < len(lens) && lens[i] == n {
+		return lens
+	}
+	return slices.Insert(lens, i, n)
+}
+
+// finish orders each node's entries: exact port, then range, then any
+// port; at equal rank, by target name (the order NewMatcher adds them).
+func (x *prefixIndex) finish() {
+	for _, es := range x.byPrefix {
+		sort.SliceStable(es, func(i, j int) bool { return es[i].spec.portRank > es[j].spec.portRank })
+	}
+}
+
+// lookup returns the most specific entry covering the destination.
+func (x *prefixIndex) lookup(a netip.Addr, port uint16, proto string) (entry, bool) {
+	lens := x.lens6
+	if a.Is4() {
+		lens = x.lens4
+	}
+	for _, n := range lens {
+		p, err := a.Prefix(n)
+		if err != nil {
+			continue
+		}
+		for _, e := range x.byPrefix[p] {
+			if e.covers(a, port, proto) {
+				return e, true
+			}
+		}
+	}
+	return entry{}, false
 }
 
 // NewMatcher builds the matcher of c, with the addresses that the host
@@ -83,12 +148,17 @@ type Matcher struct {
 func NewMatcher(c *Config, resolved map[string][]netip.Addr) *Matcher {
 	m := &Matcher{}
 	for _, ex := range c.Exclude {
-		m.exclude = append(m.exclude, entries("", ex, resolved)...)
+		for _, e := range entries("", ex, resolved) {
+			m.exclude.add(e)
+		}
 	}
 	for _, name := range sortedTargetNames(c) {
-		m.targets = append(m.targets, entries(name, c.Targets[name].Match, resolved)...)
+		for _, e := range entries(name, c.Targets[name].Match, resolved) {
+			m.targets.add(e)
+		}
 	}
-	sort.SliceStable(m.targets, func(i, j int) bool { return m.targets[j].spec.less(m.targets[i].spec) })
+	m.exclude.finish()
+	m.targets.finish()
 	return m
 }
 
@@ -96,15 +166,11 @@ func NewMatcher(c *Config, resolved map[string][]netip.Addr) *Matcher {
 // and whether it is excluded from protection. proto is "tcp" or "udp".
 func (m *Matcher) Match(a netip.Addr, port uint16, proto string) (target string, excluded bool) {
 	a = a.Unmap()
-	for _, e := range m.exclude {
-		if e.covers(a, port, proto) {
-			return "", true
-		}
+	if _, ok := m.exclude.lookup(a, port, proto); ok {
+		return "", true
 	}
-	for _, e := range m.targets {
-		if e.covers(a, port, proto) {
-			return e.target, false
-		}
+	if e, ok := m.targets.lookup(a, port, proto); ok {
+		return e.target, false
 	}
 	return "", false
 }
@@ -128,33 +194,110 @@ func portsOverlap(a, b PortRange) bool {
 func protosOverlap(a, b string) bool { return a == "any" || b == "any" || a == b }
 
 // overlaps reports two targets that match some destination equally
-// specifically, and host names claimed by two targets.
+// specifically, and host names claimed by two targets. Entries of equal
+// specificity overlap only at the same masked prefix, so entries are
+// grouped by prefix and port rank, and each group is checked in one sweep
+// over its ports: O(n log n) in the number of entries, not quadratic.
 func (d *decoder) overlaps(c *Config) {
 	names := sortedTargetNames(c)
-	seen := map[string]bool{}
 	hostOwner := map[string]string{}
-	for i, a := range names {
+	type groupKey struct {
+		prefix netip.Prefix
+		rank   int
+	}
+	groups := map[groupKey][]entry{}
+	for _, a := range names {
 		for _, h := range c.Targets[a].Match.Hosts {
 			if o, ok := hostOwner[h]; ok && o != a {
 				d.add("targets."+a+".match.hosts", "host %s is also matched by targets.%s", h, o)
 			}
 			hostOwner[h] = a
 		}
-		ea := entries(a, c.Targets[a].Match, nil)
-		for _, b := range names[i+1:] {
-			for _, x := range ea {
-				for _, y := range entries(b, c.Targets[b].Match, nil) {
-					if x.spec != y.spec || !x.prefix.Overlaps(y.prefix) || !portsOverlap(x.ports, y.ports) || !protosOverlap(x.proto, y.proto) {
-						continue
-					}
-					key := a + "|" + b
-					if seen[key] {
-						continue
-					}
-					seen[key] = true
-					d.add("targets."+b+".match", "matches %s port %s as specifically as targets.%s; make one more specific", x.prefix, portText(x.ports), a)
+		for _, e := range entries(a, c.Targets[a].Match, nil) {
+			k := groupKey{e.prefix.Masked(), e.spec.portRank}
+			groups[k] = append(groups[k], e)
+		}
+	}
+	seen := map[[2]string]bool{}
+	report := func(x, y entry) {
+		a, b := x.target, y.target
+		if b < a {
+			a, b, x = b, a, y
+		}
+		if seen[[2]string{a, b}] {
+			return
+		}
+		seen[[2]string{a, b}] = true
+		d.add("targets."+b+".match", "matches %s port %s as specifically as targets.%s; make one more specific", x.prefix, portText(x.ports), a)
+	}
+	keys := make([]groupKey, 0, len(groups))
+	for k := range groups {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if c := keys[i].prefix.Addr().Compare(keys[j].prefix.Addr()); c != 0 {
+			return c < 0
+		}
+		if keys[i].prefix.Bits() != keys[j].prefix.Bits() {
+			return keys[i].prefix.Bits() < keys[j].prefix.Bits()
+		}
+		return keys[i].rank < keys[j].rank
+	})
+	for _, k := range keys {
+		g := groups[k]
+		if len(g) < 2 {
+			continue
+		}
+		// Two sweeps, one per protocol a destination can have; an entry
+		// for any protocol takes part in both.
+		for _, proto := range []string{"tcp", "udp"} {
+			var es []entry
+			for _, e := range g {
+				if protosOverlap(e.proto, proto) {
+					es = append(es, e)
 				}
 			}
+			sweepPorts(es, report)
+		}
+	}
+}
+
+// sweepPorts reports entries of different targets whose ports overlap.
+// Sorted by the start of their port range, an entry overlaps an earlier
+// one of another target exactly when the highest end among earlier
+// entries of other targets reaches it; keeping the highest end of the two
+// best targets gives that end in constant time.
+func sweepPorts(es []entry, report func(x, y entry)) {
+	lo := func(e entry) int {
+		if e.ports == (PortRange{}) {
+			return 0
+		}
+		return int(e.ports.Lo)
+	}
+	hi := func(e entry) int {
+		if e.ports == (PortRange{}) {
+			return 65535
+		}
+		return int(e.ports.Hi)
+	}
+	sort.SliceStable(es, func(i, j int) bool { return lo(es[i]) < lo(es[j]) })
+	var best, second *entry // highest end so far, and highest of another target
+	for i := range es {
+		e := &es[i]
+		switch {
+		case best != nil && best.target != e.target && hi(*best) >= lo(*e):
+			report(*best, *e)
+		case second != nil && hi(*second) >= lo(*e):
+			report(*second, *e)
+		}
+		switch {
+		case best == nil || hi(*e) > hi(*best):
+			if best != nil && best.target != e.target {
+				second = best
+			}
+			best = e
+		case e.target != best.target && (second == nil || hi(*e) > hi(*second)):
+			second = e
 		}
 	}
 }

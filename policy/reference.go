@@ -5,6 +5,22 @@ import (
 	"strings"
 )
 
+// limitRows are the documented limits, from the constants themselves.
+var limitRows = []struct {
+	what  string
+	limit int
+}{
+	{"file size (bytes; at most one more byte is read)", MaxFileBytes},
+	{"nesting of mappings and lists", MaxDepth},
+	{"keys plus list entries in the file", MaxEntries},
+	{"targets", MaxTargets},
+	{"exclude blocks", MaxExclude},
+	{"cidrs plus hosts in one match block (a target's or an exclude's)", MaxAddresses},
+	{"ports and ranges in one match block", MaxPorts},
+	{"address × port pairs of all targets and excludes together", MaxMatchEntries},
+	{"distinct host names (each re-resolved every resolve interval)", MaxHosts},
+}
+
 // Reference renders the configuration reference (docs/configuration.md)
 // from the schema, so the document cannot drift from the decoder.
 func Reference() string {
@@ -14,9 +30,23 @@ func Reference() string {
 	b.WriteString("breakerd reads one YAML file (`--config`; the embedded `policy/default.yaml` when none is given). ")
 	b.WriteString("Every key has a default. Environment variables `BREAKERD_<KEY PATH>` override the file, with `.` written as `_` ")
 	b.WriteString("(`BREAKERD_MODE=shadow`, `BREAKERD_ALL_OPEN_DURATION=30s`; a target's key only when the file has it). ")
-	b.WriteString("Durations are strings like `250ms`, `30s`, `5m`. Unknown keys are errors. ")
-	b.WriteString("Validation reports every problem at once, each with its key path, at start-up, on every reload ")
-	b.WriteString("(an invalid reload changes nothing) and in `breakerctl config validate`.\n\n")
+	b.WriteString("Durations are strings like `250ms`, `30s`, `5m`. Keys are case-sensitive. ")
+	b.WriteString("Validation reports every problem at once (the first 100, then how many more), each with its key path and line, at start-up, on every reload ")
+	b.WriteString("(an invalid reload changes nothing: the running configuration, forced states included, stays) and in `breakerctl config validate`.\n\n")
+	b.WriteString("## What is refused\n\n")
+	b.WriteString("The file must be a regular file (symlinks are followed): a FIFO, a device or a directory is refused without being read. ")
+	b.WriteString("It must hold exactly one YAML document whose top level is a mapping with at least one key. These are errors: ")
+	b.WriteString("an empty file or one of only comments; a second document (`---`); an unknown key, with or without a value; ")
+	b.WriteString("a key with no value or `null` (`bogus_key:`); an empty list entry; a duplicate key; anchors' aliases (`*a`) and merge keys (`<<`); ")
+	b.WriteString("a value of the wrong shape (a list where a mapping belongs, a mapping in a list of addresses). ")
+	b.WriteString("A key that cannot be a name (longer than 64 bytes, or with `:`, `$`, `*`, `/`, quotes or control characters) is reported by its length and line, not echoed, so a wrong file such as `/etc/shadow` never reaches the log.\n\n")
+	b.WriteString("## Limits\n\n")
+	b.WriteString("They bound what reading, validating and matching a file can cost. Nesting is checked on the text before the YAML parser sees it.\n\n")
+	b.WriteString("| what | at most |\n|---|---|\n")
+	for _, l := range limitRows {
+		fmt.Fprintf(&b, "| %s | %d |\n", l.what, l.limit)
+	}
+	b.WriteString("\n")
 	b.WriteString("## Top level\n\n")
 	writeTable(&b, topFields)
 	b.WriteString("| `all` | (the options below) | mapping | Options for every destination no target names; each such address and port gets its own circuit. |\n")
@@ -32,7 +62,9 @@ func Reference() string {
 	b.WriteString("\nContradictions are errors too: `min_requests` above `window_size` (count-based), `half_open_success_threshold` above `half_open_probes`, `max_open_duration` below `open_duration`, `probe_timeout` below `connect_timeout`.\n\n")
 	b.WriteString("## Target keys\n\n")
 	writeTable(&b, targetFields)
-	b.WriteString("\nTarget names are lowercase `[a-z0-9_-]+`. A destination belongs to the most specific match: the longest prefix, then an exact port over a range over any port. Two targets matching a destination equally specifically is an error that names both.\n\n")
+	b.WriteString("\nTarget names are lowercase `[a-z0-9_-]+`; `all`, `tcp` and `udp` are reserved (they name the dynamic circuits of `all`, `tcp/addr:port` and `udp/addr:port`, and their metric label). ")
+	b.WriteString("A destination belongs to the most specific match: the longest prefix, then an exact port over a range over any port (a longest-prefix lookup whose cost does not grow with the number of targets). ")
+	b.WriteString("Two targets matching a destination equally specifically is an error that names both.\n\n")
 	b.WriteString("## What counts\n\n")
 	b.WriteString("A call is one outbound TCP connection. Established is a success (slow when its handshake took at least `slow_call_duration`); refused, timed out (`connect_timeout`), unreachable and stalled (`max_rto`) are failures, and so is a reset of an established connection within `reset_failure_window` of its `connect()` (a later reset counts as nothing); a connect the application abandons counts as nothing before `slow_call_duration` and as slow (or failed, with `count_abandoned`) after, and always as timed out (a failure) once it waited at least `connect_timeout`. breakerd's own rejections never enter the window.\n\n")
 	b.WriteString("## States\n\n")

@@ -179,7 +179,7 @@ func validate(path string, out io.Writer) error {
 		var ve *policy.ValidationError
 		if errors.As(err, &ve) {
 			for _, p := range ve.Problems {
-				fmt.Fprintf(out, "%s: %s\n", p.Path, p.Msg)
+				fmt.Fprintln(out, p)
 			}
 			return fmt.Errorf("%s: %d problem(s)", path, len(ve.Problems))
 		}

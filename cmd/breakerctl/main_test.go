@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -122,5 +123,67 @@ targets:
 	}
 	if !rep.Enforcing || rep.HeartbeatAgeSec > 5 {
 		t.Fatalf("heartbeat: %+v", rep)
+	}
+}
+
+// TestHelperBreakerctl runs main() when re-executed by a test, so the
+// real exit status can be seen.
+func TestHelperBreakerctl(t *testing.T) {
+	if os.Getenv("BREAKERCTL_HELPER") != "1" {
+		t.Skip("helper process only")
+	}
+	os.Args = append([]string{"breakerctl"}, strings.Split(os.Getenv("BREAKERCTL_ARGS"), "\n")...)
+	main()
+	os.Exit(0)
+}
+
+// TestConfigValidateRefusesHostileFiles: every hostile file of issue 16
+// makes `breakerctl config validate` exit 1 with what was wrong.
+func TestConfigValidateRefusesHostileFiles(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	shadow := write("shadow", "root:$y$j9T$c2FsdA$aGFzaGhhc2g:19700:0:99999:7:::\nnobody:*:19700:0:99999:7:::\n")
+	link := filepath.Join(dir, "linked.yaml")
+	if err := os.Symlink(shadow, link); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "fifo.yaml")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ path, want string }{
+		{write("empty.yaml", ""), "(file): empty"},
+		{"/dev/null", "not a regular file"},
+		{"/dev/urandom", "not a regular file"},
+		{fifo, "not a regular file (it is a FIFO)"},
+		{write("comments.yaml", "# only\n# comments\n"), "(file): empty"},
+		{shadow, "(key of 48 bytes on line 1): unknown key"},
+		{link, "(key of 48 bytes on line 1): unknown key"},
+		{write("bogus.yaml", "bogus_key:\n"), "bogus_key: unknown key (line 1)"},
+		{write("treshold.yaml", "all:\n  failure_rate_treshold:\n"), "all.failure_rate_treshold: unknown key (did you mean failure_rate_threshold?) (line 2)"},
+		{write("badname.yaml", "targets:\n  Bad Name!:\n"), "targets.Bad Name!: target names must match"},
+		{write("multi.yaml", "mode: enforce\n---\nmode: shadow\n"), "more than one YAML document"},
+		{write("reserved.yaml", "targets:\n  tcp: {match: {cidrs: [192.0.2.1]}}\n"), `targets.tcp: "tcp" is reserved`},
+	} {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperBreakerctl$")
+		cmd.Env = append(os.Environ(), "BREAKERCTL_HELPER=1", "BREAKERCTL_ARGS=config\nvalidate\n"+tc.path)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Errorf("validate %s: %v, want exit status 1\n%s", tc.path, err, out)
+			continue
+		}
+		if !strings.Contains(string(out), tc.want) {
+			t.Errorf("validate %s: output lacks %q:\n%s", tc.path, tc.want, out)
+		}
+		if strings.Contains(string(out), "c2FsdA") {
+			t.Errorf("validate %s echoed the file's secrets:\n%s", tc.path, out)
+		}
 	}
 }
