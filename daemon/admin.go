@@ -505,18 +505,27 @@ func fromLoopback(r *http.Request) bool {
 }
 
 type adminServers struct {
-	servers []*http.Server
-	socket  *adminSocket
-	tcp     net.Addr // the TCP listener's address, once listening
+	servers   []*http.Server
+	listeners []net.Listener // listeners[i] is served by servers[i], once serve runs
+	socket    *adminSocket
+	tcp       net.Addr // the TCP listener's address, once listening
+}
+
+// serve starts serving on the listeners startAdmin opened.
+func (a *adminServers) serve() {
+	for i, s := range a.servers {
+		go s.Serve(a.listeners[i])
+	}
 }
 
 func (a *adminServers) shutdown() {
-	for _, s := range a.servers {
+	for i, s := range a.servers {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if s.Shutdown(ctx) != nil {
 			_ = s.Close()
 		}
 		cancel()
+		_ = a.listeners[i].Close() // never served (a failed start)
 	}
 	if a.socket != nil {
 		a.socket.remove()
@@ -538,8 +547,11 @@ func newServer(h http.Handler, conns *connLimit) *http.Server {
 	}
 }
 
-// startAdmin serves the admin API on the TCP address and on the unix
+// startAdmin opens the admin API on the TCP address and on the unix
 // socket, each with its own server, connection limit and request limit.
+// It runs before the kernel side is touched, so a bad address, socket path
+// or token file stops the start-up with nothing loaded; serve starts
+// serving.
 func (d *Daemon) startAdmin() (*adminServers, error) {
 	a := &adminServers{}
 	var token []byte
@@ -567,7 +579,7 @@ func (d *Daemon) startAdmin() (*adminServers, error) {
 		})
 		s := newServer(d.handler(exposeTCP, token), conns)
 		a.servers = append(a.servers, s)
-		go s.Serve(conns)
+		a.listeners = append(a.listeners, conns)
 	}
 	if d.opts.AdminSocket != "" {
 		sock, err := listenAdminSocket(d.opts.AdminSocket)
@@ -585,7 +597,7 @@ func (d *Daemon) startAdmin() (*adminServers, error) {
 		})
 		s := newServer(d.handler(exposeAll, nil), conns)
 		a.servers = append(a.servers, s)
-		go s.Serve(conns)
+		a.listeners = append(a.listeners, conns)
 	}
 	return a, nil
 }

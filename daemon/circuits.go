@@ -48,28 +48,16 @@ type registry struct {
 	byName  map[string]*circuit
 	byDest  map[maps.Dest]*circuit
 	groups  map[string]*policy.Group
-	freeIDs []uint32
-	nextID  uint32
+	ids     *ids
 	dynamic int
+	// adopting is set while start-up rebuilds the circuits of the pinned
+	// verdicts: max_circuits does not refuse those (an open verdict is
+	// never dropped for want of room; eviction brings the count back).
+	adopting bool
 }
 
-func newRegistry() *registry {
-	return &registry{byName: map[string]*circuit{}, byDest: map[maps.Dest]*circuit{}, groups: map[string]*policy.Group{}, nextID: 1}
-}
-
-// allocID hands out a counter slot; 0 is the shared slot when all are
-// taken (counters then merge, enforcement is unaffected).
-func (r *registry) allocID() uint32 {
-	if n := len(r.freeIDs); n > 0 {
-		id := r.freeIDs[n-1]
-		r.freeIDs = r.freeIDs[:n-1]
-		return id
-	}
-	if r.nextID < maps.MaxCircuitIDs {
-		r.nextID++
-		return r.nextID - 1
-	}
-	return 0
+func newRegistry(k *maps.Kernel) *registry {
+	return &registry{byName: map[string]*circuit{}, byDest: map[maps.Dest]*circuit{}, groups: map[string]*policy.Group{}, ids: newIDs(k)}
 }
 
 func dynamicName(d maps.Dest) string { return d.String() }
@@ -77,8 +65,10 @@ func dynamicName(d maps.Dest) string { return d.String() }
 func endpointName(target string, d maps.Dest) string { return target + "/" + d.Addr.String() }
 
 // lookup finds or makes the circuit of destination d under cfg. It
-// returns nil for an excluded destination, or a dynamic one past
-// max_circuits when no idle closed circuit can be evicted.
+// returns nil for an excluded destination, and for a new one past
+// max_circuits (which bounds the destinations of every circuit, dynamic or
+// of a target) when no idle closed dynamic circuit can be evicted, or when
+// no circuit id is free.
 func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
 	if c, ok := d.reg.byDest[dst]; ok {
 		return c
@@ -88,12 +78,19 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
 	if excluded {
 		return nil
 	}
+	label := target
+	if label == "" {
+		label = allTarget
+	}
+	if !d.reg.adopting && len(d.reg.byDest) >= cfg.MaxCircuits && !d.evictIdle() {
+		d.metrics.circuitsRefused.WithLabelValues(label).Inc()
+		return nil
+	}
 	if target == "" {
-		if d.reg.dynamic >= cfg.MaxCircuits && !d.evictIdle() {
-			d.metrics.circuitsRefused.Inc()
+		c := d.newCircuit(dynamicName(dst), allTarget, "", &cfg.All, policy.NoOverride, nil, dst, now)
+		if c == nil {
 			return nil
 		}
-		c := d.newCircuit(dynamicName(dst), allTarget, "", &cfg.All, policy.NoOverride, nil, now)
 		d.reg.dynamic++
 		d.attach(c, dst)
 		return c
@@ -109,21 +106,35 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
 				g = policy.NewGroup(t.MaxEjectionPercent)
 				d.reg.groups[target] = g
 			}
-			c = d.newCircuit(name, target, policy.EndpointScope, &t.Options, t.State, g, now)
+			c = d.newCircuit(name, target, policy.EndpointScope, &t.Options, t.State, g, dst, now)
+			if c == nil {
+				return nil
+			}
 		}
 		d.attach(c, dst)
 		return c
 	default:
 		c, ok := d.reg.byName[target]
 		if !ok {
-			c = d.newCircuit(target, target, policy.ServiceScope, &t.Options, t.State, nil, now)
+			c = d.newCircuit(target, target, policy.ServiceScope, &t.Options, t.State, nil, dst, now)
+			if c == nil {
+				return nil
+			}
 		}
 		d.attach(c, dst)
 		return c
 	}
 }
 
-func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.Options, ov policy.Override, g *policy.Group, now time.Time) *circuit {
+// newCircuit makes a circuit whose first destination is dst; nil when no
+// circuit id is free.
+func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.Options, ov policy.Override, g *policy.Group, dst maps.Dest, now time.Time) *circuit {
+	id, inherited, ok := d.reg.ids.alloc(name, dst)
+	if !ok {
+		d.metrics.circuitsRefused.WithLabelValues(target).Inc()
+		d.log.Error("no circuit id free (every id is in use or held by open sockets); destination not protected", "circuit", name)
+		return nil
+	}
 	// An override set through the API before a restart (or before the
 	// circuit was last dropped and made again) comes back.
 	if kept, ok, err := d.k.Override(name); err != nil {
@@ -131,10 +142,12 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 	} else if ok {
 		ov = policyOverride(kept)
 	}
-	c := &circuit{name: name, target: target, scope: scope, id: d.reg.allocID(),
+	c := &circuit{name: name, target: target, scope: scope, id: id,
 		c: policy.NewCircuit(o, ov, g, now, d.rand)}
-	if err := d.k.ResetCounters(c.id); err != nil {
-		d.log.Warn("resetting counters", "circuit", name, "err", err)
+	if !inherited {
+		if err := d.k.ResetCounters(c.id); err != nil {
+			d.log.Warn("resetting counters", "circuit", name, "err", err)
+		}
 	}
 	// Continue the rounds of the slot's probe budget, so the first open
 	// verdict begins a new round there.
@@ -302,9 +315,7 @@ func (d *Daemon) drop(c *circuit) {
 	if c.target == allTarget {
 		d.reg.dynamic--
 	}
-	if c.id != 0 {
-		d.reg.freeIDs = append(d.reg.freeIDs, c.id)
-	}
+	d.reg.ids.release(c.id, c.name)
 }
 
 // writeVerdicts makes the kernel enforce what a transition says, for every

@@ -58,6 +58,9 @@ type Options struct {
 	// ResolveInterval is how often host names are re-resolved (default
 	// 30s).
 	ResolveInterval time.Duration
+	// CheckInterval is how often the daemon checks that the cgroup, the
+	// bpf filesystem and its pins are as attached (default 1s).
+	CheckInterval time.Duration
 }
 
 // Daemon is a running breakerd.
@@ -78,7 +81,9 @@ type Daemon struct {
 	events   eventRing
 	retired  map[string]maps.Counters // kernel counts of dropped circuits, by target
 	ready    bool
-	admin    net.Addr // the admin API's TCP address, once listening
+	admin    net.Addr      // the admin API's TCP address, once listening
+	problems maps.Problems // what Check found last (nil: protection intact)
+	servers  *adminServers // opened by New, served by Run
 
 	lastBeat  time.Time
 	lastSweep time.Time
@@ -110,8 +115,12 @@ type TransitionEvent struct {
 
 const maxEvents = 1000
 
-// New loads the configuration (an invalid one is an error: the daemon does
-// not start), loads or adopts the kernel side and attaches it.
+// New checks every input (configuration, cgroup, capabilities, kernel,
+// admin address, socket and token file) and takes the pin directory's lock
+// before it touches the kernel; then it loads or adopts the kernel side,
+// attaches it, and rebuilds the circuits a previous daemon left. A failed
+// New leaves nothing it made behind: a fresh install is removed, adopted
+// pins are left as they were found.
 func New(opts Options) (*Daemon, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -122,6 +131,9 @@ func New(opts Options) (*Daemon, error) {
 	if opts.ResolveInterval == 0 {
 		opts.ResolveInterval = 30 * time.Second
 	}
+	if opts.CheckInterval == 0 {
+		opts.CheckInterval = time.Second
+	}
 	cfg, err := policy.LoadFile(opts.ConfigPath)
 	if err != nil {
 		return nil, fmt.Errorf("configuration %s: %w", configName(opts.ConfigPath), err)
@@ -129,38 +141,51 @@ func New(opts Options) (*Daemon, error) {
 	if opts.Cgroup == "" {
 		return nil, errors.New("no cgroup to protect")
 	}
+	if err := maps.CheckCgroup(opts.Cgroup); err != nil {
+		return nil, err
+	}
 	if err := maps.CheckCapabilities(); err != nil {
+		return nil, err
+	}
+	if err := maps.CheckKernel(); err != nil {
 		return nil, err
 	}
 	feats := maps.ProbeFeatures()
 	opts.Logger.Info("kernel features", "set_retval", feats.SetRetval,
 		"reject_errno", map[bool]string{true: "configured errno", false: "EPERM (no bpf_set_retval before 5.18)"}[feats.SetRetval])
-	k, err := maps.Load(maps.Options{Dir: opts.BPFFS, Cgroup: opts.Cgroup, Logger: opts.Logger})
+	lock, err := maps.LockDir(opts.BPFFS)
 	if err != nil {
-		return nil, fmt.Errorf("loading the kernel side: %w", err)
+		return nil, err
 	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	d := &Daemon{
-		opts: opts, log: opts.Logger, k: k, rand: rng.Float64,
-		reg: newRegistry(), pending: map[uint64]pendingConn{}, counted: map[uint64]bool{},
+		opts: opts, log: opts.Logger, rand: rng.Float64,
+		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{},
 		resolved: map[string][]netip.Addr{}, retired: map[string]maps.Counters{},
 		endpointIdle: endpointIdle,
 	}
 	d.metrics = newMetrics(d)
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.applyConfig(cfg)
-	d.resolve(context.Background())
-	if err := d.adopt(); err != nil {
-		k.Close()
+	srv, err := d.startAdmin()
+	if err != nil {
+		lock.Close()
 		return nil, err
 	}
-	if err := d.heartbeat(); err != nil {
-		k.Close()
+	k, err := maps.Load(maps.Options{Dir: opts.BPFFS, Cgroup: opts.Cgroup, Lock: lock, Logger: opts.Logger})
+	if err != nil {
+		srv.shutdown()
+		return nil, fmt.Errorf("loading the kernel side: %w", err)
+	}
+	d.k, d.reg, d.servers = k, newRegistry(k), srv
+	if err := d.start(cfg); err != nil {
+		srv.shutdown()
+		if aerr := k.Abandon(); aerr != nil {
+			d.log.Error("undoing the failed start", "err", aerr)
+		}
 		return nil, err
 	}
 	d.metrics.reloadOK.Set(1)
 	d.metrics.reloadTime.SetToCurrentTime()
+	d.metrics.protected.Set(1)
 	return d, nil
 }
 
@@ -179,40 +204,41 @@ func (d *Daemon) Kernel() *maps.Kernel { return d.k }
 // Run serves until ctx is cancelled, then shuts down in the documented
 // order and closes the kernel handles, leaving pins in place.
 func (d *Daemon) Run(ctx context.Context) error {
+	srv := d.servers
 	rd, err := d.k.NewEventReader()
 	if err != nil {
+		srv.shutdown()
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	srv, err := d.startAdmin()
-	if err != nil {
-		rd.Close()
-		return err
-	}
+	srv.serve()
 	var wg sync.WaitGroup
 	wg.Go(func() { d.readEvents(rd) })
 	wg.Go(func() { d.tickLoop(ctx) })
 	wg.Go(func() { d.watchConfig(ctx) })
+	wg.Go(func() { d.watchGround(ctx) })
 	d.mu.Lock()
-	d.ready = true
+	d.ready = d.problems == nil
 	d.admin = srv.tcp
 	d.mu.Unlock()
 	d.log.Info("breakerd ready", "cgroup", d.opts.Cgroup, "pins", d.k.PinDir(), "admin", d.opts.AdminAddr, "socket", d.opts.AdminSocket)
 
 	<-ctx.Done()
-	d.log.Info("shutting down; pins stay so protection continues")
 	d.mu.Lock()
 	d.ready = false
+	failsafe := d.cfg.FailsafeTimeout
 	d.mu.Unlock()
+	if p := d.k.Check(); p != nil {
+		d.log.Error("shutting down with protection not in place: what is missing is not kept after this process exits", "problems", p.Error())
+	} else {
+		d.log.Info("shutting down; links and maps stay pinned: the kernel keeps enforcing open circuits until a new breakerd adopts them, or for the fail-safe timeout without a heartbeat", "failsafe_timeout", failsafe.String())
+	}
 	rd.Close()
 	wg.Wait()
 	srv.shutdown()
 	return d.k.Close()
 }
-
-// Uninstall detaches the programs and removes every pin.
-func (d *Daemon) Uninstall() error { return d.k.Uninstall() }
 
 func (d *Daemon) readEvents(rd *maps.EventReader) {
 	var ev maps.Event
@@ -563,62 +589,10 @@ func (d *Daemon) Reload() error {
 	}
 	d.applyConfig(cfg)
 	d.resolve(context.Background())
+	if err := d.reconcileLimits(); err != nil {
+		d.log.Error("after the reload", "err", err)
+	}
 	d.metrics.reloadOK.Set(1)
 	d.metrics.reloadTime.SetToCurrentTime()
-	return nil
-}
-
-// adopt rebuilds open and half-open circuits from the verdict map a
-// previous daemon left, with their remaining open time.
-func (d *Daemon) adopt() error {
-	all, err := d.k.AllVerdicts()
-	if err != nil {
-		return fmt.Errorf("reading pinned verdicts: %w", err)
-	}
-	now, mono := d.now(), maps.Now()
-	adopted := 0
-	for dst, v := range all {
-		c := d.lookup(dst, now)
-		if c == nil {
-			// Excluded or no longer protected under this configuration.
-			_ = d.k.DeleteVerdict(dst)
-			continue
-		}
-		switch v.State {
-		case maps.Open:
-			if c.c.State() == policy.Closed {
-				round, begun := v.Round, false
-				if b, err := d.k.Budget(v.CircuitID); err == nil && b.Round == v.Round {
-					begun = true
-				}
-				if v.CircuitID != c.id {
-					// Another slot: continue its rounds, from a round
-					// not begun there.
-					c.c.SeedRound(v.Round)
-					if b, err := d.k.Budget(c.id); err == nil {
-						c.c.SeedRound(b.Round)
-					}
-					round, begun = c.c.Round()+1, false
-				}
-				c.c.Restore(now, now.Add(v.Due-mono), round, begun)
-				d.log.Info("adopted open circuit", "circuit", c.name, "dest", dst, "round", round, "half_open", begun, "due_in", (v.Due - mono).String())
-				adopted++
-			}
-			if v.CircuitID != c.id || v.Round != c.c.Round() {
-				// Re-point counters and the probe budget to the circuit's
-				// slot, in its round; the due time stays.
-				v.CircuitID, v.Round = c.id, c.c.Round()
-				_ = d.k.PutVerdict(dst, v)
-			}
-		case maps.ForcedOpen:
-			if c.c.State() != policy.ForcedOpen {
-				// The override was not in the new configuration.
-				_ = d.k.DeleteVerdict(dst)
-			}
-		}
-	}
-	if adopted > 0 {
-		d.log.Info("adopted circuits from the pinned verdict map", "count", adopted)
-	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
 
@@ -21,7 +22,9 @@ type metrics struct {
 	reloadTime         prometheus.Gauge
 	verdictWriteErrors prometheus.Counter
 	circuitsEvicted    prometheus.Counter
-	circuitsRefused    prometheus.Counter
+	circuitsRefused    *prometheus.CounterVec
+	protected          prometheus.Gauge
+	groundProblems     *prometheus.CounterVec
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -34,7 +37,12 @@ func newMetrics(d *Daemon) *metrics {
 	m.reloadTime = prometheus.NewGauge(prometheus.GaugeOpts{Name: "breakerd_config_last_reload_success_timestamp_seconds", Help: "Time of the last successful configuration load."})
 	m.verdictWriteErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "breakerd_verdict_write_errors_total", Help: "Verdict map writes that failed (that destination stays unenforced: fail-open)."})
 	m.circuitsEvicted = prometheus.NewCounter(prometheus.CounterOpts{Name: "breakerd_circuits_evicted_total", Help: "Idle closed dynamic circuits evicted to stay within max_circuits."})
-	m.circuitsRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: "breakerd_circuits_refused_total", Help: "Destinations left unprotected because max_circuits was reached with nothing to evict."})
+	m.circuitsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_circuits_refused_total", Help: "New destinations left unprotected because max_circuits was reached with nothing to evict (or no circuit id was free), by target (all for unnamed destinations)."}, []string{"target"})
+	m.protected = prometheus.NewGauge(prometheus.GaugeOpts{Name: "breakerd_protection_intact", Help: "1 while the protected cgroup, the bpf filesystem and every pin are as attached; 0 while something moved (see breakerd_protection_problems_total and the error log)."})
+	m.groundProblems = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_protection_problems_total", Help: "Times a problem under the daemon was found: cgroup_removed, cgroup_recreated, pins_removed, bpffs_unmounted."}, []string{"problem"})
+	for _, p := range []maps.Problem{maps.CgroupRemoved, maps.CgroupRecreated, maps.PinsRemoved, maps.BPFFSUnmounted} {
+		m.groundProblems.WithLabelValues(string(p))
+	}
 	version := "devel"
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
 		version = bi.Main.Version
@@ -42,7 +50,7 @@ func newMetrics(d *Daemon) *metrics {
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "breakerd_build_info", Help: "Build information.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
 	m.reg.MustRegister(m.transitions, m.outcomes, m.handshake, m.reloadOK, m.reloadTime, m.verdictWriteErrors,
-		m.circuitsEvicted, m.circuitsRefused, build, &stateCollector{d: d},
+		m.circuitsEvicted, m.circuitsRefused, m.protected, m.groundProblems, build, &stateCollector{d: d},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

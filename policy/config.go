@@ -65,11 +65,19 @@ const (
 	DisableState Override = "disabled"
 )
 
+// MaxCircuitsLimit is the largest max_circuits: half the kernel's circuit
+// ids (maps.MaxCircuitIDs, 2^18), so ids held back while sockets of a
+// dropped circuit still count in its bulkhead slot never run out.
+const MaxCircuitsLimit = 1 << 17
+
 // Config is a whole, validated configuration.
 type Config struct {
 	// Mode is enforce or shadow (circuits run, the kernel rejects nothing).
 	Mode Mode
-	// MaxCircuits bounds the dynamic circuits made for `all`.
+	// MaxCircuits bounds the destinations breakerd tracks, of every
+	// circuit: each dynamic circuit, each endpoint of an endpoint-scope
+	// target and each destination a service-scope target has seen counts
+	// one. At most MaxCircuitsLimit.
 	MaxCircuits int
 	// FailsafeTimeout: the kernel ignores every verdict when the daemon's
 	// heartbeat is older than this.
@@ -133,7 +141,7 @@ type docField struct{ key, def, unit, doc string }
 // topFields are the top-level keys.
 var topFields = []docField{
 	{"mode", "enforce", "enforce | shadow", "`shadow` runs every circuit and reports what it would reject; the kernel rejects nothing."},
-	{"max_circuits", "100000", "circuits", "Bound on the dynamic circuits made for `all` (one per address and port); idle closed ones are evicted first."},
+	{"max_circuits", "100000", "destinations", "Bound on the destinations breakerd tracks, of every circuit: each dynamic circuit of `all` (one per address and port), each endpoint of an endpoint-scope target and each destination a service-scope target has seen counts one. Past it, the least recently active idle closed dynamic circuit is evicted; when there is none, the new destination is not protected and `breakerd_circuits_refused_total{target}` counts it. At most 131072: half the kernel's 262144 circuit ids, the other half kept for ids still held by open sockets of dropped circuits."},
 	{"failsafe_timeout", "10s", "duration", "The kernel ignores every verdict when the daemon's heartbeat is older than this (a dead daemon never strands open circuits)."},
 	{"max_rto", "3", "timeouts", "Retransmission timeouts on an established connection that make it stalled (a failure)."},
 }
@@ -243,7 +251,7 @@ func (d *decoder) decode(raw map[string]any) (*Config, error) {
 				d.add(k, "%v is not enforce or shadow", val)
 			}
 		case "max_circuits":
-			if err := setInt(&c.MaxCircuits, val, 1, 10_000_000); err != nil {
+			if err := setInt(&c.MaxCircuits, val, 1, MaxCircuitsLimit); err != nil {
 				d.add(k, "%v", err)
 			}
 		case "failsafe_timeout":

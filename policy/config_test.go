@@ -347,3 +347,16 @@ func TestMaxEjectionPercentZeroIsAnError(t *testing.T) {
 		t.Fatalf("problems: %s", got)
 	}
 }
+
+// max_circuits cannot ask for more circuits than the kernel has ids.
+func TestMaxCircuitsBoundedByIDs(t *testing.T) {
+	if _, err := Parse([]byte("max_circuits: 131072\n"), false); err != nil {
+		t.Fatalf("the limit itself: %v", err)
+	}
+	for _, v := range []string{"131073", "10000000"} {
+		_, err := Parse([]byte("max_circuits: "+v+"\n"), false)
+		if err == nil || !strings.Contains(err.Error(), "max_circuits") {
+			t.Fatalf("max_circuits: %s: %v, want an error naming max_circuits", v, err)
+		}
+	}
+}

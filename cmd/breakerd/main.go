@@ -2,7 +2,7 @@
 // daemon.
 //
 //	breakerd [run] [flags]   run the daemon (the default)
-//	breakerd uninstall       detach the programs and remove every pin
+//	breakerd uninstall       detach the programs and remove breakerd's pins (no config needed)
 //	breakerd probe           print what the running kernel offers
 //
 // Every flag is also a BREAKERD_… environment variable (--admin-addr is
@@ -141,6 +141,20 @@ func run(args []string, stdout io.Writer) error {
 		return nil
 	}
 
+	if cmd == "uninstall" {
+		// No configuration, no cgroup, no attach: only what is pinned.
+		removed, err := maps.Uninstall(v.GetString("bpffs"))
+		if err != nil {
+			return fmt.Errorf("uninstalling: %w", err)
+		}
+		if len(removed) == 0 {
+			log.Info("nothing to uninstall: no breakerd pins", "bpffs", v.GetString("bpffs"))
+			return nil
+		}
+		log.Info("uninstalled: programs detached, pins removed", "bpffs", v.GetString("bpffs"), "layouts", removed)
+		return nil
+	}
+
 	cg := v.GetString("cgroup")
 	if cg == "" {
 		root, err := cgroup2.Mount()
@@ -154,19 +168,6 @@ func run(args []string, stdout io.Writer) error {
 		AdminAddr: v.GetString("admin-addr"), AdminSocket: v.GetString("admin-socket"),
 		TokenFile: v.GetString("admin-token-file"), Logger: log,
 	}
-	if cmd == "uninstall" {
-		opts.AdminAddr, opts.AdminSocket = "", ""
-		d, err := daemon.New(opts)
-		if err != nil {
-			return err
-		}
-		if err := d.Uninstall(); err != nil {
-			return fmt.Errorf("uninstalling: %w", err)
-		}
-		log.Info("uninstalled: programs detached, pins removed", "bpffs", opts.BPFFS)
-		return nil
-	}
-
 	d, err := daemon.New(opts)
 	if err != nil {
 		return err

@@ -1,0 +1,119 @@
+package daemon
+
+import (
+	"github.com/breakerd/breakerd/maps"
+)
+
+// ids hands out circuit ids: each indexes the circuit's kernel counters
+// and its bulkhead slot. Id 0 is never handed out. An id is given to one
+// live circuit at a time; a returned id whose bulkhead slot still counts
+// sockets (they release into the slot they were counted in) is held back
+// until the count is zero, so a slot never mixes two circuits' sockets.
+// Used under Daemon.mu.
+type ids struct {
+	k        *maps.Kernel
+	next     uint32            // ids from here up were never handed out
+	free     []uint32          // returned ids whose slot counts nothing
+	draining map[uint32]string // returned ids whose slot still counts sockets, with the circuit's name
+	pinned   map[uint32]bool   // ids found in the pinned maps at start-up, not yet claimed
+	byDest   map[maps.Dest]uint32
+}
+
+func newIDs(k *maps.Kernel) *ids {
+	return &ids{k: k, next: 1, draining: map[uint32]string{}, pinned: map[uint32]bool{}, byDest: map[maps.Dest]uint32{}}
+}
+
+// loadPinned records the ids a previous daemon left in the kernel: the
+// circuit id of each verdict, the slot of each limit, and every slot that
+// still counts sockets. A circuit made for one of those destinations
+// inherits its id (so its counters and bulkhead counts carry on); the
+// others are handed out only once release finds them unclaimed and idle.
+func (s *ids) loadPinned(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest]maps.Limit, busy map[uint32]maps.BulkCount) {
+	mark := func(id uint32) {
+		if id != 0 && id < maps.MaxCircuitIDs {
+			s.pinned[id] = true
+			s.next = max(s.next, id+1)
+		}
+	}
+	for d, v := range verdicts {
+		mark(v.CircuitID)
+		s.byDest[d] = v.CircuitID
+	}
+	for d, l := range limits {
+		mark(l.Slot)
+		if _, ok := s.byDest[d]; !ok {
+			s.byDest[d] = l.Slot
+		}
+	}
+	for id := range busy {
+		mark(id)
+	}
+}
+
+// alloc returns an id for a new circuit named name whose first destination
+// is dst. inherited says the id carries the kernel state of the circuit a
+// previous daemon had for dst (its counters are kept). ok is false when
+// every id is in use or held back.
+func (s *ids) alloc(name string, dst maps.Dest) (id uint32, inherited, ok bool) {
+	if id, found := s.byDest[dst]; found && s.pinned[id] {
+		delete(s.pinned, id)
+		return id, true, true
+	}
+	// The same circuit made again (a reload) takes back its own slot, with
+	// the sockets it still counts.
+	for id, n := range s.draining {
+		if n == name {
+			delete(s.draining, id)
+			return id, false, true
+		}
+	}
+	for len(s.free) > 0 {
+		id := s.free[len(s.free)-1]
+		s.free = s.free[:len(s.free)-1]
+		if s.busy(id) {
+			s.draining[id] = ""
+			continue
+		}
+		return id, false, true
+	}
+	for s.next < maps.MaxCircuitIDs {
+		id := s.next
+		s.next++
+		if !s.pinned[id] {
+			return id, false, true
+		}
+	}
+	for id := range s.draining {
+		if !s.busy(id) {
+			delete(s.draining, id)
+			return id, false, true
+		}
+	}
+	return 0, false, false
+}
+
+// release takes back the id of a dropped circuit named name.
+func (s *ids) release(id uint32, name string) {
+	if id == 0 {
+		return
+	}
+	if s.busy(id) {
+		s.draining[id] = name
+		return
+	}
+	s.free = append(s.free, id)
+}
+
+// endStartup releases the pinned ids no circuit claimed.
+func (s *ids) endStartup() {
+	for id := range s.pinned {
+		s.release(id, "")
+	}
+	clear(s.pinned)
+	clear(s.byDest)
+}
+
+func (s *ids) busy(id uint32) bool {
+	b, err := s.k.BulkCount(id)
+	return err != nil || b.Connections != 0 || b.Connecting != 0
+}

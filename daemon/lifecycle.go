@@ -1,0 +1,227 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/breakerd/breakerd/maps"
+	"github.com/breakerd/breakerd/policy"
+)
+
+// start rebuilds the daemon's state on a freshly loaded kernel side, in an
+// order that keeps what the kernel enforces:
+//
+//  1. A previous daemon's heartbeat that is still fresh is refreshed at
+//     once, so its verdicts stay enforced however long the rest takes (a
+//     stale one is left stale: nothing is re-armed before it is checked).
+//  2. The circuit ids, limits and busy bulkhead slots found in the pinned
+//     maps are recorded, so circuits made for those destinations inherit
+//     their ids (counters and bulkhead counts carry on) and no other
+//     circuit is given an id sockets still hold.
+//  3. The configuration is applied (targets' circuits made) and the pinned
+//     verdicts and limits adopted, in one pass over each map.
+//  4. The limits map is made to say exactly what the configuration says.
+//  5. The heartbeat and settings are written.
+func (d *Daemon) start(cfg *policy.Config) error {
+	if s, err := d.k.Settings(); err == nil && s.Heartbeat != 0 && maps.Now()-s.Heartbeat < s.FailSafe {
+		if err := d.k.Heartbeat(); err != nil {
+			return fmt.Errorf("refreshing the previous heartbeat: %w", err)
+		}
+	}
+	verdicts, err := d.k.AllVerdicts()
+	if err != nil {
+		return fmt.Errorf("reading pinned verdicts: %w", err)
+	}
+	limits, err := d.k.AllLimits()
+	if err != nil {
+		return fmt.Errorf("reading pinned limits: %w", err)
+	}
+	busy, err := d.k.BusySlots()
+	if err != nil {
+		return fmt.Errorf("reading bulkhead counts: %w", err)
+	}
+	d.reg.ids.loadPinned(verdicts, limits, busy)
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.reg.adopting = true
+	d.applyConfig(cfg)
+	d.resolve(context.Background())
+	d.adopt(verdicts, limits)
+	d.reg.adopting = false
+	d.reg.ids.endStartup()
+	if err := d.reconcileLimits(); err != nil {
+		return err
+	}
+	return d.heartbeat()
+}
+
+// adopt rebuilds open and half-open circuits from the verdicts a previous
+// daemon left, with their remaining open time and their circuit ids (so the
+// kernel's counters carry on), and the circuits of pinned limits (so
+// sockets counted before the restart stay counted). Each entry is visited
+// once; none is dropped for want of room (max_circuits does not refuse them
+// here; eviction of idle closed circuits brings the count back later).
+func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest]maps.Limit) {
+	now, mono := d.now(), maps.Now()
+	adopted, beat := 0, 0
+	for dst, v := range verdicts {
+		if beat++; beat%4096 == 0 {
+			d.keepAlive()
+		}
+		c := d.lookup(dst, now)
+		if c == nil {
+			// Excluded or no longer protected under this configuration.
+			_ = d.k.DeleteVerdict(dst)
+			continue
+		}
+		switch v.State {
+		case maps.Open:
+			if c.c.State() == policy.Closed {
+				round, begun := v.Round, false
+				if b, err := d.k.Budget(v.CircuitID); err == nil && b.Round == v.Round {
+					begun = true
+				}
+				if v.CircuitID != c.id {
+					// Another slot: continue its rounds, from a round
+					// not begun there.
+					c.c.SeedRound(v.Round)
+					if b, err := d.k.Budget(c.id); err == nil {
+						c.c.SeedRound(b.Round)
+					}
+					round, begun = c.c.Round()+1, false
+				}
+				c.c.Restore(now, now.Add(v.Due-mono), round, begun)
+				d.log.Debug("adopted open circuit", "circuit", c.name, "dest", dst, "round", round, "half_open", begun, "due_in", (v.Due - mono).String())
+				adopted++
+			}
+			if v.CircuitID != c.id || v.Round != c.c.Round() {
+				// Re-point counters and the probe budget to the circuit's
+				// slot, in its round; the due time stays.
+				v.CircuitID, v.Round = c.id, c.c.Round()
+				_ = d.k.PutVerdict(dst, v)
+			}
+		case maps.ForcedOpen:
+			if c.c.State() != policy.ForcedOpen {
+				// The override was not in the new configuration.
+				_ = d.k.DeleteVerdict(dst)
+			}
+		}
+	}
+	for dst := range limits {
+		d.lookup(dst, now) // reconcileLimits keeps or removes the entry
+	}
+	if adopted > 0 {
+		d.log.Info("adopted open circuit(s) from the pinned verdict map", "count", adopted)
+	}
+	if over := len(d.reg.byDest) - d.cfg.MaxCircuits; over > 0 {
+		d.log.Warn("more destinations adopted than max_circuits allows; idle closed circuits are evicted as new ones come", "destinations", len(d.reg.byDest), "max_circuits", d.cfg.MaxCircuits)
+	}
+}
+
+// keepAlive refreshes the heartbeat during a long start-up, only when it is
+// fresh already (see start).
+func (d *Daemon) keepAlive() {
+	if s, err := d.k.Settings(); err == nil && s.Heartbeat != 0 && maps.Now()-s.Heartbeat < s.FailSafe {
+		_ = d.k.Heartbeat()
+	}
+}
+
+// reconcileLimits makes the kernel's limits map hold exactly the bulkheads
+// of the current circuits: an entry per TCP destination of a circuit with a
+// limit, in that circuit's slot. Anything else (a limit the configuration
+// dropped, a destination that moved, an entry a previous daemon left) is
+// removed; sockets it counted still release into their slot.
+func (d *Daemon) reconcileLimits() error {
+	want := map[maps.Dest]maps.Limit{}
+	for _, c := range d.reg.byName {
+		o := c.c.Options()
+		if !o.HasLimits() {
+			continue
+		}
+		for _, dst := range c.dests {
+			if dst.Proto == maps.TCP {
+				want[dst] = maps.Limit{Slot: c.id, MaxConnections: uint32(o.MaxConnections), MaxConnecting: uint32(o.MaxConnecting), Errno: o.BulkheadRejectErrno}
+			}
+		}
+	}
+	have, err := d.k.AllLimits()
+	if err != nil {
+		return fmt.Errorf("reconciling bulkhead limits: %w", err)
+	}
+	removed, written := 0, 0
+	for dst := range have {
+		if _, ok := want[dst]; !ok {
+			if err := d.k.DeleteLimit(dst); err != nil {
+				return fmt.Errorf("reconciling bulkhead limits: %w", err)
+			}
+			removed++
+		}
+	}
+	for dst, l := range want {
+		if h, ok := have[dst]; ok && h == l {
+			continue
+		}
+		if err := d.k.PutLimit(dst, l); err != nil {
+			d.metrics.verdictWriteErrors.Inc()
+			d.log.Error("writing bulkhead limits (not enforced for this destination)", "dest", dst, "err", err)
+			continue
+		}
+		written++
+	}
+	if removed > 0 || written > 0 {
+		d.log.Info("bulkhead limits reconciled with the configuration", "written", written, "removed", removed)
+	}
+	return nil
+}
+
+// watchGround checks, every CheckInterval, that protection still stands
+// where it was attached: the cgroup, the bpf filesystem, every pin. A
+// problem is logged at error level once, counted, and makes /readyz fail;
+// what can be repaired (pins removed, the cgroup made again) is, and the
+// daemon is ready again once nothing is missing.
+func (d *Daemon) watchGround(ctx context.Context) {
+	t := time.NewTicker(d.opts.CheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			d.checkGround(ctx)
+		}
+	}
+}
+
+func (d *Daemon) checkGround(ctx context.Context) {
+	p := d.k.Check()
+	if p != nil {
+		d.mu.Lock()
+		for prob, msg := range p {
+			if _, known := d.problems[prob]; !known {
+				d.metrics.groundProblems.WithLabelValues(string(prob)).Inc()
+				d.log.Error("protection is not in place", "problem", string(prob), "detail", msg)
+			}
+		}
+		d.problems = p
+		d.ready = false
+		d.metrics.protected.Set(0)
+		d.mu.Unlock()
+		if err := d.k.Repair(); err != nil {
+			d.log.Error("repairing protection", "err", err)
+		}
+		p = d.k.Check()
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if p == nil && d.problems != nil {
+		d.log.Info("protection in place again", "cgroup", d.opts.Cgroup, "pins", d.k.PinDir())
+		d.problems = nil
+		d.ready = ctx.Err() == nil
+		d.metrics.protected.Set(1)
+	}
+	if p != nil {
+		d.problems = p
+	}
+}
