@@ -1,0 +1,362 @@
+package daemon
+
+import (
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/maps"
+)
+
+// restart stops the running daemon as SIGTERM does and starts a new one on
+// the same pins and configuration file.
+func (f *fixture) restart() *Daemon {
+	f.t.Helper()
+	f.stop()
+	return f.start()
+}
+
+func (f *fixture) hold(port uint16, n int) *kerneltest.Process {
+	f.t.Helper()
+	return f.topo.Client.StartDial(f.t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, port), Count: n, Parallel: n, Hold: time.Minute})
+}
+
+func (f *fixture) waitConnections(name string, want int64) {
+	f.t.Helper()
+	if !kerneltest.WaitFor(3*time.Second, func() bool { c, _ := f.circuit(name); return c.Connections == want }) {
+		c, _ := f.circuit(name)
+		f.t.Fatalf("circuit %s counts %d connections, want %d", name, c.Connections, want)
+	}
+}
+
+func kill(p *kerneltest.Process) {
+	p.Cmd.Process.Kill()
+	p.Cmd.Wait()
+}
+
+const poolConfig = `
+failsafe_timeout: 30s
+targets:
+  pool:
+    match: {cidrs: [SRV], ports: ["8400"]}
+    max_connections: 3
+`
+
+// Connections counted by a bulkhead before a restart are released after
+// it: the count equals the sockets open, and once they close new connects
+// get in.
+func TestBulkheadCountsAcrossRestart(t *testing.T) {
+	f := newFixture(t, poolConfig)
+	f.srv.ServeHold(t, 8400)
+	f.start()
+	holder := f.hold(8400, 3)
+	f.waitConnections("pool", 3)
+	before, _ := f.circuit("pool")
+
+	f.restart()
+	after, _ := f.circuit("pool")
+	if after.CircuitID != before.CircuitID || after.Connections != 3 {
+		t.Fatalf("after the restart: id %d (was %d), %d connections, want the same id counting 3", after.CircuitID, before.CircuitID, after.Connections)
+	}
+	if got := errnos(f.dial(8400, 1, 0)); got[unix.EAGAIN] != 1 {
+		t.Fatalf("the bulkhead is full across the restart: %v, want EAGAIN", got)
+	}
+	kill(holder)
+	f.waitConnections("pool", 0)
+	if got := errnos(f.dial(8400, 3, 0)); got[0] != 3 {
+		t.Fatalf("after the holders closed: %v, want every connect through", got)
+	}
+}
+
+const twoPoolsConfig = `
+failsafe_timeout: 30s
+targets:
+  a:
+    match: {cidrs: [SRV], ports: ["8401"]}
+    max_connections: 1
+  b:
+    match: {cidrs: [SRV], ports: ["8402"]}
+    max_connections: 1
+`
+
+// The pinned limits map says what the configuration says after a restart
+// and after a reload: a limit taken away is not enforced any more, one set
+// again counts from what is open, one moved follows its target.
+func TestLimitsFollowTheConfiguration(t *testing.T) {
+	f := newFixture(t, twoPoolsConfig)
+	f.srv.ServeHold(t, 8401)
+	f.srv.ServeHold(t, 8402)
+	f.start()
+	holder := f.hold(8401, 1)
+	f.waitConnections("a", 1)
+
+	// Restart on a configuration where a has no limit (b keeps one, so
+	// the kernel still looks limits up).
+	f.writeConfig(strings.Replace(twoPoolsConfig, "    max_connections: 1\n  b:", "    consecutive_failures: 5\n  b:", 1))
+	f.restart()
+	if got := errnos(f.dial(8401, 2, 0)); got[0] != 2 {
+		t.Fatalf("restarted without a's limit: %v, want no limit enforced", got)
+	}
+	f.checkLimits(map[string]int{"b": 1})
+
+	// Reload: the limit comes back; what a still holds counts.
+	f.writeConfig(twoPoolsConfig)
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	f.checkLimits(map[string]int{"a": 1, "b": 1})
+	kill(holder)
+	f.waitConnections("a", 0)
+	if got := errnos(f.dial(8401, 1, 0)); got[0] != 1 {
+		t.Fatalf("limit set again, nothing open: %v, want through", got)
+	}
+
+	// Reload: b's limit goes, a keeps its own.
+	f.writeConfig(`
+failsafe_timeout: 30s
+targets:
+  a:
+    match: {cidrs: [SRV], ports: ["8401"]}
+    max_connections: 1
+  b:
+    match: {cidrs: [SRV], ports: ["8402"]}
+`)
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	f.checkLimits(map[string]int{"a": 1})
+	if got := errnos(f.dial(8402, 2, 0)); got[0] != 2 {
+		t.Fatalf("b without a limit: %v", got)
+	}
+}
+
+// checkLimits asserts that the kernel's limits map holds exactly one entry
+// per destination of the named circuits, in their slots.
+func (f *fixture) checkLimits(want map[string]int) {
+	f.t.Helper()
+	all, err := f.d.k.AllLimits()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	total := 0
+	for name, n := range want {
+		c, ok := f.circuit(name)
+		if !ok {
+			f.t.Fatalf("no circuit %s", name)
+		}
+		for _, s := range c.Destinations {
+			d := maps.Dest{Proto: maps.TCP, Addr: netip.MustParseAddrPort(strings.TrimPrefix(s, "tcp/"))}
+			if l, ok := all[d]; !ok || l.Slot != c.CircuitID {
+				f.t.Fatalf("limit of %s: %+v (present %v), want slot %d", s, l, ok, c.CircuitID)
+			}
+		}
+		total += n
+	}
+	if len(all) != total {
+		f.t.Fatalf("limits map holds %d entries, want %d: %v", len(all), total, all)
+	}
+}
+
+// The kernel's rejection counters of a circuit carry on across a restart:
+// the metric counts rejections made before, during and after it.
+func TestRejectionCountersAcrossRestart(t *testing.T) {
+	f := newFixture(t, strings.Replace(strings.Replace(svcConfig, "open_duration: 1s", "open_duration: 1m", 1), "failsafe_timeout: 2s", "failsafe_timeout: 30s", 1))
+	f.start()
+	f.dial(8080, 3, 0)
+	f.waitState("svc", "open", 2*time.Second)
+	f.dial(8080, 5, 0)
+	f.stop()
+	f.dial(8080, 4, 0) // no daemon: the pinned programs reject (heartbeat fresh)
+	f.start()
+	f.dial(8080, 2, 0)
+	rec := httptest.NewRecorder()
+	f.d.handler(false, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if want := `breakerd_kernel_rejections_total{target="svc"} 11`; !strings.Contains(rec.Body.String(), want) {
+		t.Fatalf("scrape lacks %s:\n%s", want, grepLines(rec.Body.String(), "kernel_rejections"))
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// 100,000 pinned open verdicts and max_circuits 1000: the new daemon adopts
+// every one (none deleted), in one pass.
+func TestAdoptionKeepsEveryOpenVerdict(t *testing.T) {
+	f := newFixture(t, `
+max_circuits: 1000
+failsafe_timeout: 30s
+all:
+  open_duration: 1m
+`)
+	f.start()
+	f.stop()
+	// What a previous daemon with a larger max_circuits left.
+	k, err := maps.Load(maps.Options{Dir: f.bpffs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 100000
+	due := maps.Now() + time.Hour
+	for i := 0; i < n; i += 1000 {
+		dests := make([]maps.Dest, 0, 1000)
+		for j := i; j < i+1000; j++ {
+			dests = append(dests, maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 99, byte(j >> 8), byte(j)}), uint16(1000+j>>16))})
+		}
+		if _, err := k.PutVerdicts(dests, maps.OpenVerdict(due, 1, 0, 0, uint32(i/1000+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := k.SetSettings(maps.Settings{Heartbeat: maps.Now(), FailSafe: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	k.Close()
+
+	start := time.Now()
+	f.start()
+	t.Logf("start-up with %d pinned verdicts: %v", n, time.Since(start))
+	cnt, _ := f.d.k.VerdictCount()
+	if cnt != n {
+		t.Fatalf("%d verdicts after adoption, want all %d", cnt, n)
+	}
+	f.d.mu.Lock()
+	circuits := len(f.d.reg.byName)
+	f.d.mu.Unlock()
+	if circuits != n {
+		t.Fatalf("%d circuits adopted, want %d", circuits, n)
+	}
+}
+
+// A second daemon on the same pins is refused before it touches anything,
+// and so is one given a path that is not cgroup v2: the running daemon's
+// forced-open verdict keeps rejecting.
+func TestSecondStartTouchesNothing(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.srv.ServeHold(t, 8080)
+	f.start()
+	if _, err := f.d.Force("svc", "open"); err != nil {
+		t.Fatal(err)
+	}
+	other := kerneltest.NewCgroup(t)
+	logs := &kerneltest.LogBuffer{}
+	for _, o := range []Options{
+		{ConfigPath: f.config, Cgroup: other.Path, BPFFS: f.bpffs},
+		{ConfigPath: f.config, Cgroup: t.TempDir(), BPFFS: f.bpffs},
+		{ConfigPath: f.config, Cgroup: f.cg.Path, BPFFS: f.bpffs, AdminSocket: f.socket},
+	} {
+		o.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(logs), nil))
+		if _, err := New(o); err == nil {
+			t.Fatalf("a second daemon started with %+v", o)
+		} else {
+			t.Logf("refused: %v", err)
+		}
+	}
+	if got := errnos(f.dial(8080, 3, 0)); got[unix.EHOSTUNREACH] != 3 {
+		t.Fatalf("forced open after the refused starts: %v", got)
+	}
+	if _, err := os.Stat(f.socket); err != nil {
+		t.Fatalf("the running daemon's socket: %v", err)
+	}
+}
+
+// A start that fails on a bad admin input leaves nothing behind: no pins,
+// no attached program.
+func TestFailedStartLeavesNothing(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	bad := []Options{
+		{AdminAddr: "127.0.0.1:notaport"},
+		{TokenFile: filepath.Join(t.TempDir(), "missing")},
+		{AdminSocket: "/proc/breakerd-cannot-be-here/admin.sock"},
+	}
+	for _, o := range bad {
+		o.ConfigPath, o.Cgroup, o.BPFFS = f.config, f.cg.Path, f.bpffs
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		if _, err := New(o); err == nil {
+			t.Fatalf("started with %+v", o)
+		}
+		if entries, _ := os.ReadDir(f.bpffs); len(entries) != 0 {
+			t.Fatalf("a failed start (%+v) left %v in %s", o, entries, f.bpffs)
+		}
+	}
+}
+
+// The protected cgroup removed and made again, pins removed: readiness
+// drops, the problem is logged and counted, what can be is repaired, and
+// the recreated cgroup is protected again.
+func TestGroundMoving(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.srv.ServeHold(t, 8080)
+	cg := kerneltest.NewCgroup(t)
+	f.cg = cg
+	f.start()
+	f.d.opts.CheckInterval = 0 // checks run by hand below
+	if _, err := f.d.Force("svc", "open"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(cg.Path); err != nil {
+		t.Fatal(err)
+	}
+	f.d.checkGround(t.Context())
+	if f.ready() {
+		t.Fatal("ready with the protected cgroup gone")
+	}
+	if v := testutil.ToFloat64(f.d.metrics.groundProblems.WithLabelValues(string(maps.CgroupRemoved))); v != 1 {
+		t.Fatalf("cgroup_removed counted %v times", v)
+	}
+	if !strings.Contains(f.logs.String(), "level=ERROR") || !strings.Contains(f.logs.String(), "cgroup_removed") {
+		t.Fatalf("no error log:\n%s", f.logs.String())
+	}
+	if err := os.Mkdir(cg.Path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.d.checkGround(t.Context())
+	if !f.ready() {
+		t.Fatalf("not ready once the cgroup is back and repaired:\n%s", f.logs.String())
+	}
+	if got := errnos(f.dial(8080, 2, 0)); got[unix.EHOSTUNREACH] != 2 {
+		t.Fatalf("the recreated cgroup: %v, want the forced-open circuit enforced", got)
+	}
+
+	for _, name := range []string{"verdicts", "link_connect4", "socks"} {
+		if err := os.Remove(filepath.Join(f.d.k.PinDir(), name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.d.checkGround(t.Context())
+	if v := testutil.ToFloat64(f.d.metrics.groundProblems.WithLabelValues(string(maps.PinsRemoved))); v != 1 {
+		t.Fatalf("pins_removed counted %v times", v)
+	}
+	if p := f.d.k.Check(); p != nil || !f.ready() {
+		t.Fatalf("pins not put back: %v", p)
+	}
+	f.stop()
+	if !strings.Contains(f.logs.String(), "links and maps stay pinned") {
+		t.Fatalf("shutdown message:\n%s", f.logs.String())
+	}
+	// After the daemon: the verdict was pinned again, so it still rejects.
+	if got := errnos(f.dial(8080, 2, 0)); got[unix.EHOSTUNREACH] != 2 {
+		t.Fatalf("after shutdown: %v", got)
+	}
+}
+
+func (f *fixture) ready() bool {
+	f.d.mu.Lock()
+	defer f.d.mu.Unlock()
+	return f.d.ready
+}
