@@ -180,7 +180,7 @@ func TestRejectionCountersAcrossRestart(t *testing.T) {
 	f.start()
 	f.dial(8080, 2, 0)
 	rec := httptest.NewRecorder()
-	f.d.handler(false, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	f.d.handler(exposeAll, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	if want := `breakerd_kernel_rejections_total{target="svc"} 11`; !strings.Contains(rec.Body.String(), want) {
 		t.Fatalf("scrape lacks %s:\n%s", want, grepLines(rec.Body.String(), "kernel_rejections"))
 	}
