@@ -47,34 +47,42 @@ func memlock(m *ebpf.Map) (uint64, error) {
 const (
 	htabElem        = 48 + 8
 	htabBucket      = 16
-	verdictEntry    = htabElem + 24 + 48 + htabBucket // key 20 -> 24, value 48
-	limitEntry      = htabElem + 24 + 16 + htabBucket // key 20 -> 24, value 16
+	verdictEntry    = htabElem + 24 + 32 + htabBucket  // key 20 -> 24, value 32
+	limitEntry      = htabElem + 24 + 16 + htabBucket  // key 20 -> 24, value 16
+	overrideEntry   = htabElem + 128 + 8 + htabBucket // key 128 (a circuit name), value 8
+	maxOverrides    = 4096
 	counterEntry    = 40
 	bulkEntry       = 16
+	budgetEntry     = 8
 	ringBytes       = 4 << 20
 	statEntries     = 8
 	perCPULockBytes = 4 * 8 // the hash maps' per-CPU lock counters (8 ints)
 )
 
 // MemoryBound is the most memory breakerd's maps take, every map full, on
-// a node with cpus possible CPUs:
+// a node with cpus possible CPUs (the README states it):
 //
-//	verdicts  MaxDestinations × 152 B       (38 MiB)
-//	limits    MaxDestinations × 120 B       (30 MiB)
-//	counters  MaxCircuitIDs × 40 B          (10 MiB)
-//	bulk      MaxCircuitIDs × 16 B          (4 MiB)
-//	events    4 MiB ring buffer
-//	stats     8 × 8 B × cpus, plus 2 × 32 B × cpus of hash-map locks
+//	verdicts       MaxDestinations × 128 B   (32 MiB)
+//	limits         MaxDestinations × 120 B   (30 MiB)
+//	overrides      4096 × 208 B              (0.8 MiB)
+//	counters       MaxCircuitIDs × 40 B      (10 MiB)
+//	bulk           MaxCircuitIDs × 16 B      (4 MiB)
+//	probe_budgets  MaxCircuitIDs × 8 B       (2 MiB)
+//	events         4 MiB ring buffer
+//	stats          8 × 8 B × cpus, plus 3 × 32 B × cpus of hash-map locks
 //
-// about 82 MiB whatever the CPU count (82.1 MiB at 2 CPUs and at 256;
-// measured full on 2 CPUs: 82.0 MiB). The
+// about 81 MiB whatever the CPU count (80.9 MiB at 2, 64 or 256 CPUs;
+// measured with every hash map full on 2 CPUs and Linux 6.18: 80.8 MiB).
+// Kernels before 6.5 report a coarser figure in fdinfo (key plus value
+// times capacity), below this bound too. The
 // per-socket storage (socks) is not in it: the kernel charges each
 // socket's entry as the socket is observed (about 130 B per socket of the
 // protected cgroup).
 func MemoryBound(cpus int) uint64 {
 	return MaxDestinations*(verdictEntry+limitEntry) +
-		MaxCircuitIDs*(counterEntry+bulkEntry) +
+		maxOverrides*overrideEntry +
+		MaxCircuitIDs*(counterEntry+bulkEntry+budgetEntry) +
 		ringBytes +
-		uint64(cpus)*(statEntries*8+2*perCPULockBytes) +
+		uint64(cpus)*(statEntries*8+3*perCPULockBytes) +
 		64<<10 // map headers, the config entry, the ring buffer's page array
 }

@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -15,7 +16,8 @@ import (
 // must leave most of it to the daemon.
 const daemonSetLimit = 256 << 20
 
-// TestMapMemoryWithinBound fills the verdict and limits maps to capacity
+// TestMapMemoryWithinBound fills the hash maps (verdicts, limits,
+// overrides) to capacity
 // and reads what every map takes (memlock in fdinfo): it stays within
 // MemoryBound for this node's CPUs, and MemoryBound for a 256-CPU node
 // stays within half the DaemonSet's limit.
@@ -42,13 +44,18 @@ func TestMapMemoryWithinBound(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	for i := range maxOverrides {
+		if err := k.PutOverride(fmt.Sprintf("circuit-%d", i), OverrideForcedOpen); err != nil {
+			t.Fatal(err)
+		}
+	}
 	mem, err := k.MapMemory()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var total uint64
 	for name, n := range mem {
-		t.Logf("map %-9s %10d bytes", name, n)
+		t.Logf("map %-13s %10d bytes", name, n)
 		total += n
 	}
 	cpus, err := ebpf.PossibleCPU()
