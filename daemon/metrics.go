@@ -85,11 +85,18 @@ func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect reads the current values.
+// Collect reads the current values. States and the circuits' counter
+// slots are copied under the daemon's lock (in-memory only); the kernel's
+// counters are read after it is released, so a scrape of many circuits
+// never holds up the event loop or the heartbeat. A circuit dropped during
+// a scrape may be missed by that one scrape.
 func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	d := s.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	type slot struct {
+		target string
+		id     uint32
+		limits bool
+	}
 	states := map[string]map[policy.State]int{}
 	dynamic := map[policy.State]int{}
 	type sums struct {
@@ -97,6 +104,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		conns                        int64
 	}
 	perTarget := map[string]*sums{}
+	d.mu.Lock()
 	for _, t := range counterTargets(d) {
 		r := d.retired[t]
 		perTarget[t] = &sums{rej: r.Rejected, shadow: r.ShadowRejected, probes: r.Probes, bulkRej: r.BulkheadRejected}
@@ -104,6 +112,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			states[t] = map[policy.State]int{}
 		}
 	}
+	slots := make([]slot, 0, len(d.reg.byName))
 	for _, c := range d.reg.byName {
 		st := c.c.State()
 		if c.target == allTarget {
@@ -111,15 +120,22 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		} else if m := states[c.target]; m != nil {
 			m[st]++
 		}
-		if cnt, err := d.k.Counters(c.id); err == nil && perTarget[c.target] != nil {
-			perTarget[c.target].rej += cnt.Rejected
-			perTarget[c.target].shadow += cnt.ShadowRejected
-			perTarget[c.target].probes += cnt.Probes
-			perTarget[c.target].bulkRej += cnt.BulkheadRejected
+		if perTarget[c.target] != nil {
+			slots = append(slots, slot{target: c.target, id: c.id, limits: c.c.Options().HasLimits()})
 		}
-		if c.c.Options().HasLimits() && perTarget[c.target] != nil {
-			if b, err := d.k.BulkCount(c.id); err == nil {
-				perTarget[c.target].conns += b.Connections
+	}
+	d.mu.Unlock()
+	for _, sl := range slots {
+		sum := perTarget[sl.target]
+		if cnt, err := d.k.Counters(sl.id); err == nil {
+			sum.rej += cnt.Rejected
+			sum.shadow += cnt.ShadowRejected
+			sum.probes += cnt.Probes
+			sum.bulkRej += cnt.BulkheadRejected
+		}
+		if sl.limits {
+			if b, err := d.k.BulkCount(sl.id); err == nil {
+				sum.conns += b.Connections
 			}
 		}
 	}
