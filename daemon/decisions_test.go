@@ -35,7 +35,9 @@ targets:
 	f.start()
 	for _, port := range []uint16{8090, 8091} {
 		res := f.topo.Client.Dial(t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, port), Count: 3, Parallel: 3, Hold: 1500 * time.Millisecond})
-		if got := errnos(res); got[0] != 3 {
+		// Established, then reset: connect() itself may already see the
+		// reset when the server is quicker than the client.
+		if got := errnos(res); got[0]+got[unix.ECONNRESET] != 3 {
 			t.Fatalf("port %d: connects %v", port, got)
 		}
 	}
