@@ -216,7 +216,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { d.readEvents(rd) })
 	wg.Go(func() { d.tickLoop(ctx) })
-	wg.Go(func() { d.watchConfig(ctx) })
+	watcher := d.configWatcher()
+	wg.Go(func() { d.watchConfig(ctx, watcher) })
 	wg.Go(func() { d.watchGround(ctx) })
 	d.mu.Lock()
 	d.ready = d.problems == nil

@@ -12,21 +12,13 @@ import (
 // file's directory, not the file: a Kubernetes ConfigMap is replaced by
 // swapping a symlink (..data), which a watch on the old file never sees.
 // Bursts of events are folded into one reload.
-func (d *Daemon) watchConfig(ctx context.Context) {
-	if d.opts.ConfigPath == "" {
-		return
-	}
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		d.log.Warn("cannot watch the configuration; reload with SIGHUP", "err", err)
+// The watch is set up by configWatcher before Run says ready, so a change
+// made right after is seen.
+func (d *Daemon) watchConfig(ctx context.Context, w *fsnotify.Watcher) {
+	if w == nil {
 		return
 	}
 	defer w.Close()
-	dir := filepath.Dir(d.opts.ConfigPath)
-	if err := w.Add(dir); err != nil {
-		d.log.Warn("cannot watch the configuration directory; reload with SIGHUP", "dir", dir, "err", err)
-		return
-	}
 	var fire <-chan time.Time
 	for {
 		select {
@@ -50,4 +42,24 @@ func (d *Daemon) watchConfig(ctx context.Context) {
 			_ = d.Reload() // logged and counted by Reload
 		}
 	}
+}
+
+// configWatcher watches the configuration file's directory; nil when there
+// is no file or it cannot be watched (reload with SIGHUP then).
+func (d *Daemon) configWatcher() *fsnotify.Watcher {
+	if d.opts.ConfigPath == "" {
+		return nil
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		d.log.Warn("cannot watch the configuration; reload with SIGHUP", "err", err)
+		return nil
+	}
+	dir := filepath.Dir(d.opts.ConfigPath)
+	if err := w.Add(dir); err != nil {
+		w.Close()
+		d.log.Warn("cannot watch the configuration directory; reload with SIGHUP", "dir", dir, "err", err)
+		return nil
+	}
+	return w
 }

@@ -75,9 +75,9 @@ const (
 // measured with every hash map full on 2 CPUs and Linux 6.18: 80.8 MiB).
 // Kernels before 6.5 report a coarser figure in fdinfo (key plus value
 // times capacity), below this bound too. The
-// per-socket storage (socks) is not in it: the kernel charges each
-// socket's entry as the socket is observed (about 130 B per socket of the
-// protected cgroup).
+// per-socket storage (socks) is not in it: it holds one small entry (56
+// bytes of value plus the kernel's bookkeeping) per observed socket of the
+// protected cgroup, allocated as sockets are observed and freed with them.
 func MemoryBound(cpus int) uint64 {
 	return MaxDestinations*(verdictEntry+limitEntry) +
 		maxOverrides*overrideEntry +
