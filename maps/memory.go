@@ -47,8 +47,8 @@ func memlock(m *ebpf.Map) (uint64, error) {
 const (
 	htabElem        = 48 + 8
 	htabBucket      = 16
-	verdictEntry    = htabElem + 24 + 32 + htabBucket  // key 20 -> 24, value 32
-	limitEntry      = htabElem + 24 + 16 + htabBucket  // key 20 -> 24, value 16
+	verdictEntry    = htabElem + 24 + 32 + htabBucket // key 20 -> 24, value 32
+	limitEntry      = htabElem + 24 + 16 + htabBucket // key 20 -> 24, value 16
 	overrideEntry   = htabElem + 128 + 8 + htabBucket // key 128 (a circuit name), value 8
 	maxOverrides    = 4096
 	counterEntry    = 40
