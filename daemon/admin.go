@@ -416,11 +416,16 @@ func (d *Daemon) handler(exp exposure, token []byte) http.Handler {
 	metrics := promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{})
 	route("/metrics", map[string]http.HandlerFunc{http.MethodGet: limited(metrics.ServeHTTP)})
 	route("/healthz", map[string]http.HandlerFunc{http.MethodGet: func(w http.ResponseWriter, r *http.Request) {
+		// Healthy while the heartbeat is fresh (heartbeat.go).
+		if ok, age := d.healthy(); !ok {
+			writeJSON(w, http.StatusInternalServerError, map[string]string{"status": "heartbeat stale", "heartbeat_age": age.Round(time.Millisecond).String()})
+			return
+		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	}})
 	route("/readyz", map[string]http.HandlerFunc{http.MethodGet: func(w http.ResponseWriter, r *http.Request) {
 		d.mu.Lock()
-		ready := d.ready && !d.lastBeat.IsZero()
+		ready := d.ready && d.beat.last.Load() != 0
 		d.mu.Unlock()
 		if !ready {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})

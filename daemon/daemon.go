@@ -61,6 +61,8 @@ type Options struct {
 	// CheckInterval is how often the daemon checks that the cgroup, the
 	// bpf filesystem and its pins are as attached (default 1s).
 	CheckInterval time.Duration
+	// Resolver looks host names up (default net.DefaultResolver).
+	Resolver Resolver
 }
 
 // Daemon is a running breakerd.
@@ -70,6 +72,7 @@ type Daemon struct {
 	k       *maps.Kernel
 	metrics *metrics
 	rand    func() float64
+	beat    beat // the heartbeat's own state and lock, apart from mu
 
 	mu       sync.Mutex // guards everything below
 	cfg      *policy.Config
@@ -85,8 +88,9 @@ type Daemon struct {
 	problems maps.Problems // what Check found last (nil: protection intact)
 	servers  *adminServers // opened by New, served by Run
 
-	lastBeat  time.Time
 	lastSweep time.Time
+	// runCtx is Run's context once it runs: a reload's lookups end with it.
+	runCtx context.Context
 	// endpointIdle: see the constant (tests shorten it).
 	endpointIdle time.Duration
 }
@@ -213,9 +217,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	srv.serve()
+	d.mu.Lock()
+	d.runCtx = ctx
+	d.mu.Unlock()
 	var wg sync.WaitGroup
+	wg.Go(func() { d.heartbeatLoop(ctx) })
 	wg.Go(func() { d.readEvents(rd) })
 	wg.Go(func() { d.tickLoop(ctx) })
+	wg.Go(func() { d.resolveLoop(ctx) })
 	watcher := d.configWatcher()
 	wg.Go(func() { d.watchConfig(ctx, watcher) })
 	wg.Go(func() { d.watchGround(ctx) })
@@ -349,8 +358,6 @@ func round3(f float64) float64 { return float64(int(f*1000+0.5)) / 1000 }
 func (d *Daemon) tickLoop(ctx context.Context) {
 	tick := time.NewTicker(d.opts.TickInterval)
 	defer tick.Stop()
-	resolve := time.NewTicker(d.opts.ResolveInterval)
-	defer resolve.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -359,21 +366,13 @@ func (d *Daemon) tickLoop(ctx context.Context) {
 			d.mu.Lock()
 			d.tick(d.now())
 			d.mu.Unlock()
-		case <-resolve.C:
-			d.mu.Lock()
-			d.resolve(ctx)
-			d.mu.Unlock()
 		}
 	}
 }
 
-// tick runs the timers: heartbeat, connect timeouts, probe timeouts.
+// tick runs the timers: connect timeouts, probe timeouts (the heartbeat
+// has its own goroutine: heartbeat.go).
 func (d *Daemon) tick(now time.Time) {
-	if now.Sub(d.lastBeat) >= d.cfg.FailsafeTimeout/4 {
-		if err := d.heartbeat(); err != nil {
-			d.log.Error("heartbeat", "err", err)
-		}
-	}
 	for cookie, p := range d.pending {
 		c := d.reg.byDest[p.dest]
 		if c == nil {
@@ -401,57 +400,6 @@ func (d *Daemon) tick(now time.Time) {
 	if now.Sub(d.lastSweep) >= d.endpointIdle/10 {
 		d.lastSweep = now
 		d.sweepDepartedEndpoints(now)
-	}
-}
-
-func (d *Daemon) heartbeat() error {
-	s := maps.Settings{Heartbeat: maps.Now(), FailSafe: d.cfg.FailsafeTimeout, Shadow: d.cfg.Mode == policy.Shadow,
-		MaxRTO: uint32(d.cfg.MaxRTO), Limits: hasLimits(d.cfg)}
-	if err := d.k.SetSettings(s); err != nil {
-		return fmt.Errorf("writing heartbeat: %w", err)
-	}
-	d.lastBeat = d.now()
-	return nil
-}
-
-// resolve re-resolves every host name of targets and excludes; changed
-// addresses rebuild the matcher and the static destinations.
-func (d *Daemon) resolve(ctx context.Context) {
-	hosts := map[string]bool{}
-	for _, t := range d.cfg.Targets {
-		for _, h := range t.Match.Hosts {
-			hosts[h] = true
-		}
-	}
-	for _, ex := range d.cfg.Exclude {
-		for _, h := range ex.Hosts {
-			hosts[h] = true
-		}
-	}
-	if len(hosts) == 0 {
-		return
-	}
-	changed := false
-	r := net.DefaultResolver
-	for h := range hosts {
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		ips, err := r.LookupNetIP(rctx, "ip", h)
-		cancel()
-		if err != nil {
-			d.log.Warn("resolving host name (keeping its last addresses)", "host", h, "err", err)
-			continue
-		}
-		for i := range ips {
-			ips[i] = ips[i].Unmap()
-		}
-		if fmt.Sprint(ips) != fmt.Sprint(d.resolved[h]) {
-			d.resolved[h] = ips
-			changed = true
-			d.log.Info("host name resolved", "host", h, "addresses", fmt.Sprint(ips))
-		}
-	}
-	if changed {
-		d.rematch()
 	}
 }
 
@@ -582,18 +530,25 @@ func contains(list []string, s string) bool {
 func (d *Daemon) Reload() error {
 	cfg, err := policy.LoadFile(d.opts.ConfigPath)
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if err != nil {
 		d.metrics.reloadOK.Set(0)
 		d.log.Error("configuration reload refused; keeping the last valid one", "file", configName(d.opts.ConfigPath), "err", err)
+		d.mu.Unlock()
 		return err
 	}
 	d.applyConfig(cfg)
-	d.resolve(context.Background())
 	if err := d.reconcileLimits(); err != nil {
 		d.log.Error("after the reload", "err", err)
 	}
 	d.metrics.reloadOK.Set(1)
 	d.metrics.reloadTime.SetToCurrentTime()
+	ctx := d.runCtx
+	d.mu.Unlock()
+	// Host names are looked up outside the lock (and given up when the
+	// daemon stops); addresses that changed are applied under it.
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	d.resolve(ctx)
 	return nil
 }

@@ -40,6 +40,10 @@ type fixture struct {
 	stop   func()
 	tick   time.Duration // the daemon's tick (default 20ms; 0 in benchmarks that want the product's default)
 	admin  string        // the admin API's TCP address (default none)
+	// resolver and resolveEvery replace the daemon's resolver and
+	// resolve interval when set.
+	resolver     Resolver
+	resolveEvery time.Duration
 }
 
 // newFixture makes the cgroup, the hosts and a configuration file whose
@@ -76,6 +80,7 @@ func (f *fixture) start() *Daemon {
 	d, err := New(Options{
 		ConfigPath: f.config, Cgroup: f.cg.Path, BPFFS: f.bpffs, AdminSocket: f.socket, AdminAddr: f.admin,
 		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(f.logs), nil)), TickInterval: f.tick,
+		Resolver: f.resolver, ResolveInterval: f.resolveEvery,
 	})
 	if err != nil {
 		f.t.Fatalf("New: %v", err)

@@ -42,12 +42,15 @@ func (d *Daemon) start(cfg *policy.Config) error {
 		return fmt.Errorf("reading bulkhead counts: %w", err)
 	}
 	d.reg.ids.loadPinned(verdicts, limits, busy)
+	// Host names are looked up first, in parallel and each bounded,
+	// keeping a fresh previous heartbeat fresh meanwhile.
+	resolved := d.lookupHostsKeepingAlive(hostNamesOf(cfg))
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.reg.adopting = true
 	d.applyConfig(cfg)
-	d.resolve(context.Background())
+	d.applyResolved(resolved)
 	d.adopt(verdicts, limits)
 	d.reg.adopting = false
 	d.reg.ids.endStartup()

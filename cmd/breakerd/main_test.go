@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -178,5 +179,70 @@ func TestSIGTERMRestartHasNoGap(t *testing.T) {
 	}
 	if got := h.dial(3); got[unix.EHOSTUNREACH] != 3 {
 		t.Fatalf("after the restart: %v", got)
+	}
+}
+
+// TestFIFOConfigNeverHangs: the real binary, with a FIFO as its
+// configuration. At start it exits 1 at once naming the FIFO; running, a
+// configuration swapped for a FIFO is refused on SIGHUP (and by the file
+// watch), the forced-open target keeps rejecting, and SIGTERM still ends
+// the daemon.
+func TestFIFOConfigNeverHangs(t *testing.T) {
+	h := newHarness(t, `
+failsafe_timeout: 2s
+targets:
+  guard:
+    match: {cidrs: [SRV], ports: ["8080"]}
+    state: forced_open
+`)
+	h.topo.Servers[0].ServeHold(t, 8080)
+	cfg := h.args[1]
+	guard := func(what string) {
+		t.Helper()
+		if got := h.dial(3); got[unix.ECONNREFUSED] != 3 {
+			t.Fatalf("%s: forced-open guard: %v", what, got)
+		}
+	}
+	within := func(what string, fn func()) {
+		t.Helper()
+		done := make(chan struct{})
+		go func() { fn(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s blocked", what)
+		}
+	}
+
+	fifo := filepath.Join(filepath.Dir(cfg), "fifo.yaml")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{}, h.args...)
+	args[1] = fifo
+	var out []byte
+	var err error
+	within("starting with a FIFO", func() { out, err = exec.Command(h.bin, args...).CombinedOutput() })
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "not a regular file (it is a FIFO)") {
+		t.Fatalf("start with a FIFO: %v\n%s", err, out)
+	}
+
+	p := h.start()
+	guard("started")
+	if err := os.Rename(fifo, cfg); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Process.Signal(syscall.SIGHUP)
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		return strings.Contains(p.logs.String(), "configuration reload refused") && strings.Contains(p.logs.String(), "FIFO")
+	}) {
+		t.Fatalf("no refused reload:\n%s", p.logs.String())
+	}
+	guard("after the FIFO reload")
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	within("SIGTERM with a FIFO configuration", func() { err = p.cmd.Wait() })
+	if err != nil {
+		t.Fatalf("breakerd on SIGTERM: %v\n%s", err, p.logs.String())
 	}
 }
