@@ -2,18 +2,20 @@
 // are matched to circuits (made on first sight for `all`, looked up for
 // targets), fed to the state machine of package policy, and every
 // transition is written to the verdict map, logged, counted and kept for
-// the admin API. It also keeps the kernel's fail-safe heartbeat fresh,
-// counts connections that outlive connect_timeout as timed out, re-resolves
-// host names, reloads its configuration on SIGHUP or when the file changes,
-// and on start adopts the open circuits a previous daemon left in the
-// pinned verdict map.
+// the admin API. It also keeps the kernel's fail-safe heartbeat fresh (on
+// its own goroutine, which nothing else can hold up: heartbeat.go), counts
+// connections that outlive connect_timeout as timed out, re-resolves host
+// names (outside the lock), reloads its configuration on SIGHUP or when
+// the file changes, and on start adopts the open circuits a previous
+// daemon left in the pinned verdict map.
 //
 // Shutdown order (Run's return path): the context is cancelled; the ring
-// buffer reader is closed (its Read does not watch the context); the event,
-// tick and watch goroutines are waited for; the admin servers are shut
-// down; then the kernel handles are closed. Pins and links stay, so the
-// programs keep enforcing under the heartbeat until a new daemon adopts
-// them, or the fail-safe timeout lets everything through.
+// buffer reader is closed (its Read does not watch the context); the
+// heartbeat, event, tick, resolve and watch goroutines are waited for; the
+// admin servers are shut down; then the kernel handles are closed. Pins
+// and links stay, so the programs keep enforcing under the heartbeat until
+// a new daemon adopts them, or the fail-safe timeout lets everything
+// through.
 package daemon
 
 import (

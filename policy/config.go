@@ -235,7 +235,7 @@ func (d *decoder) decode(raw map[string]any) (*Config, error) {
 			known = known || f.key == k
 		}
 		if !known {
-			d.add(k, "unknown key%s", suggest(k, topKeys()))
+			d.add(k, "unknown key%s", d.suggest(k, topKeys()))
 			continue
 		}
 		if val == nil {
@@ -368,7 +368,7 @@ func (d *decoder) options(path string, m map[string]any, extra map[string]bool) 
 		}
 		f, ok := known[k]
 		if !ok {
-			d.add(path+"."+k, "unknown key%s", suggest(k, optionKeys(extra)))
+			d.add(path+"."+k, "unknown key%s", d.suggest(k, optionKeys(extra)))
 			continue
 		}
 		if m[k] == nil {
@@ -605,9 +605,10 @@ func optionKeys(extra map[string]bool) []string {
 	return keys
 }
 
-// suggest names the known key closest to a misspelt one.
-func suggest(k string, known []string) string {
-	if len(k) > 64 {
+// suggest names the known key closest to a misspelt one, while problems
+// are still reported (past maxProblems they are only counted).
+func (d *decoder) suggest(k string, known []string) string {
+	if len(k) > 64 || len(d.problems) >= maxProblems {
 		return "" // no key is that long; spare the edit distance
 	}
 	best, bestD := "", 4

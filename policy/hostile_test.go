@@ -482,3 +482,54 @@ func BenchmarkParse(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMatchLinearScan is the lookup the prefix index replaced (every
+// entry, most specific first), on the same configurations, for comparison.
+func BenchmarkMatchLinearScan(b *testing.B) {
+	for _, bc := range []struct {
+		name        string
+		targets, ex int
+	}{
+		{"targets=1", 1, 0},
+		{"targets=1000x20", 1000, 0},
+		{"targets=1000x20,exclude=24000", 1000, 24_000},
+	} {
+		c, err := Parse([]byte(bigConfig(bc.targets, 20, bc.ex)), false)
+		if err != nil {
+			b.Fatalf("%.300v", err)
+		}
+		var exclude, targets []entry
+		for _, ex := range c.Exclude {
+			exclude = append(exclude, entries("", ex, nil)...)
+		}
+		for _, name := range sortedTargetNames(c) {
+			targets = append(targets, entries(name, c.Targets[name].Match, nil)...)
+		}
+		sort.SliceStable(targets, func(i, j int) bool { return targets[j].spec.less(targets[i].spec) })
+		match := func(a netip.Addr, port uint16, proto string) string {
+			for _, e := range exclude {
+				if e.covers(a, port, proto) {
+					return ""
+				}
+			}
+			for _, e := range targets {
+				if e.covers(a, port, proto) {
+					return e.target
+				}
+			}
+			return ""
+		}
+		dests := []netip.Addr{
+			netip.MustParseAddr(fmt.Sprintf("10.%d.%d.7", (bc.targets-1)/250, (bc.targets-1)%250)),
+			netip.MustParseAddr("192.0.2.1"),
+			netip.MustParseAddr("172.16.0.9"),
+		}
+		b.Run(bc.name, func(b *testing.B) {
+			i := 0
+			for b.Loop() {
+				match(dests[i%3], uint16(1000+(bc.targets-1)%50), "tcp")
+				i++
+			}
+		})
+	}
+}
