@@ -452,3 +452,23 @@ func TestAdminSocketLongPath(t *testing.T) {
 		t.Fatalf("too long a path: %v", err)
 	}
 }
+
+// TestSecondDaemonLeavesTheSocket: a second daemon given a running one's
+// socket stops before touching the kernel, and the first keeps answering.
+func TestSecondDaemonLeavesTheSocket(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.start()
+	g := newFixture(t, svcConfig)
+	_, err := New(Options{ConfigPath: g.config, Cgroup: g.cg.Path, BPFFS: g.bpffs, AdminSocket: f.socket})
+	if err == nil || !strings.Contains(err.Error(), "another process listens") {
+		t.Fatalf("second daemon on the same socket: %v", err)
+	}
+	if _, err := os.Stat(g.bpffs); !os.IsNotExist(err) {
+		t.Fatalf("the refused daemon made its pins: %v", err)
+	}
+	resp, err := unixClient(f.socket).Get("http://breakerd/readyz")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the first daemon's socket: %v %v", resp, err)
+	}
+	resp.Body.Close()
+}

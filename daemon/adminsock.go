@@ -80,6 +80,21 @@ func listenAdminSocket(path string) (*adminSocket, error) {
 	return &adminSocket{path: path, l: l, dev: st.Dev, ino: st.Ino}, nil
 }
 
+// checkAdminSocket tells early, changing nothing, whether
+// listenAdminSocket would refuse path: a directory others can write, a
+// path that holds anything but a socket, or a socket something listens on.
+func checkAdminSocket(path string) error {
+	dir := filepath.Dir(path)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil // made, 0700, when the socket is
+	}
+	if err := checkSocketDir(dir); err != nil {
+		return err
+	}
+	_, err := socketInUse(path)
+	return err
+}
+
 // checkSocketDir refuses a directory that is not the daemon's user's
 // (root's) or that its group or others can write.
 func checkSocketDir(dir string) error {
@@ -101,28 +116,38 @@ func checkSocketDir(dir string) error {
 // removeStaleSocket removes path only if it is a socket nothing listens
 // on. Nothing at path is fine; anything else is an error.
 func removeStaleSocket(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("admin socket: %w", err)
-	}
-	if fi.Mode()&os.ModeSocket == 0 {
-		return fmt.Errorf("admin socket %s exists and is not a socket (%s); refusing to replace it", path, fi.Mode().Type())
-	}
-	c, err := net.DialTimeout("unix", path, time.Second)
-	if err == nil {
-		c.Close()
-		return fmt.Errorf("admin socket %s: another process listens on it (another breakerd?); refusing to take it over", path)
-	}
-	if !errors.Is(err, syscall.ECONNREFUSED) {
-		return fmt.Errorf("admin socket %s: cannot tell whether it is in use: %w", path, err)
+	stale, err := socketInUse(path)
+	if err != nil || !stale {
+		return err
 	}
 	if err := os.Remove(path); err != nil {
 		return fmt.Errorf("removing stale admin socket: %w", err)
 	}
 	return nil
+}
+
+// socketInUse returns an error when path holds anything but a socket, or a
+// socket something listens on; stale reports a socket nothing listens on.
+func socketInUse(path string) (stale bool, _ error) {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("admin socket: %w", err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return false, fmt.Errorf("admin socket %s exists and is not a socket (%s); refusing to replace it", path, fi.Mode().Type())
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return false, fmt.Errorf("admin socket %s: another process listens on it (another breakerd?); refusing to take it over", path)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return false, fmt.Errorf("admin socket %s: cannot tell whether it is in use: %w", path, err)
+	}
+	return true, nil
 }
 
 // remove closes the listener and unlinks the path if it is still this

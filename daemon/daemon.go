@@ -150,6 +150,12 @@ func New(opts Options) (*Daemon, error) {
 	if err := maps.CheckCgroup(opts.Cgroup); err != nil {
 		return nil, err
 	}
+	if opts.AdminSocket != "" {
+		// Before touching the kernel: a path that is taken stops here.
+		if err := checkAdminSocket(opts.AdminSocket); err != nil {
+			return nil, err
+		}
+	}
 	if err := maps.CheckCapabilities(); err != nil {
 		return nil, err
 	}

@@ -158,6 +158,23 @@ func TestDaemonSetInvariants(t *testing.T) {
 	if c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
 		t.Error("memory requests and limits must be set")
 	}
+	// An emptyDir's own directory is mode 0777, which breakerd refuses for
+	// its socket: the socket goes in a directory breakerd makes inside it.
+	emptyDirs := map[string]bool{}
+	for _, v := range pod.Volumes {
+		if v.EmptyDir != nil {
+			emptyDirs[v.Name] = true
+		}
+	}
+	sockDir := ""
+	for _, a := range c.Args {
+		if p, ok := strings.CutPrefix(a, "--admin-socket="); ok {
+			sockDir = filepath.Dir(p)
+		}
+	}
+	if sockDir == "" || emptyDirs[mounts[sockDir]] || !emptyDirs[mounts[filepath.Dir(sockDir)]] {
+		t.Errorf("admin socket directory %q: want a directory breakerd makes inside an emptyDir mount (mounts %v)", sockDir, mounts)
+	}
 }
 
 func TestPrometheusRuleMatchesAlerts(t *testing.T) {
