@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -359,4 +360,80 @@ func (f *fixture) ready() bool {
 	f.d.mu.Lock()
 	defer f.d.mu.Unlock()
 	return f.d.ready
+}
+
+// 70,000 distinct destinations with all.max_connections set: each gets its
+// own circuit id (past the 65,536 of the previous layout), none shares a
+// bulkhead slot, the limits map holds one entry each, and a bulkhead with a
+// high id enforces exactly.
+func TestSeventyThousandDestinationsWithBulkheads(t *testing.T) {
+	f := newFixture(t, `
+max_circuits: 131072
+failsafe_timeout: 30s
+all:
+  max_connections: 2
+`)
+	f.srv.ServeHold(t, 8600)
+	f.start()
+	const n = 70000
+	f.d.mu.Lock()
+	now := f.d.now()
+	for i := range n {
+		dst := maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 77, byte(i >> 8), byte(i)}), uint16(1000+i>>16))}
+		if f.d.lookup(dst, now) == nil {
+			f.d.mu.Unlock()
+			t.Fatalf("destination %d refused", i)
+		}
+	}
+	ids := map[uint32]string{}
+	for _, c := range f.d.reg.byName {
+		if c.id == 0 {
+			t.Errorf("circuit %s has id 0", c.name)
+		}
+		if other, dup := ids[c.id]; dup {
+			t.Errorf("circuits %s and %s share id %d", c.name, other, c.id)
+		}
+		ids[c.id] = c.name
+	}
+	f.d.mu.Unlock()
+	if len(ids) != n {
+		t.Fatalf("%d circuits, want %d", len(ids), n)
+	}
+	// The real destination comes after them: its id is past 65,536. A
+	// dynamic circuit's bulkhead applies from the first time the daemon
+	// sees the destination (its first outcome record).
+	name := fmt.Sprintf("tcp/%s:8600", f.srv.IPv4)
+	f.dial(8600, 1, 0)
+	var id uint32
+	if !kerneltest.WaitFor(3*time.Second, func() bool {
+		f.d.mu.Lock()
+		defer f.d.mu.Unlock()
+		if c := f.d.reg.byName[name]; c != nil {
+			id = c.id
+		}
+		return id != 0
+	}) {
+		t.Fatal("no circuit for the real destination")
+	}
+	if id < 1<<16 {
+		t.Fatalf("circuit id %d: the test wants one past 65,536", id)
+	}
+	holder := f.topo.Client.StartDial(t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, 8600), Count: 2, Parallel: 2, Hold: time.Minute})
+	count := func(want int64) {
+		t.Helper()
+		var b maps.BulkCount
+		if !kerneltest.WaitFor(3*time.Second, func() bool { b, _ = f.d.k.BulkCount(id); return b.Connections == want }) {
+			t.Fatalf("slot %d counts %+v, want %d connections", id, b, want)
+		}
+	}
+	count(2)
+	if got := errnos(f.dial(8600, 1, 0)); got[unix.EAGAIN] != 1 {
+		t.Fatalf("third connect to a 2-connection bulkhead with id %d: %v", id, got)
+	}
+	all, err := f.d.k.AllLimits()
+	if err != nil || len(all) != n+1 {
+		t.Fatalf("limits map: %d entries (%v), want %d", len(all), err, n+1)
+	}
+	kill(holder)
+	count(0)
 }

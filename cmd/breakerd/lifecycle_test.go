@@ -1,0 +1,296 @@
+package main
+
+import (
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/maps"
+)
+
+// The lifecycle suite: a client loop runs against a healthy destination and
+// an open circuit for the whole test while breakerd is restarted, reloaded,
+// killed, started wrongly, doubled, uninstalled and has its pins removed.
+// After every step the invariants are checked:
+//
+//   - no connect to the healthy destination was rejected;
+//   - no connect to the open circuit got through;
+//   - each bulkhead slot counts exactly the sockets the test holds open;
+//   - the pinned verdict and limits maps hold exactly what the running
+//     configuration says (nothing leaked, nothing missing).
+const lifecycleConfig = `
+failsafe_timeout: 30s
+all:
+  consecutive_failures: 1000
+targets:
+  down:
+    match: {cidrs: [SRV], ports: ["8500"]}
+    state: forced_open
+    reject_errno: EHOSTUNREACH
+  pool:
+    match: {cidrs: [SRV], ports: ["8501"]}
+    consecutive_failures: 1000
+    max_connections: 3
+  web:
+    match: {cidrs: [SRV], ports: ["8502"]}
+    consecutive_failures: 1000
+`
+
+// The same, with the bulkhead moved from pool to web.
+var movedConfig = strings.Replace(strings.Replace(lifecycleConfig,
+	"    max_connections: 3\n  web:", "  web:", 1),
+	`ports: ["8502"]}`+"\n", `ports: ["8502"]}`+"\n    max_connections: 50\n", 1)
+
+type lifecycle struct {
+	*harness
+	cfg                 string
+	down, pool, web     maps.Dest
+	healthyRejected     atomic.Int64
+	openAdmitted        atomic.Int64
+	healthyOK, openSeen atomic.Int64
+	stop                atomic.Bool
+	wg                  sync.WaitGroup
+}
+
+func newLifecycle(t *testing.T) *lifecycle {
+	h := newHarness(t, lifecycleConfig)
+	srv := h.topo.Servers[0]
+	for _, p := range []uint16{8500, 8501, 8502} {
+		srv.ServeHold(t, p) // a connect that gets through succeeds
+	}
+	d := func(port uint16) maps.Dest {
+		return maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(srv.IPv4, port)}
+	}
+	l := &lifecycle{harness: h, cfg: h.args[1], down: d(8500), pool: d(8501), web: d(8502)}
+	return l
+}
+
+func (l *lifecycle) writeConfig(yaml string) {
+	l.t.Helper()
+	yaml = strings.ReplaceAll(yaml, "SRV", l.topo.Servers[0].IPv4.String())
+	if err := os.WriteFile(l.cfg+".tmp", []byte(yaml), 0o644); err != nil {
+		l.t.Fatal(err)
+	}
+	if err := os.Rename(l.cfg+".tmp", l.cfg); err != nil {
+		l.t.Fatal(err)
+	}
+}
+
+// clientLoop connects to the healthy destination (web) and to the open
+// circuit (down), one after the other, until the test ends.
+func (l *lifecycle) clientLoop() {
+	l.wg.Go(func() {
+		for !l.stop.Load() {
+			for _, r := range l.topo.Client.Dial(l.t, l.cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.web.Addr, Count: 20}) {
+				if r.Errno != 0 {
+					l.healthyRejected.Add(1)
+				} else {
+					l.healthyOK.Add(1)
+				}
+			}
+			for _, r := range l.topo.Client.Dial(l.t, l.cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.down.Addr, Count: 20}) {
+				l.openSeen.Add(1)
+				if r.Errno != unix.EHOSTUNREACH {
+					l.openAdmitted.Add(1)
+				}
+			}
+		}
+	})
+	l.t.Cleanup(func() { l.stop.Store(true); l.wg.Wait() })
+}
+
+// check asserts the invariants after step. limits maps each limited
+// destination to the sockets the test holds open to it.
+func (l *lifecycle) check(step string, limits map[maps.Dest]int64) {
+	l.t.Helper()
+	before := l.healthyOK.Load() + l.openSeen.Load()
+	// Let the loop run through the state the step left.
+	if !kerneltest.WaitFor(10*time.Second, func() bool { return l.healthyOK.Load()+l.openSeen.Load() >= before+40 }) {
+		l.t.Fatalf("%s: the client loop made no progress", step)
+	}
+	if n := l.healthyRejected.Load(); n != 0 {
+		l.t.Fatalf("%s: %d connects to the healthy destination were rejected", step, n)
+	}
+	if n := l.openAdmitted.Load(); n != 0 {
+		l.t.Fatalf("%s: %d connects to the open circuit got through", step, n)
+	}
+	v, err := maps.OpenPinned(l.bpffs)
+	if err != nil {
+		l.t.Fatalf("%s: %v", step, err)
+	}
+	defer v.Close()
+	verdicts, err := v.AllVerdicts()
+	if err != nil || len(verdicts) != 1 || verdicts[l.down].State != maps.ForcedOpen {
+		l.t.Fatalf("%s: pinned verdicts %v (%v), want exactly the forced-open one", step, verdicts, err)
+	}
+	all, err := v.AllLimits()
+	if err != nil || len(all) != len(limits) {
+		l.t.Fatalf("%s: pinned limits %v (%v), want one for each of %v", step, all, err, limits)
+	}
+	for d, held := range limits {
+		lim, ok := all[d]
+		if !ok {
+			l.t.Fatalf("%s: no limit for %s", step, d)
+		}
+		var got maps.BulkCount
+		if !kerneltest.WaitFor(3*time.Second, func() bool { got, _ = v.BulkCount(lim.Slot); return got.Connections == held }) {
+			l.t.Fatalf("%s: slot %d of %s counts %+v, the test holds %d sockets", step, lim.Slot, d, got, held)
+		}
+	}
+}
+
+func (l *lifecycle) hold(d maps.Dest, n int) *kerneltest.Process {
+	return l.topo.Client.StartDial(l.t, l.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: n, Parallel: n, Hold: time.Minute})
+}
+
+func (l *lifecycle) sigterm(p *proc) {
+	l.t.Helper()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if err := p.cmd.Wait(); err != nil {
+		l.t.Fatalf("breakerd on SIGTERM: %v\n%s", err, p.logs.String())
+	}
+}
+
+// run runs breakerd with args (not as a daemon: a command expected to end).
+func (l *lifecycle) run(args ...string) (string, error) {
+	out, err := exec.Command(l.bin, args...).CombinedOutput()
+	return string(out), err
+}
+
+func TestLifecycle(t *testing.T) {
+	l := newLifecycle(t)
+	p := l.start()
+	l.clientLoop()
+	holder := l.hold(l.pool, 3)
+	l.check("start, 3 connections held", map[maps.Dest]int64{l.pool: 3})
+
+	// SIGTERM restart with the connections held.
+	l.sigterm(p)
+	p = l.start()
+	l.check("SIGTERM restart with 3 held", map[maps.Dest]int64{l.pool: 3})
+	if got := errnos(l.topo.Client.Dial(t, l.cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr})); got[unix.EAGAIN] != 1 {
+		t.Fatalf("pool is full after the restart: %v, want EAGAIN", got)
+	}
+	holder.Cmd.Process.Kill()
+	holder.Cmd.Wait()
+	l.check("held connections closed", map[maps.Dest]int64{l.pool: 0})
+	holder = l.hold(l.pool, 2)
+	l.check("2 held again", map[maps.Dest]int64{l.pool: 2})
+
+	// Restart on a changed configuration: the bulkhead moves to web.
+	l.writeConfig(movedConfig)
+	l.sigterm(p)
+	p = l.start()
+	l.check("restart with the limit moved", map[maps.Dest]int64{l.web: 0})
+	if got := errnos(l.topo.Client.Dial(t, l.cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr, Count: 4, Parallel: 4, Hold: 200 * time.Millisecond})); got[0] != 4 {
+		t.Fatalf("pool without a limit: %v, want every connect through", got)
+	}
+
+	// A reload storm between the two configurations, ending on the first.
+	for i := range 20 {
+		cfg := movedConfig
+		if i%2 == 1 {
+			cfg = lifecycleConfig
+		}
+		l.writeConfig(cfg)
+		p.cmd.Process.Signal(syscall.SIGHUP)
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		v, err := maps.OpenPinned(l.bpffs)
+		if err != nil {
+			return false
+		}
+		defer v.Close()
+		all, _ := v.AllLimits()
+		_, ok := all[l.pool]
+		return ok && len(all) == 1
+	}) {
+		t.Fatalf("after the reload storm the limits do not follow the last configuration:\n%s", p.logs.String())
+	}
+	l.check("reload storm", map[maps.Dest]int64{l.pool: 2})
+
+	// SIGKILL and restart: nothing runs clean-up; the fail-safe (30 s)
+	// outlasts the restart.
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	p.cmd.Wait()
+	p = l.start()
+	l.check("SIGKILL and restart", map[maps.Dest]int64{l.pool: 2})
+
+	// A wrong second start (not a cgroup v2 path) and a second daemon on
+	// the same pins: both refused, nothing changes.
+	for _, args := range [][]string{
+		{"--config", l.cfg, "--cgroup", t.TempDir(), "--bpffs", l.bpffs, "--admin-addr", "", "--admin-socket", ""},
+		{"--config", l.cfg, "--cgroup", l.cg.Path, "--bpffs", l.bpffs, "--admin-addr", "", "--admin-socket", ""},
+	} {
+		if out, err := l.run(args...); err == nil {
+			t.Fatalf("a second breakerd %v started:\n%s", args, out)
+		} else if !strings.Contains(out, "not a cgroup v2") && !strings.Contains(out, "another breakerd") {
+			t.Fatalf("second start: %s", out)
+		}
+	}
+	l.check("wrong second start, second daemon", map[maps.Dest]int64{l.pool: 2})
+
+	// Uninstall while the daemon runs: refused.
+	if out, err := l.run("uninstall", "--bpffs", l.bpffs); err == nil || !strings.Contains(out, "another breakerd") {
+		t.Fatalf("uninstall under a running daemon: %v\n%s", err, out)
+	}
+	l.check("uninstall refused", map[maps.Dest]int64{l.pool: 2})
+
+	// Pins removed under the running daemon: noticed and pinned again.
+	for _, name := range []string{"verdicts", "link_connect4"} {
+		if err := os.Remove(filepath.Join(maps.PinDir(l.bpffs), name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		_, err1 := os.Stat(filepath.Join(maps.PinDir(l.bpffs), "verdicts"))
+		_, err2 := os.Stat(filepath.Join(maps.PinDir(l.bpffs), "link_connect4"))
+		return err1 == nil && err2 == nil
+	}) {
+		t.Fatalf("removed pins not put back:\n%s", p.logs.String())
+	}
+	if !strings.Contains(p.logs.String(), "level=ERROR") || !strings.Contains(p.logs.String(), "pins_removed") {
+		t.Fatalf("no error log for the removed pins:\n%s", p.logs.String())
+	}
+	l.check("pins removed and put back", map[maps.Dest]int64{l.pool: 2})
+
+	// SIGTERM, then uninstall without a configuration.
+	l.sigterm(p)
+	l.check("stopped", map[maps.Dest]int64{l.pool: 2})
+	l.stop.Store(true)
+	l.wg.Wait()
+	if out, err := l.run("uninstall", "--bpffs", l.bpffs); err != nil {
+		t.Fatalf("uninstall: %v\n%s", err, out)
+	}
+	if entries, _ := os.ReadDir(l.bpffs); len(entries) != 0 {
+		t.Fatalf("uninstall left %v", entries)
+	}
+	if got := errnos(l.topo.Client.Dial(t, l.cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.down.Addr, Count: 2})); got[0] != 2 {
+		t.Fatalf("after uninstall: %v, want nothing enforced", got)
+	}
+	// Again, with a configuration given (it is not read): nothing to do.
+	if out, err := l.run("uninstall", "--bpffs", l.bpffs, "--config", "/nonexistent.yaml"); err != nil {
+		t.Fatalf("uninstall with a config flag: %v\n%s", err, out)
+	}
+	holder.Cmd.Process.Kill()
+	holder.Cmd.Wait()
+}
+
+func errnos(rs []kerneltest.DialResult) map[unix.Errno]int {
+	m := map[unix.Errno]int{}
+	for _, r := range rs {
+		m[r.Errno]++
+	}
+	return m
+}
