@@ -93,6 +93,10 @@ type Daemon struct {
 	lastSweep time.Time
 	// runCtx is Run's context once it runs: a reload's lookups end with it.
 	runCtx context.Context
+	// lostSeen is the kernel's count of lost records at the last check
+	// (lastLostCheck), for reconcileRounds.
+	lostSeen      uint64
+	lastLostCheck time.Time
 	// endpointIdle: see the constant (tests shorten it).
 	endpointIdle time.Duration
 }
@@ -408,6 +412,34 @@ func (d *Daemon) tick(now time.Time) {
 	if now.Sub(d.lastSweep) >= d.endpointIdle/10 {
 		d.lastSweep = now
 		d.sweepDepartedEndpoints(now)
+	}
+	if now.Sub(d.lastLostCheck) >= time.Second {
+		d.lastLostCheck = now
+		if st, err := d.k.Stats(); err == nil && st.EventsLost != d.lostSeen {
+			d.lostSeen = st.EventsLost
+			d.reconcileRounds(now)
+		}
+	}
+}
+
+// reconcileRounds runs after the kernel lost records: a round's first-probe
+// record and its probes' outcomes may be among them, which would leave a
+// circuit open (or waiting for its new round) in the daemon's view while
+// the kernel has spent the round's tokens, rejecting for good. Every
+// circuit whose probe budget has reached its round begins that round
+// here, so probe_timeout applies to it.
+func (d *Daemon) reconcileRounds(now time.Time) {
+	for _, c := range d.reg.byName {
+		if s := c.c.State(); s != policy.Open && s != policy.HalfOpen {
+			continue
+		}
+		b, err := d.k.Budget(c.id)
+		if err != nil || b.Round != c.c.Round() {
+			continue
+		}
+		if t, moved := c.c.BeginHalfOpen(now, b.Round); moved {
+			d.apply(c, t)
+		}
 	}
 }
 

@@ -3,10 +3,12 @@ package daemon
 import (
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
@@ -302,5 +304,38 @@ all:
 	}
 	if got := errnos(f.dial(8081, 1, 0)); got[unix.ECONNREFUSED] != 1 {
 		t.Fatalf("released: %v", got)
+	}
+}
+
+// When the kernel lost records, a round it began (its tokens spent) whose
+// first-probe record and outcomes were lost is found from the probe
+// budget, so probe_timeout reopens the circuit instead of leaving it open
+// with no token, rejecting for good.
+func TestLostRoundRecordsAreReconciled(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.start()
+	f.dial(8080, 3, 0)
+	f.waitState("svc", "open", 2*time.Second)
+	c, _ := f.circuit("svc")
+	// The kernel takes round 1's only token and both its records are lost.
+	budgets, err := ebpf.LoadPinnedMap(filepath.Join(f.d.k.PinDir(), "probe_budgets"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer budgets.Close()
+	f.d.mu.Lock()
+	round := f.d.reg.byName["svc"].c.Round()
+	if err := budgets.Put(c.CircuitID, uint64(round)<<32); err != nil {
+		f.d.mu.Unlock()
+		t.Fatal(err)
+	}
+	f.d.reconcileRounds(time.Now())
+	f.d.mu.Unlock()
+	f.waitState("svc", "half_open", time.Second)
+	// No probe of the round succeeded: probe_timeout (2s) reopens it, with
+	// a new round the next connection can take once due.
+	f.waitState("svc", "open", 3*time.Second)
+	if c, _ := f.circuit("svc"); c.Trip != 1 {
+		t.Fatalf("reopened circuit %+v, want trip 1", c)
 	}
 }
