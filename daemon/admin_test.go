@@ -472,3 +472,33 @@ func TestSecondDaemonLeavesTheSocket(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// TestAdminSlowClientsCut: a client that starts a request and never
+// finishes its headers loses the connection (ReadHeaderTimeout), and a
+// client that sends a body it never finishes does too (ReadTimeout).
+func TestAdminSlowClientsCut(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.admin = "127.0.0.1:0"
+	d := f.start()
+	d.mu.Lock()
+	addr := d.admin.String()
+	d.mu.Unlock()
+	for _, partial := range []string{
+		"GET /v1/circuits HTTP/1.1\r\nHost: b\r\n",
+		"POST /v1/circuits/svc HTTP/1.1\r\nHost: b\r\nAuthorization: Bearer x\r\nContent-Length: 100\r\n\r\n{\"act",
+	} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		io.WriteString(c, partial)
+		c.SetReadDeadline(time.Now().Add(time.Minute)) // far past the server's timeouts
+		start := time.Now()
+		_, err = io.ReadAll(c)
+		if err != nil {
+			t.Fatalf("%q: the server did not close the connection: %v", partial, err)
+		}
+		t.Logf("%q: closed after %v", partial[:20], time.Since(start).Round(100*time.Millisecond))
+	}
+}
