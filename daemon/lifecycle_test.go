@@ -437,3 +437,72 @@ all:
 	kill(holder)
 	count(0)
 }
+
+// max_circuits bounds the destinations of targets too: an endpoint-scope
+// target over a wide CIDR and a service-scope one collecting destinations
+// stop at the bound, and the refusals are counted by target.
+func TestMaxCircuitsBoundsTargets(t *testing.T) {
+	f := newFixture(t, `
+max_circuits: 10
+targets:
+  pay:
+    match: {cidrs: [10.20.0.0/16], ports: ["443"]}
+    scope: endpoint
+  svc:
+    match: {cidrs: [10.30.0.0/16], ports: ["443"]}
+`)
+	f.start()
+	f.d.mu.Lock()
+	now := f.d.now()
+	for i := range 50 {
+		for _, net := range []byte{20, 30} {
+			f.d.lookup(maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, net, 0, byte(i)}), 443)}, now)
+		}
+	}
+	dests, circuits := len(f.d.reg.byDest), len(f.d.reg.byName)
+	f.d.mu.Unlock()
+	if dests != 10 {
+		t.Fatalf("%d destinations tracked (%d circuits), want max_circuits = 10", dests, circuits)
+	}
+	pay := testutil.ToFloat64(f.d.metrics.circuitsRefused.WithLabelValues("pay"))
+	svc := testutil.ToFloat64(f.d.metrics.circuitsRefused.WithLabelValues("svc"))
+	if pay+svc != 90 || pay == 0 || svc == 0 {
+		t.Fatalf("refused: pay %v, svc %v; want 90 in all, by target", pay, svc)
+	}
+}
+
+// An unmounted bpffs under a running daemon is noticed, cannot be repaired,
+// and the shutdown says protection is not kept.
+func TestBPFFSUnmounted(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	mnt := filepath.Join(t.TempDir(), "bpffs")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("bpffs", mnt, "bpf", 0, ""); err != nil {
+		t.Fatalf("mounting a private bpffs: %v", err)
+	}
+	unmounted := false
+	t.Cleanup(func() {
+		if !unmounted {
+			unix.Unmount(mnt, unix.MNT_DETACH)
+		}
+	})
+	f.bpffs = filepath.Join(mnt, "breakerd")
+	f.start()
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	unmounted = true
+	f.d.checkGround(t.Context())
+	if f.ready() {
+		t.Fatal("ready with the bpffs gone")
+	}
+	if v := testutil.ToFloat64(f.d.metrics.groundProblems.WithLabelValues(string(maps.BPFFSUnmounted))); v != 1 {
+		t.Fatalf("bpffs_unmounted counted %v times", v)
+	}
+	f.stop()
+	if !strings.Contains(f.logs.String(), "shutting down with protection not in place") {
+		t.Fatalf("the shutdown claims protection:\n%s", f.logs.String())
+	}
+}

@@ -521,6 +521,19 @@ func TestOtherLayoutVersionsAreRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	old.Close()
+	// Someone else's directory named like a layout, with a pin in it.
+	foreign := filepath.Join(dir, "v9")
+	if err := os.Mkdir(foreign, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Pin(filepath.Join(foreign, "theirs")); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
 	k, err := Load(Options{Dir: dir, Cgroup: cg.Path})
 	if err != nil {
 		t.Fatal(err)
@@ -531,6 +544,9 @@ func TestOtherLayoutVersionsAreRemoved(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(k.PinDir(), "link_connect4")); err != nil {
 		t.Fatalf("new link not pinned: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(foreign, "theirs")); err != nil {
+		t.Fatalf("a directory breakerd did not make was touched: %v", err)
 	}
 }
 
