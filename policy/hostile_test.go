@@ -68,6 +68,17 @@ var hostileFiles = []struct {
 	{"deep flow mapping", "all: " + strings.Repeat("{a: ", 5000) + "1" + strings.Repeat("}", 5000) + "\n", []string{"nested more than 16 levels deep"}},
 	{"deep compact lists", "exclude:\n  " + strings.Repeat("- ", 5000) + "x\n", []string{"nested more than 16 levels deep (line 2)"}},
 	{"deep block nesting", deepBlock(200), []string{"nested more than 16 levels deep"}},
+	// YAML takes CR, NEL, LS and PS as line breaks too: the check on the
+	// text must not see one long line.
+	{"deep lists after CR", "exclude:\r  " + strings.Repeat("- ", 5000) + "x\r", []string{"(file): nested more than 16 levels deep (line 2)"}},
+	{"deep lists after CR LF", "exclude:\r\n  " + strings.Repeat("- ", 5000) + "x\r\n", []string{"(file): nested more than 16 levels deep (line 2)"}},
+	{"deep lists after LS", "exclude:\u2028  " + strings.Repeat("- ", 5000) + "x\n", []string{"(file): nested more than 16 levels deep (line 2)"}},
+	{"deep lists after NEL", "exclude:\u0085  " + strings.Repeat("- ", 5000) + "x\n", []string{"(file): nested more than 16 levels deep (line 2)"}},
+	// Quotes and brackets that would mislead a naive count.
+	{"brackets after a quote in a plain scalar", "mode: [x'" + strings.Repeat("[", 5000) + strings.Repeat("]", 5001) + "\n", []string{"(file): nested more than 16 levels deep"}},
+	{"closing brackets in a quoted value", "mode: " + strings.Repeat(strings.Repeat("[", 10)+`{"a":"`+strings.Repeat("]", 10)+`", b: `, 100) + "1" + strings.Repeat("}"+strings.Repeat("]", 10), 100) + "\n", []string{"(file): nested more than 16 levels deep"}},
+	{"unbalanced bracket in a block scalar", "mode: |\n  [\n" + deepBlock(200), []string{"(file): nested more than 16 levels deep"}},
+	{"deep block nesting after CR", strings.ReplaceAll(deepBlock(200), "\n", "\r"), []string{"(file): nested more than 16 levels deep"}},
 	{"not YAML", "all: [unclosed\n", []string{"(file): not valid YAML"}},
 }
 

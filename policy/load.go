@@ -147,11 +147,12 @@ func (d *decoder) read(data []byte) map[string]any {
 		return nil
 	}
 	// Bound what the YAML parser is handed before it is handed anything.
-	if depth, line := nestingDepth(data); depth > MaxDepth {
+	text := normalizeBreaks(data)
+	if depth, line := nestingDepth(text); depth > MaxDepth {
 		d.problems = append(d.problems, Problem{Path: "(file)", Line: line, Msg: fmt.Sprintf("nested more than %d levels deep", MaxDepth)})
 		return nil
 	}
-	if n := entryEstimate(data); n > 2*MaxEntries {
+	if n := entryEstimate(text); n > 2*MaxEntries {
 		d.add("(file)", "about %d keys and list entries; the limit is %d", n, MaxEntries)
 		return nil
 	}
@@ -369,6 +370,17 @@ func applyEnv(raw map[string]any) {
 	}
 }
 
+// normalizeBreaks writes every YAML line break (CR LF, CR, NEL, LS, PS) as
+// LF, for the checks on the text: the parser takes them all.
+func normalizeBreaks(data []byte) []byte {
+	for _, br := range []string{"\r\n", "\r", "\u0085", "\u2028", "\u2029"} {
+		if bytes.Contains(data, []byte(br)) {
+			data = bytes.ReplaceAll(data, []byte(br), []byte("\n"))
+		}
+	}
+	return data
+}
+
 // nestingDepth estimates, without parsing, how deeply the YAML text nests
 // mappings and lists, and the line where it is deepest. It counts open
 // block levels by indentation, compact list items ("- - x") and flow
@@ -380,32 +392,34 @@ func nestingDepth(data []byte) (depth, deepestLine int) {
 	var stack []int
 	flow := 0
 	for lineNo, line := range bytes.Split(data, []byte("\n")) {
-		line = bytes.TrimRight(line, "\r")
 		i := 0
 		for i < len(line) && line[i] == ' ' {
 			i++
 		}
+		if i == len(line) || line[i] == '#' {
+			continue
+		}
+		// Indentation counts even inside a flow collection spanning lines
+		// (where it means nothing): an overestimate, never an
+		// underestimate, whatever an unbalanced bracket in a string did
+		// to the count below.
+		for len(stack) > 0 && stack[len(stack)-1] >= i {
+			stack = stack[:len(stack)-1]
+		}
+		stack = append(stack, i)
+		// Compact nesting on one line: "- - x", "- a: b", "? x".
 		cur := 0
-		if flow == 0 {
-			if i == len(line) || line[i] == '#' {
-				continue
-			}
-			for len(stack) > 0 && stack[len(stack)-1] >= i {
-				stack = stack[:len(stack)-1]
-			}
-			stack = append(stack, i)
-			// Compact nesting on one line: "- - x", "- a: b", "? x".
-			for i < len(line) && (line[i] == '-' || line[i] == '?') && (i+1 == len(line) || line[i+1] == ' ') {
-				cur++
+		for i < len(line) && (line[i] == '-' || line[i] == '?') && (i+1 == len(line) || line[i+1] == ' ' || line[i+1] == '\t') {
+			cur++
+			i++
+			for i < len(line) && (line[i] == ' ' || line[i] == '\t') {
 				i++
-				for i < len(line) && line[i] == ' ' {
-					i++
-				}
 			}
 		}
 		cur += len(stack)
 		peak := flow
 		var quote byte
+		start := i // where a scalar may begin
 	scan:
 		for ; i < len(line); i++ {
 			c := line[i]
@@ -416,7 +430,7 @@ func nestingDepth(data []byte) (depth, deepestLine int) {
 				if c == quote {
 					quote = 0
 				}
-			case c == '"' || c == '\'':
+			case (c == '"' || c == '\'') && quoteMayStart(line, i, start):
 				quote = c
 			case c == '#' && (i == 0 || line[i-1] == ' ' || line[i-1] == '\t'):
 				break scan
@@ -432,6 +446,23 @@ func nestingDepth(data []byte) (depth, deepestLine int) {
 		}
 	}
 	return depth, deepestLine
+}
+
+// quoteMayStart reports whether a quote at line[i] opens a quoted scalar:
+// at the start of the content, after a space or tab, after a flow
+// indicator ([ { ,), or after the colon of a quoted key ("a":"b"). A quote
+// inside a plain scalar (x'y, a:'b) opens nothing.
+func quoteMayStart(line []byte, i, start int) bool {
+	if i == start {
+		return true
+	}
+	switch line[i-1] {
+	case ' ', '\t', '[', '{', ',':
+		return true
+	case ':':
+		return i >= 2 && (line[i-2] == '"' || line[i-2] == '\'')
+	}
+	return false
 }
 
 // entryEstimate counts, without parsing, lines and flow separators: an
