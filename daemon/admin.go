@@ -548,7 +548,6 @@ func newServer(h http.Handler, conns *connLimit) *http.Server {
 		IdleTimeout:       30 * time.Second,
 		MaxHeaderBytes:    16 << 10,
 		ConnState:         conns.track,
-		ErrorLog:          nil,
 	}
 }
 

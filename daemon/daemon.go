@@ -44,11 +44,12 @@ type Options struct {
 	Cgroup string
 	// BPFFS is the bpffs directory for pins (default maps.DefaultDir).
 	BPFFS string
-	// AdminAddr is the loopback TCP address of the admin API (read-only
-	// unless TokenFile is set); empty disables it.
+	// AdminAddr is the TCP address of the admin API; empty disables it.
+	// Metrics and health are served to anyone; circuits and events to
+	// loopback clients or with the token; changes only with the token.
 	AdminAddr string
-	// AdminSocket is the unix socket of the admin API (mode 0600, all
-	// calls); empty disables it.
+	// AdminSocket is the unix socket of the admin API (mode 0600, root
+	// peers only, all calls); empty disables it.
 	AdminSocket string
 	// TokenFile holds a bearer token that allows mutating calls over TCP.
 	TokenFile string

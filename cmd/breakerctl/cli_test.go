@@ -23,6 +23,7 @@ import (
 type fakeDaemon struct {
 	mu    sync.Mutex
 	names []string
+	auth  []string // Authorization headers of GET requests
 	sock  string
 }
 
@@ -46,6 +47,9 @@ func newFakeDaemon(t *testing.T, circuits int) *fakeDaemon {
 		json.NewEncoder(w).Encode(daemon.CircuitInfo{Name: r.PathValue("name"), State: "forced_closed"})
 	})
 	mux.HandleFunc("GET /v1/circuits", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		f.auth = append(f.auth, r.Header.Get("Authorization"))
+		f.mu.Unlock()
 		after := -1
 		if a := r.URL.Query().Get("after"); a != "" {
 			after, _ = strconv.Atoi(strings.TrimPrefix(a, "c"))
@@ -88,6 +92,17 @@ func TestStatusReadsEveryPage(t *testing.T) {
 	var cs []daemon.CircuitInfo
 	if err := json.Unmarshal(out.Bytes(), &cs); err != nil || len(cs) != 8 || cs[7].Name != "c000007" {
 		t.Fatalf("status over 3 pages: %d circuits, %v\n%s", len(cs), err, out.String())
+	}
+	// With --token-file, reads carry the token too (a non-loopback
+	// address serves circuits only with it).
+	tok := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tok, []byte("s3cret\n"), 0o600)
+	f.auth = nil
+	if err := run([]string{"status", "--socket", f.sock, "--token-file", tok}, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.auth) != 3 || f.auth[0] != "Bearer s3cret" {
+		t.Fatalf("Authorization of the reads: %q", f.auth)
 	}
 	out.Reset()
 	f0 := newFakeDaemon(t, 0)

@@ -55,8 +55,9 @@ func main() {
 const usageLine = "usage: breakerctl config validate FILE | status | events | inspect | force open|close|release|reset NAME  [-o json] [--socket PATH | --addr HOST:PORT] [--bpffs DIR]"
 
 type client struct {
-	http *http.Client
-	base string
+	http  *http.Client
+	base  string
+	token string // sent as a bearer token when set (--token-file)
 }
 
 func run(args []string, out io.Writer) error {
@@ -64,8 +65,8 @@ func run(args []string, out io.Writer) error {
 	fs.SetOutput(io.Discard)
 	output := fs.StringP("output", "o", "text", "text or json")
 	socket := fs.String("socket", "/run/breakerd/admin.sock", "the daemon's admin unix socket")
-	addr := fs.String("addr", "", "the daemon's admin TCP address instead of the socket (read-only unless --token-file)")
-	tokenFile := fs.String("token-file", "", "bearer token for changes over --addr")
+	addr := fs.String("addr", "", "the daemon's admin TCP address instead of the socket (changes, and circuits and events from a non-loopback address, need --token-file)")
+	tokenFile := fs.String("token-file", "", "file with the bearer token for --addr")
 	bpffs := fs.String("bpffs", maps.DefaultDir, "bpffs directory of the pins (inspect)")
 	if err := fs.Parse(args); errors.Is(err, pflag.ErrHelp) {
 		fmt.Fprintf(out, "breakerctl looks at and steers breakerd.\n\n%s\n\nexit status: 0 success, 1 failure, 2 bad usage\n\nflags:\n%s", usageLine, fs.FlagUsages())
@@ -82,6 +83,13 @@ func run(args []string, out io.Writer) error {
 		return usageError{"no command"}
 	}
 	c := &client{base: "http://breakerd"}
+	if *tokenFile != "" {
+		b, err := os.ReadFile(*tokenFile)
+		if err != nil {
+			return fmt.Errorf("reading token: %w", err)
+		}
+		c.token = strings.TrimSpace(string(b))
+	}
 	if *addr != "" {
 		c.http, c.base = &http.Client{Timeout: 10 * time.Second}, "http://"+*addr
 	} else {
@@ -147,16 +155,8 @@ func run(args []string, out io.Writer) error {
 		default:
 			return usageError{fmt.Sprintf("force %q: the action is open, close, release or reset", a[1])}
 		}
-		var token string
-		if *tokenFile != "" {
-			b, err := os.ReadFile(*tokenFile)
-			if err != nil {
-				return fmt.Errorf("reading token: %w", err)
-			}
-			token = strings.TrimSpace(string(b))
-		}
 		var ci daemon.CircuitInfo
-		if err := c.post("/v1/circuits/"+url.PathEscape(a[2]), map[string]string{"action": a[1]}, token, &ci); err != nil {
+		if err := c.post("/v1/circuits/"+url.PathEscape(a[2]), map[string]string{"action": a[1]}, &ci); err != nil {
 			return err
 		}
 		if asJSON {
@@ -288,7 +288,14 @@ func (c *client) get(path string, v any) error {
 // getPage gets path and returns the next page's path from the Link
 // header ("" on the last page).
 func (c *client) getPage(path string, v any) (next string, err error) {
-	resp, err := c.http.Get(c.base + path)
+	req, err := http.NewRequest("GET", c.base+path, nil)
+	if err != nil {
+		return "", err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
 	if err != nil {
 		return "", fmt.Errorf("reaching breakerd: %w", err)
 	}
@@ -321,15 +328,15 @@ func (c *client) circuits() ([]daemon.CircuitInfo, error) {
 	return all, nil
 }
 
-func (c *client) post(path string, body any, token string, v any) error {
+func (c *client) post(path string, body any, v any) error {
 	b, _ := json.Marshal(body)
 	req, err := http.NewRequest("POST", c.base+path, bytes.NewReader(b))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
