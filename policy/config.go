@@ -16,9 +16,12 @@
 //     rule), so with 2 endpoints and 40% one is.
 //   - Jitter only lengthens an open period (up to jitter × duration), so an
 //     open duration never exceeds max_open_duration × (1 + jitter).
-//   - A half-open circuit counts only probe outcomes; outcomes of
-//     connections started before it opened are ignored in open and
-//     half-open.
+//   - A half-open circuit counts only probe outcomes of its current round;
+//     outcomes of connections started before it opened, and of probes of
+//     earlier rounds, are ignored in open and half-open.
+//   - probe_timeout is the daemon's alone: a round none of whose probes
+//     succeeded reopens then; a round with successes and no failure begins
+//     a new round, keeping the count (see Circuit.Tick).
 package policy
 
 import (
