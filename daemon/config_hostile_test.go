@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -239,5 +240,43 @@ func TestSlowDNSNeverStopsTheHeartbeat(t *testing.T) {
 	f.stop()
 	if !kerneltest.WaitFor(5*time.Second, func() bool { return health() == http.StatusInternalServerError }) {
 		t.Fatalf("/healthz %d with no heartbeat", health())
+	}
+}
+
+// mapResolver answers from a table.
+type mapResolver map[string][]netip.Addr
+
+func (m mapResolver) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	if a, ok := m[host]; ok {
+		return append([]netip.Addr(nil), a...), nil
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+// TestReloadResolvesNewHostNames: a host name a reload adds is looked up
+// (outside the lock) before Reload returns, and its target covers the
+// address: a forced-open one rejects it.
+func TestReloadResolvesNewHostNames(t *testing.T) {
+	f := newFixture(t, guarded)
+	f.srv.ServeHold(t, 8082)
+	f.resolver = mapResolver{"svc.test": {f.srv.IPv4}}
+	f.start()
+	if got := errnos(f.dial(8082, 1, 0)); got[0] != 1 {
+		t.Fatalf("before the reload: %v", got)
+	}
+	f.writeConfig(guarded + `
+  named:
+    match: {hosts: [svc.test], ports: ["8082"]}
+    state: forced_open
+`)
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	c, ok := f.circuit("named")
+	if !ok || c.State != "forced_open" || !strings.Contains(strings.Join(c.Destinations, " "), "tcp/"+f.srv.IPv4.String()+":8082") {
+		t.Fatalf("circuit after the reload: %+v", c)
+	}
+	if got := errnos(f.dial(8082, 3, 0)); got[unix.ECONNREFUSED] != 3 {
+		t.Fatalf("the resolved address is not enforced: %v", got)
 	}
 }
