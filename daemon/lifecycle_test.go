@@ -506,3 +506,36 @@ func TestBPFFSUnmounted(t *testing.T) {
 		t.Fatalf("the shutdown claims protection:\n%s", f.logs.String())
 	}
 }
+
+// A slot that still counts sockets of a circuit the new configuration no
+// longer has is not handed to another circuit: the new circuit's bulkhead
+// starts from what it holds itself.
+func TestBusySlotNotGivenToAnotherCircuit(t *testing.T) {
+	f := newFixture(t, twoPoolsConfig)
+	f.srv.ServeHold(t, 8401)
+	f.srv.ServeHold(t, 8403)
+	f.start()
+	holder := f.hold(8401, 1)
+	f.waitConnections("a", 1)
+	old, _ := f.circuit("a")
+
+	f.writeConfig(`
+failsafe_timeout: 30s
+targets:
+  c:
+    match: {cidrs: [SRV], ports: ["8403"]}
+    max_connections: 1
+`)
+	f.restart()
+	c, _ := f.circuit("c")
+	if c.CircuitID == old.CircuitID || c.Connections != 0 {
+		t.Fatalf("circuit c got id %d counting %d; a's slot %d still counts a's socket", c.CircuitID, c.Connections, old.CircuitID)
+	}
+	if got := errnos(f.topo.Client.Dial(t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, 8403), Count: 2, Parallel: 2, Barrier: true, Hold: 300 * time.Millisecond})); got[0] != 1 || got[unix.EAGAIN] != 1 {
+		t.Fatalf("c's bulkhead of 1: %v, want one through and one EAGAIN", got)
+	}
+	kill(holder)
+	if !kerneltest.WaitFor(3*time.Second, func() bool { b, _ := f.d.k.BulkCount(old.CircuitID); return b.Connections == 0 }) {
+		t.Fatal("a's old slot did not drain")
+	}
+}
