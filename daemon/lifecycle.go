@@ -48,9 +48,9 @@ func (d *Daemon) start(cfg *policy.Config) error {
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.reg.adopting = true
 	d.applyConfig(cfg)
 	d.applyResolved(resolved)
+	d.reg.adopting = true // max_circuits never drops an adopted verdict
 	d.adopt(verdicts, limits)
 	d.reg.adopting = false
 	d.reg.ids.endStartup()
