@@ -3,6 +3,13 @@
 //
 //	go test -exec "$PWD/vmtest/run.sh -kernel 6.1" ./maps
 //
+// "-append ARG" adds an argument to the kernel command line (repeatable).
+// scripts/vmtest boots 6.1 with "-append possible_cpus=256": the kernel
+// then reports 256 possible CPUs with 2 online, and per-CPU maps are sized
+// by the possible CPUs. (6.12 ignores possible_cpus= above the CPUs the
+// firmware lists, and qemu's -smp maxcpus= hot-pluggable CPUs as well: it
+// logs "Allowing 2 present CPUs plus 0 hotplug CPUs".)
+//
 // It fetches the newest Debian cloud kernel of that series with apt-get
 // download (cached under vmtest/cache), builds an initramfs with busybox,
 // nft, bpftool, the kernel modules the harness needs (veth, nf_tables and
@@ -41,11 +48,17 @@ func main() {
 
 func run(args []string) (int, error) {
 	series := os.Getenv("VMTEST_KERNEL")
-	for len(args) >= 2 && args[0] == "-kernel" {
-		series, args = args[1], args[2:]
+	var cmdline []string
+	for len(args) >= 2 && (args[0] == "-kernel" || args[0] == "-append") {
+		if args[0] == "-kernel" {
+			series = args[1]
+		} else {
+			cmdline = append(cmdline, args[1])
+		}
+		args = args[2:]
 	}
 	if series == "" || len(args) == 0 {
-		return 0, errors.New("usage: vmtest -kernel SERIES TESTBINARY [ARGS...] (SERIES: 6.1, 6.12, …)")
+		return 0, errors.New("usage: vmtest -kernel SERIES [-append KERNELARG]... TESTBINARY [ARGS...] (SERIES: 6.1, 6.12, …)")
 	}
 	root, err := repoRoot()
 	if err != nil {
@@ -70,7 +83,7 @@ func run(args []string) (int, error) {
 		return 0, err
 	}
 	defer os.Remove(extra)
-	return boot(k, base, extra)
+	return boot(k, base, extra, cmdline)
 }
 
 func repoRoot() (string, error) {
@@ -446,8 +459,9 @@ func pad(w *bufio.Writer, n int) {
 	}
 }
 
-// boot runs qemu and relays the test's output.
-func boot(k *kernel, base, extra string) (int, error) {
+// boot runs qemu, with cmdline added to the kernel's command line, and
+// relays the test's output.
+func boot(k *kernel, base, extra string, cmdline []string) (int, error) {
 	initrd, err := os.CreateTemp("", "vmtest-initrd-*")
 	if err != nil {
 		return 0, err
@@ -475,7 +489,7 @@ func boot(k *kernel, base, extra string) (int, error) {
 	defer cancel()
 	args := append(accel, "-m", "1536M", "-smp", "2", "-nographic", "-no-reboot", "-nodefaults", "-serial", "stdio",
 		"-kernel", k.vmlinuz, "-initrd", initrd.Name(),
-		"-append", "console=ttyS0 panic=-1 oops=panic quiet loglevel=3 rdinit=/init")
+		"-append", strings.Join(append([]string{"console=ttyS0 panic=-1 oops=panic quiet loglevel=3 rdinit=/init"}, cmdline...), " "))
 	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -510,6 +524,6 @@ func boot(k *kernel, base, extra string) (int, error) {
 		fmt.Fprintf(os.Stderr, "vmtest: the VM (kernel %s) ended without a test result; its console said:\n%s", k.version, early.String())
 		return 1, nil
 	}
-	fmt.Fprintf(os.Stderr, "vmtest: kernel %s\n", k.version)
+	fmt.Fprintf(os.Stderr, "vmtest: kernel %s %s\n", k.version, strings.Join(cmdline, " "))
 	return code, nil
 }
