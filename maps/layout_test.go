@@ -2,6 +2,7 @@ package maps
 
 import (
 	"bytes"
+	"embed"
 	"flag"
 	"fmt"
 	"os"
@@ -15,6 +16,12 @@ import (
 
 	"github.com/breakerd/breakerd/bpf"
 )
+
+// golden holds the recorded layouts, embedded so that the test binary
+// carries them into a VM (scripts/vmtest runs it without the source tree).
+//
+//go:embed testdata/layout-v*.txt
+var golden embed.FS
 
 var update = flag.Bool("update", false, "write the current layout to testdata/layout-v<LayoutVersion>.txt")
 
@@ -115,7 +122,7 @@ func TestLayoutVersionMatchesLayout(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want, err := os.ReadFile(goldenPath(LayoutVersion))
+	want, err := golden.ReadFile(goldenPath(LayoutVersion))
 	if err != nil {
 		t.Fatalf("no recorded layout for v%d (%v): after bumping LayoutVersion, record it with go test ./maps -run TestLayoutVersionMatchesLayout -update", LayoutVersion, err)
 	}
@@ -124,7 +131,7 @@ func TestLayoutVersionMatchesLayout(t *testing.T) {
 			"(go test ./maps -run TestLayoutVersionMatchesLayout -update); only when v%d was never released may its record be updated in place.\nrecorded:\n%s\nnow:\n%s",
 			LayoutVersion, LayoutVersion, want, got)
 	}
-	if prev, err := os.ReadFile(goldenPath(LayoutVersion - 1)); err == nil && bytes.Equal(prev, want) {
+	if prev, err := golden.ReadFile(goldenPath(LayoutVersion - 1)); err == nil && bytes.Equal(prev, want) {
 		t.Fatalf("v%d records the same layout as v%d: a version bump without a layout change makes every restart start from empty maps", LayoutVersion, LayoutVersion-1)
 	}
 }
