@@ -20,7 +20,10 @@ import (
 
 // The lifecycle suite: a client loop runs against a healthy destination and
 // an open circuit for the whole test while breakerd is restarted, reloaded,
-// killed, started wrongly, doubled, uninstalled and has its pins removed.
+// killed, started wrongly, doubled, uninstalled and has its pins removed
+// (TestLifecycle), and while its cgroup is removed and made again, 70,000
+// destinations are reached and 100,000 pinned verdicts are adopted
+// (TestLifecycleAtScale).
 // After every step the invariants are checked:
 //
 //   - no connect to the healthy destination was rejected;
@@ -60,6 +63,9 @@ type lifecycle struct {
 	healthyOK, openSeen atomic.Int64
 	stop                atomic.Bool
 	wg                  sync.WaitGroup
+	// open are the destinations whose pinned verdicts must be Open
+	// besides down's forced-open one (adopted ones).
+	open map[maps.Dest]bool
 }
 
 func newLifecycle(t *testing.T) *lifecycle {
@@ -130,11 +136,22 @@ func (l *lifecycle) check(step string, limits map[maps.Dest]int64) {
 	}
 	defer v.Close()
 	verdicts, err := v.AllVerdicts()
-	if err != nil || len(verdicts) != 1 || verdicts[l.down].State != maps.ForcedOpen {
-		l.t.Fatalf("%s: pinned verdicts %v (%v), want exactly the forced-open one", step, verdicts, err)
+	if err != nil || len(verdicts) != 1+len(l.open) || verdicts[l.down].State != maps.ForcedOpen {
+		if len(verdicts) > 10 {
+			l.t.Fatalf("%s: %d pinned verdicts (%v), want the forced-open one and %d open", step, len(verdicts), err, len(l.open))
+		}
+		l.t.Fatalf("%s: pinned verdicts %v (%v), want exactly the forced-open one and %d open", step, verdicts, err, len(l.open))
+	}
+	for d := range l.open {
+		if verdicts[d].State != maps.Open {
+			l.t.Fatalf("%s: the verdict of %s is %+v, want open", step, d, verdicts[d])
+		}
 	}
 	all, err := v.AllLimits()
 	if err != nil || len(all) != len(limits) {
+		if len(all) > 10 || len(limits) > 10 {
+			l.t.Fatalf("%s: %d pinned limits (%v), want %d", step, len(all), err, len(limits))
+		}
 		l.t.Fatalf("%s: pinned limits %v (%v), want one for each of %v", step, all, err, limits)
 	}
 	for d, held := range limits {

@@ -56,6 +56,13 @@ func newHarness(t *testing.T, config string) *harness {
 // start runs breakerd and waits until its socket answers.
 func (h *harness) start() *proc {
 	h.t.Helper()
+	return h.startWithin(5 * time.Second)
+}
+
+// startWithin is start for a start-up that may take up to ready (a large
+// adoption).
+func (h *harness) startWithin(ready time.Duration) *proc {
+	h.t.Helper()
 	os.Remove(h.socket)
 	p := &proc{cmd: exec.Command(h.bin, h.args...), logs: &kerneltest.LogBuffer{}}
 	p.cmd.Stderr = p.logs
@@ -68,7 +75,7 @@ func (h *harness) start() *proc {
 			p.cmd.Wait()
 		}
 	})
-	if !kerneltest.WaitFor(5*time.Second, func() bool { return strings.Contains(p.logs.String(), "breakerd ready") }) {
+	if !kerneltest.WaitFor(ready, func() bool { return strings.Contains(p.logs.String(), "breakerd ready") }) {
 		h.t.Fatalf("breakerd not ready:\n%s", p.logs.String())
 	}
 	return p

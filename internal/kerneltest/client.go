@@ -67,6 +67,10 @@ type DialSpec struct {
 	Op string
 	// Count connects are made, Parallel at a time (default 1 and 1).
 	Count, Parallel int
+	// Ports, when above 1, spreads the connects over that many
+	// consecutive ports from Addr's: connect i goes to port
+	// Addr.Port()+i%Ports (many distinct destinations from one helper).
+	Ports int
 	// Timeout bounds each connect (default 3 s).
 	Timeout time.Duration
 	// Hold keeps each socket open this long after its connect.
@@ -175,6 +179,10 @@ func runHelper(js string) int {
 	if spec.Timeout == 0 {
 		spec.Timeout = 3 * time.Second
 	}
+	if spec.Ports > 1 && int(spec.Addr.Port())+spec.Ports-1 > 65535 {
+		fmt.Fprintf(os.Stderr, "bad helper spec: %d ports from %d pass 65535\n", spec.Ports, spec.Addr.Port())
+		return 2
+	}
 	switch spec.Op {
 	case "http":
 		return encodeResults(runHTTP(spec))
@@ -200,7 +208,11 @@ func runHelper(js string) int {
 				<-start
 			}
 			for i := range next {
-				res[i] = dialOnce(spec)
+				s := spec
+				if spec.Ports > 1 {
+					s.Addr = netip.AddrPortFrom(spec.Addr.Addr(), spec.Addr.Port()+uint16(i%spec.Ports))
+				}
+				res[i] = dialOnce(s)
 			}
 		}()
 	}
