@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"strings"
@@ -64,6 +67,20 @@ func (l *lifecycle) busySlots(step string, want map[maps.Dest]int64) {
 	}
 }
 
+// readyz returns the status of GET /readyz on breakerd's admin socket.
+func (l *lifecycle) readyz() int {
+	l.t.Helper()
+	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", l.socket)
+	}}}
+	resp, err := c.Get("http://breakerd/readyz")
+	if err != nil {
+		l.t.Fatalf("GET /readyz: %v", err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
 // TestLifecycleAtScale runs the lifecycle suite's client loop and
 // invariants (see lifecycleConfig) through the steps that move the ground
 // or scale up: the protected cgroup removed and made again while breakerd
@@ -86,6 +103,9 @@ func TestLifecycleAtScale(t *testing.T) {
 	if !kerneltest.WaitFor(10*time.Second, func() bool { return strings.Contains(p.logs.String(), "cgroup_removed") }) {
 		t.Fatalf("the removed cgroup was not noticed:\n%s", p.logs.String())
 	}
+	if code := l.readyz(); code == http.StatusOK {
+		t.Fatal("/readyz answers 200 with the protected cgroup gone")
+	}
 	if err := os.Mkdir(l.cg.Path, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -94,6 +114,9 @@ func TestLifecycleAtScale(t *testing.T) {
 	}
 	if !strings.Contains(p.logs.String(), "level=ERROR") {
 		t.Fatalf("no error log for the removed cgroup:\n%s", p.logs.String())
+	}
+	if code := l.readyz(); code != http.StatusOK {
+		t.Fatalf("/readyz answers %d once the cgroup is back and protected", code)
 	}
 	l.resume()
 	holder := l.hold(l.pool, 3)
@@ -159,7 +182,7 @@ func TestLifecycleAtScale(t *testing.T) {
 			dests = append(dests, d)
 			l.open[d] = true
 		}
-		if _, err := k.PutVerdicts(dests, maps.OpenVerdict(due, 1, 0, 0, uint32(140000+i/1000))); err != nil {
+		if _, err := k.PutVerdicts(dests, maps.OpenVerdict(due, 1, 0, unix.EHOSTDOWN, uint32(140000+i/1000))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -174,6 +197,17 @@ func TestLifecycleAtScale(t *testing.T) {
 		want[d] = 0
 	}
 	l.check("100,000 verdicts adopted", want)
+	// The adopted verdicts reject in connect() with their errno (without
+	// them the client, which has no route to 10.98.0.0/16, would get
+	// ENETUNREACH).
+	for _, d := range []maps.Dest{{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 98, 0, 0}), 1000)}, {Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 98, 0x86, 0x9f}), 1001)}} {
+		if !l.open[d] {
+			t.Fatalf("%s is not one of the adopted destinations", d)
+		}
+		if got := errnos(l.topo.Client.Dial(t, l.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr})); got[unix.EHOSTDOWN] != 1 {
+			t.Fatalf("connect to adopted open %s: %v, want EHOSTDOWN", d, got)
+		}
+	}
 	l.busySlots("100,000 verdicts adopted", want)
 
 	holder.Cmd.Process.Kill()
