@@ -20,7 +20,7 @@ import (
 // socket is created before the clock starts and closed after it stops) from
 // a client namespace to a listener on a test host, side by side in one run
 // with interleaved rounds: no program; breakerd attached with an (almost)
-// empty verdict map, with 100,000 and with 1,000,000 entries; a connect
+// empty verdict map, with 100,000 entries and with a full one (MaxDestinations); a connect
 // rejected by breakerd; and one rejected by an nftables `reject with tcp
 // reset` rule in the client's output hook. It reports medians and p99 and
 // each connect4 program's own run time per call (kernel BPF stats).
@@ -77,7 +77,7 @@ func BenchmarkConnectCost(b *testing.B) {
 	none := kerneltest.NewCgroup(b)
 	cgEmpty, kEmpty := load(0)
 	cg100k, k100k := load(100_000)
-	cg1M, k1M := load(1_000_000)
+	cg1M, k1M := load(MaxDestinations)
 	cgRej, kRej := load(0)
 	cgBulk, kBulk := load(0)
 	if err := kBulk.PutLimit(Dest{Proto: TCP, Addr: netip.AddrPortFrom(srv.IPv4, healthy)}, Limit{Slot: 1, MaxConnections: 1 << 20, MaxConnecting: 1 << 20}); err != nil {
@@ -94,7 +94,7 @@ func BenchmarkConnectCost(b *testing.B) {
 		{name: "no program", cg: none, port: healthy},
 		{name: "breakerd, empty map", cg: cgEmpty, k: kEmpty, port: healthy},
 		{name: "breakerd, 100k entries", cg: cg100k, k: k100k, port: healthy, entries: 100_000},
-		{name: "breakerd, 1M entries", cg: cg1M, k: k1M, port: healthy, entries: 1_000_000},
+		{name: "breakerd, full map (262,144 entries)", cg: cg1M, k: k1M, port: healthy, entries: MaxDestinations},
 		{name: "breakerd, bulkhead set, not reached", cg: cgBulk, k: kBulk, port: healthy},
 		{name: "rejected by breakerd", cg: cgRej, k: kRej, port: breakerRejected, want: unix.ECONNREFUSED},
 		{name: "rejected by nftables", cg: none, port: nftRejected, want: unix.ECONNREFUSED},
