@@ -44,7 +44,7 @@ func BenchmarkCircuitFootprint(b *testing.B) {
 	for _, n := range []int{10_000, 100_000} {
 		b.Run(strconv.Itoa(n/1000)+"k", func(b *testing.B) {
 			for b.Loop() {
-				f := newFixture(b, "max_circuits: 2000000\n")
+				f := newFixture(b, "max_circuits: 131072\n")
 				d := f.start()
 				var before, after runtime.MemStats
 				runtime.GC()
@@ -67,7 +67,7 @@ func BenchmarkCircuitFootprint(b *testing.B) {
 // BenchmarkIdleCPU runs a daemon with nothing to do for a few seconds and
 // reports the CPU it used (this whole process; nothing else runs).
 func BenchmarkIdleCPU(b *testing.B) {
-	f := newFixture(b, "")
+	f := newFixture(b, "mode: enforce\n")
 	f.tick = 0 // the product's default tick
 	f.start()
 	for b.Loop() {
