@@ -491,6 +491,10 @@ func (d *Daemon) handler(exp exposure, token []byte) http.Handler {
 	route("/v1/events", map[string]http.HandlerFunc{http.MethodGet: details(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, d.Events())
 	})})
+	// The status page (ui.go): static files with no data in them, served
+	// to anyone; its data calls go through the routes above.
+	route("/{$}", map[string]http.HandlerFunc{http.MethodGet: serveUI})
+	route("/ui/{file}", map[string]http.HandlerFunc{http.MethodGet: serveUI})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no endpoint %s", quote(r.URL.Path))
 	})

@@ -1,0 +1,218 @@
+package daemon
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/breakerd/breakerd/internal/browsertest"
+)
+
+// TestUIScriptInsertsTextOnly keeps the page's script away from every DOM
+// call that parses markup: names are inserted with textContent only.
+func TestUIScriptInsertsTextOnly(t *testing.T) {
+	js := string(uiPages["/ui/app.js"].body)
+	for _, bad := range []string{"innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function", "createContextualFragment", "DOMParser", "srcdoc"} {
+		if strings.Contains(js, bad) {
+			t.Errorf("app.js uses %s", bad)
+		}
+	}
+	html := string(uiPages["/"].body)
+	if regexp.MustCompile(`(?i)(src|href)="(https?:)?//`).MatchString(html) {
+		t.Error("index.html loads something from another origin")
+	}
+	if regexp.MustCompile(`<script>|<style>|\son[a-z]+=|\sstyle=`).MatchString(html) {
+		t.Error("index.html has inline script or event handlers (the CSP forbids them)")
+	}
+}
+
+func TestUIServesStaticFiles(t *testing.T) {
+	for path, ctype := range map[string]string{"/": "text/html", "/ui/app.js": "text/javascript", "/ui/app.css": "text/css"} {
+		rec := httptest.NewRecorder()
+		serveUI(rec, httptest.NewRequest("GET", path, nil))
+		if rec.Code != 200 || !strings.HasPrefix(rec.Header().Get("Content-Type"), ctype) || rec.Header().Get("Content-Security-Policy") != uiContentSecurity || rec.Body.Len() == 0 {
+			t.Errorf("GET %s: %d %q %d bytes", path, rec.Code, rec.Header().Get("Content-Type"), rec.Body.Len())
+		}
+		etag := rec.Header().Get("ETag")
+		req := httptest.NewRequest("GET", path, nil)
+		req.Header.Set("If-None-Match", etag)
+		rec = httptest.NewRecorder()
+		serveUI(rec, req)
+		if rec.Code != http.StatusNotModified || rec.Body.Len() != 0 {
+			t.Errorf("GET %s If-None-Match: %d", path, rec.Code)
+		}
+	}
+	rec := httptest.NewRecorder()
+	serveUI(rec, httptest.NewRequest("GET", "/ui/../admin.go", nil))
+	if rec.Code != http.StatusNotFound {
+		t.Errorf("GET /ui/../admin.go: %d", rec.Code)
+	}
+}
+
+// hostile is a name that would run code if any part of the page parsed it
+// as HTML.
+const hostile = `x<img src=x onerror="window.__pwned=1"></td><script>window.__pwned=2</script>`
+
+// stubAPI serves the page and a fake /v1 API whose names, targets,
+// workloads and reasons are all hostile. The daemon's loader does not
+// accept such target names today; the stub shows what the page does with
+// whatever reaches it (workload names of #21 are cgroup paths, which may
+// hold any character but '/').
+type stubAPI struct {
+	token    string
+	rejected atomic.Uint64
+	mu       sync.Mutex
+	requests []string
+}
+
+func (s *stubAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	s.requests = append(s.requests, r.URL.RequestURI())
+	s.mu.Unlock()
+	if !strings.HasPrefix(r.URL.Path, "/v1/") {
+		serveUI(w, r)
+		return
+	}
+	if s.token != "" && r.Header.Get("Authorization") != "Bearer "+s.token {
+		writeError(w, http.StatusForbidden, "circuits, destinations and events are served to loopback clients, on the unix socket, or with the bearer token (--admin-token-file)")
+		return
+	}
+	n := s.rejected.Add(7)
+	open := CircuitInfo{Name: hostile + "/198.18.0.2:80", Target: hostile, Scope: "endpoint", State: "open", FailureRate: 1, Calls: 5, Failures: 5,
+		OpenUntil: time.Now().Add(time.Minute), Rejected: n, Options: map[string]any{"max_connections": 10}, Connections: 3}
+	closed := CircuitInfo{Name: "tcp/198.18.0.3:80", Target: "all", Scope: "dynamic", State: "closed", Calls: 2, Options: map[string]any{}}
+	switch {
+	case r.URL.Path == "/v1/circuits":
+		// Two pages of one circuit each: the page must follow the Link.
+		if r.URL.Query().Get("after") == "" {
+			next := url.Values{"after": {open.Name}, "limit": {"1"}}
+			w.Header().Set("Link", "</v1/circuits?"+next.Encode()+`>; rel="next"`)
+			writeJSON(w, 200, []any{withWorkloads(open)})
+			return
+		}
+		writeJSON(w, 200, []any{closed})
+	case strings.HasPrefix(r.URL.Path, "/v1/circuits/"):
+		writeJSON(w, 200, withWorkloads(open))
+	case r.URL.Path == "/v1/events":
+		writeJSON(w, 200, []TransitionEvent{{Time: time.Now(), Circuit: open.Name, Target: hostile, From: "closed", To: "open", Reason: hostile, FailureRate: 1, Calls: 5}})
+	default:
+		writeError(w, 404, "no endpoint")
+	}
+}
+
+// withWorkloads adds the field #21 may add, as JSON.
+func withWorkloads(ci CircuitInfo) map[string]any {
+	b, _ := json.Marshal(ci)
+	var m map[string]any
+	_ = json.Unmarshal(b, &m)
+	m["workloads"] = []string{"kubepods.slice/" + hostile}
+	return m
+}
+
+// TestUIHostileNamesAreText loads the page in Chromium against the stub
+// and checks through the DOM that every hostile string is shown as text:
+// no element was made from it, no script ran, and the literal text is on
+// the page. It also checks the token form for a server that needs one,
+// the paging and a filter given in the address.
+func TestUIHostileNamesAreText(t *testing.T) {
+	stub := &stubAPI{token: "s3cret"}
+	srv := httptest.NewServer(stub)
+	defer srv.Close()
+	ctx := browsertest.New(t, 60*time.Second)
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible("#auth")); err != nil {
+		t.Fatalf("the token form is not shown for a 403: %v", err)
+	}
+	browsertest.Screenshot(ctx, t, "1-token-asked")
+	if err := chromedp.Do(ctx, chromedp.SendKeys("#token", "s3cret"), chromedp.Click("#auth-form button"),
+		chromedp.WaitNotVisible("#auth"), chromedp.WaitVisible("td.name")); err != nil {
+		t.Fatalf("after the token: %v", err)
+	}
+	// Two polls: the rate is computed between them.
+	time.Sleep(4500 * time.Millisecond)
+	browsertest.Screenshot(ctx, t, "2-hostile-names")
+
+	type pageState struct {
+		Images, Scripts, Pwned int
+		Names, Targets, Work   []string
+		Events, Reasons        []string
+		Rows                   int
+		Rate                   string
+	}
+	var st pageState
+	st, err := chromedp.Run(ctx, chromedp.Evaluate[pageState](`(() => {
+		const texts = (sel) => [...document.querySelectorAll(sel)].map((e) => e.textContent);
+		return {
+			Images: document.querySelectorAll("img").length,
+			Scripts: document.querySelectorAll("script").length,
+			Pwned: window.__pwned || 0,
+			Names: texts("#rows td.name"),
+			Targets: [...document.querySelectorAll("#rows tr")].map((tr) => tr.children[2] ? tr.children[2].textContent : ""),
+			Work: texts("#rows td.workloads"),
+			Events: texts("#event-rows td.name"),
+			Reasons: [...document.querySelectorAll("#event-rows tr")].map((tr) => tr.children[4].textContent),
+			Rows: document.querySelectorAll("#rows tr").length,
+			Rate: document.querySelector("#rows tr.row-open td.rate").textContent,
+		};
+	})()`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Images != 0 || st.Scripts != 1 || st.Pwned != 0 {
+		t.Fatalf("markup from a name reached the DOM: %d img, %d script elements, __pwned=%d", st.Images, st.Scripts, st.Pwned)
+	}
+	if st.Rows != 2 {
+		t.Fatalf("%d rows: want both pages' circuits", st.Rows)
+	}
+	want := hostile + "/198.18.0.2:80"
+	if !slices.Contains(st.Names, want) || !slices.Contains(st.Targets, hostile) || !slices.Contains(st.Work, "kubepods.slice/"+hostile) ||
+		!slices.Contains(st.Events, want) || !slices.Contains(st.Reasons, hostile) {
+		t.Fatalf("the literal text is not shown: %+v", st)
+	}
+	if st.Rate == "0.0" || st.Rate == "" {
+		t.Fatalf("no rejection rate between polls: %q", st.Rate)
+	}
+
+	// The detail panel (GET /v1/circuits/{name}) shows the name as text.
+	if err := chromedp.Do(ctx, chromedp.Click("#rows tr.row-open"), chromedp.WaitVisible("#detail")); err != nil {
+		t.Fatal(err)
+	}
+	detail, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("detail-name").textContent`))
+	if err != nil || detail != want {
+		t.Fatalf("detail name %q (%v)", detail, err)
+	}
+	stub.mu.Lock()
+	asked := strings.Join(stub.requests, "\n")
+	stub.mu.Unlock()
+	if !strings.Contains(asked, "/v1/circuits/"+url.PathEscape(hostile)[:10]) || !strings.Contains(asked, "after=") {
+		t.Errorf("requests do not show paging and an escaped detail path:\n%s", asked)
+	}
+
+	// A filter given in the address (a crafted link) is shown as text too.
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/#q="+url.QueryEscape(`<img src=y onerror="window.__pwned=3">`)),
+		chromedp.WaitVisible("td.empty")); err != nil {
+		t.Fatal(err)
+	}
+	type filtered struct {
+		Images, Pwned int
+		Empty, Value  string
+	}
+	f, err := chromedp.Run(ctx, chromedp.Evaluate[filtered](`({Images: document.querySelectorAll("img").length, Pwned: window.__pwned || 0,
+		Empty: document.querySelector("#rows td.empty").textContent, Value: document.getElementById("filter").value})`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	browsertest.Screenshot(ctx, t, "3-hostile-filter")
+	if f.Images != 0 || f.Pwned != 0 || !strings.Contains(f.Empty, `<img src=y onerror="window.__pwned=3">`) || f.Value != `<img src=y onerror="window.__pwned=3">` {
+		t.Fatalf("filter from the address: %+v", f)
+	}
+}
