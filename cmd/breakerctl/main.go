@@ -3,6 +3,7 @@
 //	breakerctl config validate FILE     every problem with its key path; exit 1 if any
 //	breakerctl status [-o json]          circuits, from the daemon
 //	breakerctl events [-o json]          recent transitions, from the daemon
+//	breakerctl top [--interval 2s]       circuits live in the terminal (keys: s f r n sort, q quits)
 //	breakerctl inspect [-o json]         the pinned maps, read directly (daemon or not)
 //	breakerctl force open|close|release|reset NAME
 //
@@ -52,7 +53,7 @@ func main() {
 	}
 }
 
-const usageLine = "usage: breakerctl config validate FILE | status | events | inspect | force open|close|release|reset NAME  [-o json] [--socket PATH | --addr HOST:PORT] [--bpffs DIR]"
+const usageLine = "usage: breakerctl config validate FILE | status | events | top | inspect | force open|close|release|reset NAME  [-o json] [--socket PATH | --addr HOST:PORT] [--bpffs DIR] [--interval D]"
 
 type client struct {
 	http  *http.Client
@@ -68,6 +69,7 @@ func run(args []string, out io.Writer) error {
 	addr := fs.String("addr", "", "the daemon's admin TCP address instead of the socket (changes, and circuits and events from a non-loopback address, need --token-file)")
 	tokenFile := fs.String("token-file", "", "file with the bearer token for --addr")
 	bpffs := fs.String("bpffs", maps.DefaultDir, "bpffs directory of the pins (inspect)")
+	interval := fs.Duration("interval", 2*time.Second, "how often top reads the daemon")
 	if err := fs.Parse(args); errors.Is(err, pflag.ErrHelp) {
 		fmt.Fprintf(out, "breakerctl looks at and steers breakerd.\n\n%s\n\nexit status: 0 success, 1 failure, 2 bad usage\n\nflags:\n%s", usageLine, fs.FlagUsages())
 		return nil
@@ -146,6 +148,14 @@ func run(args []string, out io.Writer) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\n", e.Time.Format(time.TimeOnly), e.Circuit, e.From, e.To, e.Reason, 100*e.FailureRate, 100*e.SlowRate)
 		}
 		return tw.Flush()
+	case "top":
+		if len(a) != 1 {
+			return usageError{fmt.Sprintf("top takes no argument (got %q)", a[1])}
+		}
+		if asJSON {
+			return usageError{"top has no json output (use status -o json)"}
+		}
+		return top(c, *interval)
 	case "force":
 		if len(a) != 3 {
 			return usageError{"force open|close|release|reset NAME"}

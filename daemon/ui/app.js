@@ -12,7 +12,8 @@ const SLOW_ABOVE = 2000;
 const PAGE_LIMIT = 1000; // circuits a request asks for (the API's maximum)
 const MAX_PAGES = 20; // at most 20,000 circuits read per poll
 const ROWS = 50; // table rows per page
-const HISTORY_MS = 10 * 60 * 1000; // charts' span
+const HISTORY_MS = 10 * 60 * 1000; // charts' longest span
+const CHART_MIN_MS = 60 * 1000; // charts' shortest span
 const RECENT_MS = 5 * 60 * 1000; // a circuit changed this recently is charted
 const MAX_CHARTS = 12;
 const EVENTS_SHOWN = 50;
@@ -258,16 +259,19 @@ function renderTable() {
 }
 
 // chart draws one circuit's failure ratio (0–100%, red) and rejections per
-// second (blue, scaled to the largest) over the last HISTORY_MS.
+// second (blue, scaled to the largest) since its first point, over at least
+// a minute and at most HISTORY_MS.
 function chart(c, h) {
-  const W = 280, H = 70, t1 = now(), t0 = t1 - HISTORY_MS;
+  const W = 280, H = 70, t1 = now();
+  const t0 = Math.max(t1 - HISTORY_MS, Math.min(h.length ? h[0].t : t1, t1 - CHART_MIN_MS));
+  const span = t1 - t0;
   const box = el("div", "chart");
   box.dataset.name = c.name;
   box.append(el("div", "title", c.name), el("div", "", el("span", "state state-" + c.state, c.state)));
   const s = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img" });
   s.append(svg("rect", { x: 0, y: 0, width: W, height: H, fill: "#fafafa", stroke: "#ddd" }));
   const maxRate = Math.max(1, ...h.map((p) => p.rate));
-  const x = (t) => ((t - t0) / HISTORY_MS) * W;
+  const x = (t) => ((t - t0) / span) * W;
   const line = (f) => h.map((p) => x(p.t).toFixed(1) + "," + (H - 2 - f(p) * (H - 4)).toFixed(1)).join(" ");
   if (h.length) {
     s.append(svg("polyline", { points: line((p) => p.rate / maxRate), fill: "none", stroke: "#1565c0", "stroke-width": 1.5, class: "rej" }));
@@ -275,7 +279,7 @@ function chart(c, h) {
   }
   const last = h[h.length - 1] || { fr: 0, rate: 0 };
   box.append(s, el("div", "legend", el("span", "fr", "failure " + pct(last.fr)), " · ",
-    el("span", "rj", "rejected " + last.rate.toFixed(1) + "/s (max " + maxRate.toFixed(1) + ")"), " · 10 min"));
+    el("span", "rj", "rejected " + last.rate.toFixed(1) + "/s (max " + maxRate.toFixed(1) + ")"), " · last " + duration(span)));
   return box;
 }
 
