@@ -109,7 +109,7 @@ func TestStatusPageShowsATrip(t *testing.T) {
 			Events: ev ? [...ev.children].map((td) => td.textContent).join("|") : "",
 			Chart: chart ? chart.textContent : "",
 			Points: chart ? chart.querySelector("polyline.fr").getAttribute("points").split(" ").length : 0,
-			Rate: document.querySelector('` + row + ` td.rate').textContent,
+			Rate: document.querySelector('`+row+` td.rate').textContent,
 		};
 	})()`))
 	if err != nil {
