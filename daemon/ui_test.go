@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -214,5 +215,39 @@ func TestUIHostileNamesAreText(t *testing.T) {
 	browsertest.Screenshot(ctx, t, "3-hostile-filter")
 	if f.Images != 0 || f.Pwned != 0 || !strings.Contains(f.Empty, `<img src=y onerror="window.__pwned=3">`) || f.Value != `<img src=y onerror="window.__pwned=3">` {
 		t.Fatalf("filter from the address: %+v", f)
+	}
+}
+
+// TestUIPageServedWithoutData: on TCP the page is served to anyone, the
+// same bytes whoever asks, and its data calls keep the API's rules.
+func TestUIPageServedWithoutData(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.start()
+	tcp := f.d.handler(exposeTCP, nil)
+	remote := "192.0.2.7:40000"
+	for _, p := range []string{"/", "/ui/app.js", "/ui/app.css"} {
+		rec := do(t, tcp, "GET", p, "", remote)
+		if rec.Code != http.StatusOK || !bytes.Equal(rec.Body.Bytes(), uiPages[p].body) || rec.Header().Get("Content-Security-Policy") == "" {
+			t.Errorf("remote GET %s: %d, %d bytes", p, rec.Code, rec.Body.Len())
+		}
+		if strings.Contains(rec.Body.String(), "svc") {
+			t.Errorf("GET %s names a circuit", p)
+		}
+	}
+	if rec := do(t, tcp, "HEAD", "/", "", remote); rec.Code != http.StatusOK || rec.Body.Len() != 0 {
+		t.Errorf("HEAD /: %d, %d bytes", rec.Code, rec.Body.Len())
+	}
+	if rec := do(t, tcp, "POST", "/", "", remote); rec.Code != http.StatusMethodNotAllowed {
+		t.Errorf("POST /: %d", rec.Code)
+	}
+	for _, p := range []string{"/v1/circuits", "/v1/events", "/v1/circuits/svc"} {
+		if rec := do(t, tcp, "GET", p, "", remote); rec.Code != http.StatusForbidden {
+			t.Errorf("remote GET %s: %d", p, rec.Code)
+		}
+	}
+	for _, p := range []string{"/ui/", "/ui/index.html", "/index.html", "/ui/x/app.js"} {
+		if rec := do(t, tcp, "GET", p, "", remote); rec.Code != http.StatusNotFound {
+			t.Errorf("GET %s: %d", p, rec.Code)
+		}
 	}
 }
