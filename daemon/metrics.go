@@ -15,6 +15,7 @@ import (
 // dynamic circuits), states, reasons and outcomes.
 type metrics struct {
 	reg                *prometheus.Registry
+	collectors         []prometheus.Collector // everything registered in reg (MetricFamilies describes them)
 	transitions        *prometheus.CounterVec
 	outcomes           *prometheus.CounterVec
 	handshake          *prometheus.HistogramVec
@@ -49,9 +50,10 @@ func newMetrics(d *Daemon) *metrics {
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "breakerd_build_info", Help: "Build information.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
-	m.reg.MustRegister(m.transitions, m.outcomes, m.handshake, m.reloadOK, m.reloadTime, m.verdictWriteErrors,
+	m.collectors = []prometheus.Collector{m.transitions, m.outcomes, m.handshake, m.reloadOK, m.reloadTime, m.verdictWriteErrors,
 		m.circuitsEvicted, m.circuitsRefused, m.protected, m.groundProblems, build, &stateCollector{d: d},
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})}
+	m.reg.MustRegister(m.collectors...)
 	return m
 }
 

@@ -178,22 +178,22 @@ func TestDaemonSetInvariants(t *testing.T) {
 }
 
 func TestPrometheusRuleMatchesAlerts(t *testing.T) {
-	var plain, op struct {
+	var recording, plain, op struct {
 		Groups []any `json:"groups"`
 		Spec   struct {
 			Groups []any `json:"groups"`
 		} `json:"spec"`
 	}
-	for f, into := range map[string]any{"alerts.yml": &plain, "prometheusrule.yaml": &op} {
+	for f, into := range map[string]any{"recording-rules.yml": &recording, "alerts.yml": &plain, "prometheusrule.yaml": &op} {
 		data, _ := os.ReadFile(f)
 		if err := yaml.Unmarshal(data, into); err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
 	}
-	a, _ := yaml.Marshal(plain.Groups)
+	a, _ := yaml.Marshal(append(recording.Groups, plain.Groups...))
 	b, _ := yaml.Marshal(op.Spec.Groups)
-	if len(plain.Groups) == 0 || !bytes.Equal(a, b) {
-		t.Fatal("prometheusrule.yaml's groups differ from alerts.yml")
+	if len(plain.Groups) == 0 || len(recording.Groups) == 0 || !bytes.Equal(a, b) {
+		t.Fatal("prometheusrule.yaml's groups differ from recording-rules.yml's and alerts.yml's")
 	}
 }
 
@@ -204,7 +204,7 @@ func TestAlertRules(t *testing.T) {
 		}
 		t.Skip("promtool not installed")
 	}
-	for _, args := range [][]string{{"check", "rules", "alerts.yml"}, {"test", "rules", "alerts_test.yml"}} {
+	for _, args := range [][]string{{"check", "rules", "recording-rules.yml"}, {"check", "rules", "alerts.yml"}, {"test", "rules", "alerts_test.yml"}} {
 		if out, err := exec.Command("promtool", args...).CombinedOutput(); err != nil {
 			t.Fatalf("promtool %v: %v\n%s", args, err, out)
 		}
