@@ -3,11 +3,13 @@ package daemon
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -249,5 +251,111 @@ func TestUIPageServedWithoutData(t *testing.T) {
 		if rec := do(t, tcp, "GET", p, "", remote); rec.Code != http.StatusNotFound {
 			t.Errorf("GET %s: %d", p, rec.Code)
 		}
+	}
+}
+
+// manyAPI serves n circuits through the real paging rules (name order,
+// ?after=, ?limit=, a Link to the next page).
+type manyAPI struct{ circuits []CircuitInfo }
+
+func newManyAPI(n int) *manyAPI {
+	m := &manyAPI{}
+	for i := range n {
+		c := CircuitInfo{Name: fmt.Sprintf("tcp/198.18.%d.%d:80", i/250, i%250+1), Target: "all", Scope: "dynamic", State: "closed",
+			FailureRate: float64(i%100) / 100, Calls: i % 100, Options: map[string]any{}}
+		if i%100 == 0 {
+			c.State, c.Rejected = "open", uint64(i)
+		}
+		m.circuits = append(m.circuits, c)
+	}
+	slices.SortFunc(m.circuits, func(a, b CircuitInfo) int { return strings.Compare(a.Name, b.Name) })
+	return m
+}
+
+func (m *manyAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/v1/circuits":
+		q := r.URL.Query()
+		limit, _ := strconv.Atoi(q.Get("limit"))
+		if limit < 1 || limit > PageSize {
+			limit = PageSize
+		}
+		i, _ := slices.BinarySearchFunc(m.circuits, q.Get("after"), func(c CircuitInfo, after string) int {
+			if c.Name <= after {
+				return -1
+			}
+			return 1
+		})
+		page := m.circuits[i:min(len(m.circuits), i+limit)]
+		if i+limit < len(m.circuits) {
+			next := url.Values{"after": {page[len(page)-1].Name}, "limit": {strconv.Itoa(limit)}}
+			w.Header().Set("Link", "</v1/circuits?"+next.Encode()+`>; rel="next"`)
+		}
+		writeJSON(w, 200, page)
+	case "/v1/events":
+		writeJSON(w, 200, []TransitionEvent{})
+	default:
+		serveUI(w, r)
+	}
+}
+
+// TestUIThousandsOfCircuits: with 5,000 circuits (five pages) the page
+// reads them all, draws one page of 50 rows, pages on, filters and sorts.
+func TestUIThousandsOfCircuits(t *testing.T) {
+	const n = 5000
+	srv := httptest.NewServer(newManyAPI(n))
+	defer srv.Close()
+	ctx := browsertest.New(t, 60*time.Second)
+	t0 := time.Now()
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible("td.name")); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("first table of %d circuits drawn %v after the navigation", n, time.Since(t0).Round(time.Millisecond))
+	type view struct {
+		Rows         int
+		Info, First  string
+		Summary      string
+		Charts       int
+		NextDisabled bool
+	}
+	read := func() view {
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[view](`({Rows: document.querySelectorAll("#rows tr").length,
+			Info: document.getElementById("pageinfo").textContent,
+			First: document.querySelector("#rows td.name").textContent,
+			Summary: document.getElementById("summary").textContent,
+			Charts: document.querySelectorAll(".chart").length,
+			NextDisabled: document.getElementById("next").disabled})`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	v := read()
+	if v.Rows != 50 || v.Info != "rows 1–50 of 5000 (page 1 of 100)" || !strings.HasPrefix(v.Summary, "5000 circuits") || v.Charts > 13 {
+		t.Fatalf("first view: %+v", v)
+	}
+	browsertest.Screenshot(ctx, t, "5000-circuits")
+	if err := chromedp.Do(ctx, chromedp.Click("#next")); err != nil {
+		t.Fatal(err)
+	}
+	if v := read(); v.Info != "rows 51–100 of 5000 (page 2 of 100)" {
+		t.Fatalf("after next: %+v", v)
+	}
+	// Sorting by failure ratio, then a filter that leaves one circuit.
+	if err := chromedp.Do(ctx, chromedp.SetValue("#sort", "failure"), chromedp.Evaluate[chromedp.Void](`document.getElementById("sort").dispatchEvent(new Event("input"))`)); err != nil {
+		t.Fatal(err)
+	}
+	if v := read(); v.Info != "rows 1–50 of 5000 (page 1 of 100)" {
+		t.Fatalf("after sorting: %+v", v)
+	}
+	top, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#rows tr td:nth-child(5)").textContent`))
+	if err != nil || top != "99%" {
+		t.Fatalf("sorted by failure ratio, the first row shows %q (%v)", top, err)
+	}
+	if err := chromedp.Do(ctx, chromedp.SendKeys("#filter", "198.18.19.250:")); err != nil {
+		t.Fatal(err)
+	}
+	if v := read(); v.Rows != 1 || v.First != "tcp/198.18.19.250:80" || !v.NextDisabled {
+		t.Fatalf("after filtering: %+v", v)
 	}
 }
