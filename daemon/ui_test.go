@@ -140,8 +140,11 @@ func TestUIHostileNamesAreText(t *testing.T) {
 		chromedp.WaitNotVisible("#auth"), chromedp.WaitVisible("td.name")); err != nil {
 		t.Fatalf("after the token: %v", err)
 	}
-	// Two polls: the rate is computed between them.
-	time.Sleep(4500 * time.Millisecond)
+	// The rate is computed between two polls.
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.querySelector("#rows tr.row-open td.rate").textContent !== "0.0"`,
+		chromedp.WithPollingTimeout(30*time.Second), chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
+		t.Fatalf("no rejection rate between polls: %v", err)
+	}
 	browsertest.Screenshot(ctx, t, "2-hostile-names")
 
 	type pageState struct {

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -129,6 +130,37 @@ func TestStatusPageShowsATrip(t *testing.T) {
 		t.Errorf("API: %+v; page showed %d rejections", c, second)
 	}
 	t.Logf("web: %d then %d rejections, %s/s on the page; screenshot %s", first, second, v.Rate, shot)
+
+	// Across a SIGTERM restart and a SIGKILL: the page says it cannot
+	// reach breakerd while it is down, then shows web still open (adopted)
+	// with its rejections going on from the kernel's counters; the client
+	// never got a SYN through.
+	syns := w.topo.Servers[0].SYNs(t)
+	last := second
+	for _, sig := range []os.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		w.signal(sig)
+		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.getElementById("conn").classList.contains("error")`,
+			chromedp.WithPollingTimeout(15*time.Second), chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
+			t.Fatalf("after %v the page does not say breakerd is unreachable: %v", sig, err)
+		}
+		browsertest.Screenshot(ctx, t, "4-down-after-"+strings.ToLower(sig.String()))
+		w.start()
+		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](fmt.Sprintf(`!document.getElementById("conn").classList.contains("error") &&
+			document.querySelector('%s .state').textContent === "open" && Number(document.querySelector('%s td.rejected').textContent) > %d &&
+			Number(document.querySelector('%s td.rate').textContent) > 0`, row, row, last, row),
+			chromedp.WithPollingTimeout(20*time.Second), chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
+			t.Fatalf("after the %v restart the page does not show web open with more than %d rejections: %v\n%s", sig, last, err, w.logs.String())
+		}
+		last = rejected()
+	}
+	shot = browsertest.Screenshot(ctx, t, "5-open-after-restarts")
+	if ev, err := chromedp.Run(ctx, chromedp.Evaluate[string](`[...document.querySelectorAll("#event-rows tr")].map((tr) => tr.textContent).join("\n")`)); err != nil || !strings.Contains(ev, "consecutive_failures") {
+		t.Errorf("the transition seen before the restarts is gone from the page (%v):\n%s", err, ev)
+	}
+	if n := w.topo.Servers[0].SYNs(t) - syns; n != 0 {
+		t.Errorf("%d SYNs reached the host while web was open, across the restarts", n)
+	}
+	t.Logf("after a SIGTERM and a SIGKILL restart: web open, %d rejections; screenshot %s", last, shot)
 }
 
 // tmux drives a program in a real terminal (a tmux pane on its own
@@ -187,7 +219,8 @@ func rowOrder(screen string) []string {
 
 // TestTopShowsATrip runs `breakerctl top` in a tmux terminal against a
 // real breakerd: it draws both circuits, shows web open in red with its
-// rejections after a real trip, re-sorts on the n, r and s keys, and on q
+// rejections after a real trip, re-sorts on the n and r keys, shows an
+// error while the daemon restarts and recovers after it, and on q
 // exits with status 0 and the terminal restored (primary screen, echo and
 // canonical mode back).
 func TestTopShowsATrip(t *testing.T) {
@@ -228,14 +261,22 @@ func TestTopShowsATrip(t *testing.T) {
 	}
 
 	tm.run("send-keys", "-t", "top", "n")
-	tm.waitFor("the name order (api first)", 5*time.Second, func(s string) bool {
+	tm.waitFor("the name order (api first)", 10*time.Second, func(s string) bool {
 		o := rowOrder(s)
 		return strings.Contains(s, "sort: name") && len(o) == 2 && o[0] == "api"
 	})
 	tm.run("send-keys", "-t", "top", "r")
-	tm.waitFor("the rejections order (web first)", 5*time.Second, func(s string) bool {
+	tm.waitFor("the rejections order (web first)", 10*time.Second, func(s string) bool {
 		o := rowOrder(s)
 		return strings.Contains(s, "sort: rejections/s") && len(o) == 2 && o[0] == "web"
+	})
+	// A daemon restart: top says it cannot read breakerd, then recovers.
+	w.signal(syscall.SIGTERM)
+	tm.waitFor("the error while breakerd is down", 10*time.Second, func(s string) bool { return strings.Contains(s, "error: reaching breakerd") })
+	w.start()
+	tm.waitFor("web open again after the restart", 20*time.Second, func(s string) bool {
+		o := rowOrder(s)
+		return !strings.Contains(s, "error:") && len(o) == 2 && o[0] == "web" && strings.Contains(s, "open 1")
 	})
 	tm.run("send-keys", "-t", "top", "q")
 	var out []byte

@@ -17,6 +17,7 @@ const CHART_MIN_MS = 60 * 1000; // charts' shortest span
 const RECENT_MS = 5 * 60 * 1000; // a circuit changed this recently is charted
 const MAX_CHARTS = 12;
 const EVENTS_SHOWN = 50;
+const MAX_EVENTS = 1000; // transitions kept, across daemon restarts
 const STATE_ORDER = { open: 0, forced_open: 1, half_open: 2, forced_closed: 3, disabled: 4, closed: 5 };
 
 const ui = {
@@ -121,17 +122,25 @@ async function fetchCircuits() {
   return { circuits: all, truncated: path !== "" };
 }
 
+// mergeEvents adds the transitions of a poll to those already seen, so a
+// daemon restart (which starts its list anew) does not wipe them from the
+// page; at most MAX_EVENTS are kept, oldest first.
+function mergeEvents(seen, polled) {
+  const key = (e) => e.time + "\u0000" + e.circuit + "\u0000" + e.to;
+  const all = new Map(seen.map((e) => [key(e), e]));
+  for (const e of polled) all.set(key(e), e);
+  return [...all.values()].sort((a, b) => Date.parse(a.time) - Date.parse(b.time)).slice(-MAX_EVENTS);
+}
+
 // observe updates rates, state changes and the charts' history.
 function observe(circuits, t) {
   const seen = new Set();
   for (const c of circuits) {
     seen.add(c.name);
     const p = ui.prev.get(c.name);
-    if (p && t > p.t && c.rejected >= p.rejected) {
-      ui.rate.set(c.name, (c.rejected - p.rejected) / ((t - p.t) / 1000));
-    } else if (!p) {
-      ui.rate.set(c.name, 0);
-    }
+    // A counter that went down was reset (a reused circuit id): no rate
+    // until the next poll.
+    ui.rate.set(c.name, p && t > p.t && c.rejected >= p.rejected ? (c.rejected - p.rejected) / ((t - p.t) / 1000) : 0);
     ui.prev.set(c.name, { rejected: c.rejected, t });
     const was = ui.lastState.get(c.name);
     if (was !== undefined && was !== c.state) ui.changed.set(c.name, t);
@@ -368,7 +377,7 @@ async function poll() {
   if (document.getElementById("paused").checked) return;
   try {
     const [{ circuits, truncated }, { body: events }] = await Promise.all([fetchCircuits(), getJSON("/v1/events")]);
-    ui.events = events;
+    ui.events = mergeEvents(ui.events, events);
     ui.truncated = truncated;
     ui.circuits = circuits;
     observe(circuits, now());
