@@ -45,8 +45,9 @@ func (w *world) trip() {
 // Debian's headless Chromium, trips a circuit with a real client, and
 // checks through the browser's DOM that the circuit shows as open in its
 // colour, that its rejections count up from one poll to the next, that it
-// is charted and its transition listed. Screenshots are kept (the test
-// logs their paths).
+// is charted and its transition listed; then the same across a SIGTERM
+// and a SIGKILL restart and a reload. Screenshots are kept (the test logs
+// their paths).
 func TestStatusPageShowsATrip(t *testing.T) {
 	w := newWorld(t, 1, viewConfig)
 	w.start()
@@ -161,6 +162,14 @@ func TestStatusPageShowsATrip(t *testing.T) {
 		t.Errorf("%d SYNs reached the host while web was open, across the restarts", n)
 	}
 	t.Logf("after a SIGTERM and a SIGKILL restart: web open, %d rejections; screenshot %s", last, shot)
+
+	// A reload that drops api: the page drops its row and keeps web open.
+	w.swapConfig(viewConfig[:strings.Index(viewConfig, "  api:")])
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`!document.querySelector('#rows tr[data-name="api"]') &&
+		document.querySelector('`+row+` .state').textContent === "open"`,
+		chromedp.WithPollingTimeout(20*time.Second), chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
+		t.Fatalf("after a reload without api the page still shows it (or web is not open): %v\n%s", err, w.logs.String())
+	}
 }
 
 // tmux drives a program in a real terminal (a tmux pane on its own
