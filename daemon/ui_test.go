@@ -107,7 +107,8 @@ func (s *stubAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case strings.HasPrefix(r.URL.Path, "/v1/circuits/"):
 		writeJSON(w, 200, withWorkloads(open))
 	case r.URL.Path == "/v1/events":
-		writeJSON(w, 200, []TransitionEvent{{Time: time.Now(), Circuit: open.Name, Target: hostile, From: "closed", To: "open", Reason: hostile, FailureRate: 1, Calls: 5}})
+		writeJSON(w, 200, []map[string]any{{"time": time.Now(), "circuit": open.Name, "target": hostile, "workload": "w/" + hostile,
+			"from": "closed", "to": "open", "reason": hostile, "failure_rate": 1, "calls": 5}})
 	default:
 		writeError(w, 404, "no endpoint")
 	}
@@ -151,6 +152,7 @@ func TestUIHostileNamesAreText(t *testing.T) {
 		Images, Scripts, Pwned int
 		Names, Targets, Work   []string
 		Events, Reasons        []string
+		EventWork              []string
 		Rows                   int
 		Rate                   string
 	}
@@ -164,7 +166,8 @@ func TestUIHostileNamesAreText(t *testing.T) {
 			Names: texts("#rows td.name"),
 			Targets: [...document.querySelectorAll("#rows tr")].map((tr) => tr.children[2] ? tr.children[2].textContent : ""),
 			Work: texts("#rows td.workloads"),
-			Events: texts("#event-rows td.name"),
+			Events: [...document.querySelectorAll("#event-rows td.name")].map((td) => td.firstChild.textContent),
+			EventWork: texts("#event-rows td.name .hint"),
 			Reasons: [...document.querySelectorAll("#event-rows tr")].map((tr) => tr.children[4].textContent),
 			Rows: document.querySelectorAll("#rows tr").length,
 			Rate: document.querySelector("#rows tr.row-open td.rate").textContent,
@@ -181,7 +184,7 @@ func TestUIHostileNamesAreText(t *testing.T) {
 	}
 	want := hostile + "/198.18.0.2:80"
 	if !slices.Contains(st.Names, want) || !slices.Contains(st.Targets, hostile) || !slices.Contains(st.Work, "kubepods.slice/"+hostile) ||
-		!slices.Contains(st.Events, want) || !slices.Contains(st.Reasons, hostile) {
+		!slices.Contains(st.Events, want) || !slices.Contains(st.Reasons, hostile) || !slices.Contains(st.EventWork, " (w/"+hostile+")") {
 		t.Fatalf("the literal text is not shown: %+v", st)
 	}
 	if st.Rate == "0.0" || st.Rate == "" {

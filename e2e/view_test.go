@@ -236,7 +236,7 @@ func TestTopShowsATrip(t *testing.T) {
 	w := newWorld(t, 1, viewConfig)
 	w.start()
 	done := filepath.Join(t.TempDir(), "done")
-	cmd := fmt.Sprintf("%s top --socket %s --interval 300ms; echo \"top exited $?\" > %s; stty -a >> %s; sleep 60",
+	cmd := fmt.Sprintf("%s top --socket %s --interval 1s; echo \"top exited $?\" > %s; stty -a >> %s; sleep 60",
 		bin(t, "breakerctl"), w.socket, done, done)
 	tm := newTmux(t, 150, 30, cmd)
 	tm.waitFor("both circuits closed", 15*time.Second, func(s string) bool {

@@ -116,6 +116,7 @@ func (m *topModel) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		case "home", "g":
 			m.offset = 0
 		}
+		m.sortCircuits() // at once, not at the next read
 		m.offset = max(0, min(m.offset, len(m.circuits)-1))
 	case tea.WindowSizeMsg:
 		m.width, m.height = msg.Width, msg.Height

@@ -61,8 +61,8 @@ function duration(ms) {
 
 function now() { return Date.now() + ui.skew; }
 
-// workloads returns the workload names of a circuit when the daemon
-// reports them (workloads, workload or workload_class), else [].
+// workloads returns the workload names of a circuit or a transition when
+// the daemon reports them (workloads, workload or workload_class), else [].
 function workloads(c) {
   const v = c.workloads ?? c.workload ?? c.workload_class;
   if (v == null || v === "") return [];
@@ -304,10 +304,10 @@ function renderCharts() {
 
 function renderEvents() {
   const f = filters();
-  const list = ui.events.filter((e) => !f.q || [e.circuit, e.target].some((s) => String(s).toLowerCase().includes(f.q)));
+  const list = ui.events.filter((e) => !f.q || [e.circuit, e.target, ...workloads(e)].some((s) => String(s).toLowerCase().includes(f.q)));
   const rows = list.slice(-EVENTS_SHOWN).reverse().map((e) => el("tr", "",
     el("td", "", new Date(e.time).toLocaleTimeString()),
-    el("td", "name", e.circuit),
+    el("td", "name", e.circuit, ...workloads(e).map((w) => el("span", "hint", " (" + w + ")"))),
     el("td", "", el("span", "state state-" + e.from, e.from)),
     el("td", "", el("span", "state state-" + e.to, e.to)),
     el("td", "wrap", e.reason),
@@ -389,6 +389,8 @@ async function poll() {
     if (err instanceof HTTPError && (err.status === 403 || err.status === 401)) {
       document.getElementById("auth").hidden = false;
       setConn("not allowed: " + err.message, true);
+    } else if (err instanceof HTTPError) {
+      setConn("breakerd answered " + err.status + ": " + err.message, true);
     } else {
       setConn("cannot reach breakerd: " + err.message, true);
     }

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	tea "github.com/charmbracelet/bubbletea"
+
+	"github.com/breakerd/breakerd/daemon"
+)
+
+// TestTopModel drives top's model without a terminal: rates between two
+// reads, the sort keys, names that cannot steer the terminal, and q.
+func TestTopModel(t *testing.T) {
+	m := &topModel{interval: time.Second, prev: map[string]sample{}, rate: map[string]float64{}, width: 120, height: 20}
+	t0 := time.Now()
+	read := func(at time.Time, rejected uint64) {
+		m.Update(dataMsg{at: at, circuits: []daemon.CircuitInfo{
+			{Name: "b-open", State: "open", FailureRate: 0.5, Rejected: rejected},
+			{Name: "a-closed", State: "closed", FailureRate: 0.9},
+			{Name: "c-\x1b[2Jevil\x07", State: "half_open", FailureRate: 0.1, Rejected: 1},
+		}})
+	}
+	read(t0, 10)
+	read(t0.Add(2*time.Second), 30)
+	if r := m.rate["b-open"]; r != 10 {
+		t.Fatalf("rate %v, want 10/s", r)
+	}
+	order := func() string {
+		var names []string
+		for _, c := range m.circuits {
+			names = append(names, c.Name[:1])
+		}
+		return strings.Join(names, "")
+	}
+	if o := order(); o != "bca" {
+		t.Fatalf("by state: %s", o)
+	}
+	for key, want := range map[string]string{"f": "abc", "n": "abc", "r": "bac", "s": "bca"} {
+		m.Update(tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune(key)})
+		if o := order(); o != want {
+			t.Errorf("key %s: order %s, want %s", key, o, want)
+		}
+	}
+	view := m.View()
+	if strings.Contains(view, "\x1b[2J") || strings.Contains(view, "\x07") || !strings.Contains(view, "c-?[2Jevil?") {
+		t.Errorf("a name's control characters reached the terminal:\n%q", view)
+	}
+	if !strings.Contains(view, "\x1b[41;97mopen") {
+		t.Errorf("open is not drawn in red:\n%q", view)
+	}
+	// A counter that went down (a reused id) gives no rate.
+	read(t0.Add(3*time.Second), 5)
+	if r := m.rate["b-open"]; r != 0 {
+		t.Errorf("rate after a reset %v", r)
+	}
+	if _, cmd := m.Update(tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune("q")}); cmd == nil || cmd() != tea.Quit() {
+		t.Error("q does not quit")
+	}
+}
