@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,6 +54,23 @@ func TestStatusPageShowsATrip(t *testing.T) {
 	w.start()
 	ctx := browsertest.New(t, 90*time.Second)
 	row := `#rows tr[data-name="web"]`
+	// breakerd's own names cannot carry markup (target names match
+	// [a-z0-9_-]+, circuit names add addresses; host names never reach the
+	// API), but the filter in a link can: a crafted one is shown as text.
+	evil := `<img src=x onerror="window.__pwned=1">`
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+w.admin+"/#q="+url.QueryEscape(evil)), chromedp.WaitVisible("#rows td.empty")); err != nil {
+		t.Fatalf("the page with a filter in its address: %v", err)
+	}
+	type injected struct {
+		Images, Pwned int
+		Shown         string
+	}
+	inj, err := chromedp.Run(ctx, chromedp.Evaluate[injected](`({Images: document.querySelectorAll("img").length, Pwned: window.__pwned || 0,
+		Shown: document.querySelector("#rows td.empty").textContent})`))
+	if err != nil || inj.Images != 0 || inj.Pwned != 0 || !strings.Contains(inj.Shown, evil) {
+		t.Fatalf("a filter with markup in the address: %+v (%v)", inj, err)
+	}
+	browsertest.Screenshot(ctx, t, "0-hostile-filter")
 	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+w.admin+"/"), chromedp.WaitVisible(row)); err != nil {
 		t.Fatalf("the page shows no row for web: %v\n%s", err, w.logs.String())
 	}
