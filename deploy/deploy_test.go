@@ -204,7 +204,7 @@ func TestAlertRules(t *testing.T) {
 		}
 		t.Skip("promtool not installed")
 	}
-	for _, args := range [][]string{{"check", "rules", "recording-rules.yml"}, {"check", "rules", "alerts.yml"}, {"test", "rules", "alerts_test.yml"}} {
+	for _, args := range [][]string{{"check", "rules", "recording-rules.yml"}, {"test", "rules", "recording-rules_test.yml"}, {"check", "rules", "alerts.yml"}, {"test", "rules", "alerts_test.yml"}} {
 		if out, err := exec.Command("promtool", args...).CombinedOutput(); err != nil {
 			t.Fatalf("promtool %v: %v\n%s", args, err, out)
 		}
