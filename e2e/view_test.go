@@ -150,11 +150,27 @@ func TestStatusPageShowsATrip(t *testing.T) {
 	}
 	t.Logf("web: %d then %d rejections, %s/s on the page; screenshot %s", first, second, v.Rate, shot)
 
+	// A dynamic circuit (its name has a slash) opens its detail, read
+	// from /v1/circuits/{name} with the name escaped.
+	srv := w.topo.Servers[0]
+	w.topo.Client.Dial(t, w.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(srv.IPv4, 7070)})
+	dyn := fmt.Sprintf("tcp/%s:7070", srv.IPv4)
+	if err := chromedp.Do(ctx, chromedp.Click(`#rows tr[data-name="`+dyn+`"]`), chromedp.WaitVisible("#detail")); err != nil {
+		t.Fatalf("the dynamic circuit %s: %v", dyn, err)
+	}
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](fmt.Sprintf(`document.getElementById("detail-name").textContent === %q &&
+		document.getElementById("detail-body").textContent.includes("connect_timeout")`, dyn),
+		chromedp.WithPollingTimeout(10*time.Second), chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
+		d, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("detail").textContent`))
+		t.Fatalf("the detail of %s: %v\n%s", dyn, err, d)
+	}
+	browsertest.Screenshot(ctx, t, "3b-detail")
+
 	// Across a SIGTERM restart and a SIGKILL: the page says it cannot
 	// reach breakerd while it is down, then shows web still open (adopted)
 	// with its rejections going on from the kernel's counters; the client
 	// never got a SYN through.
-	syns := w.topo.Servers[0].SYNs(t)
+	syns := srv.SYNs(t)
 	last := second
 	for _, sig := range []os.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		w.signal(sig)
@@ -176,7 +192,7 @@ func TestStatusPageShowsATrip(t *testing.T) {
 	if ev, err := chromedp.Run(ctx, chromedp.Evaluate[string](`[...document.querySelectorAll("#event-rows tr")].map((tr) => tr.textContent).join("\n")`)); err != nil || !strings.Contains(ev, "consecutive_failures") {
 		t.Errorf("the transition seen before the restarts is gone from the page (%v):\n%s", err, ev)
 	}
-	if n := w.topo.Servers[0].SYNs(t) - syns; n != 0 {
+	if n := srv.SYNs(t) - syns; n != 0 {
 		t.Errorf("%d SYNs reached the host while web was open, across the restarts", n)
 	}
 	t.Logf("after a SIGTERM and a SIGKILL restart: web open, %d rejections; screenshot %s", last, shot)
