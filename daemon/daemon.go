@@ -31,6 +31,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/breakerd/breakerd/kube"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
@@ -66,6 +67,10 @@ type Options struct {
 	CheckInterval time.Duration
 	// Resolver looks host names up (default net.DefaultResolver).
 	Resolver Resolver
+	// Cluster is the Kubernetes API client that resolves Service targets
+	// and receives Events (kube.go); nil without API access, when Service
+	// targets match nothing.
+	Cluster *kube.Client
 }
 
 // Daemon is a running breakerd.
@@ -81,6 +86,7 @@ type Daemon struct {
 	cfg      *policy.Config
 	matcher  *policy.Matcher
 	resolved map[string][]netip.Addr
+	services map[string][]policy.ServiceDest // Service targets' destinations, by target
 	reg      *registry
 	pending  map[uint64]pendingConn // connecting sockets seen retransmitting SYNs, by cookie
 	counted  map[uint64]bool        // sockets already counted as timed out
@@ -178,7 +184,7 @@ func New(opts Options) (*Daemon, error) {
 	d := &Daemon{
 		opts: opts, log: opts.Logger, rand: rng.Float64,
 		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{},
-		resolved: map[string][]netip.Addr{}, retired: map[string]maps.Counters{},
+		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{}, retired: map[string]maps.Counters{},
 		endpointIdle: endpointIdle,
 	}
 	d.metrics = newMetrics(d)
@@ -238,6 +244,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.readEvents(rd) })
 	wg.Go(func() { d.tickLoop(ctx) })
 	wg.Go(func() { d.resolveLoop(ctx) })
+	wg.Go(func() { d.kubeLoop(ctx) })
 	watcher := d.configWatcher()
 	wg.Go(func() { d.watchConfig(ctx, watcher) })
 	wg.Go(func() { d.watchGround(ctx) })
@@ -361,6 +368,7 @@ func (d *Daemon) apply(c *circuit, t policy.Transition) {
 		msg = "circuit kept " + t.To.String()
 	}
 	d.log.Info(msg, attrs...)
+	d.kubeEvent(c, t)
 	ev := TransitionEvent{Time: t.At, Circuit: c.name, Target: c.target, From: t.From.String(), To: t.To.String(),
 		Reason: string(t.Reason), FailureRate: t.FailureRate, SlowRate: t.SlowRate, Calls: t.Calls, OpenUntil: t.OpenUntil, Trip: t.Trip}
 	d.events.add(ev)
@@ -511,22 +519,31 @@ func (d *Daemon) setOptions(c *circuit, o *policy.Options, now time.Time) {
 // can be enumerated (so forced states and open verdicts cover them before
 // any traffic).
 func (d *Daemon) rematch() {
-	d.matcher = policy.NewMatcher(d.cfg, d.resolved)
+	d.matcher = policy.NewMatcherWithServices(d.cfg, d.resolved, d.services)
 	now := d.now()
 	for _, c := range d.sortedCircuits() {
+		var stale []maps.Dest
 		for _, dst := range c.dests {
 			target, excluded := d.matcher.Match(dst.Addr.Addr(), dst.Addr.Port(), dst.Proto.String())
 			if target == "" {
 				target = allTarget
 			}
 			if excluded || target != c.target {
-				d.drop(c)
-				break
+				stale = append(stale, dst)
 			}
+		}
+		switch {
+		case len(stale) == 0:
+		case len(stale) < len(c.dests) && isServiceTarget(d.cfg, c.target):
+			// A Service's endpoints come and go: the circuit keeps its
+			// state; only the departed destinations leave it.
+			d.detach(c, stale)
+		default:
+			d.drop(c)
 		}
 	}
 	for _, name := range sortedKeys(d.cfg.Targets) {
-		for _, dst := range staticDests(d.cfg.Targets[name], d.resolved) {
+		for _, dst := range append(staticDests(d.cfg.Targets[name], d.resolved), serviceStaticDests(d.services[name])...) {
 			if c := d.lookup(dst, now); c != nil {
 				c.enumerated = true
 			}
@@ -591,5 +608,6 @@ func (d *Daemon) Reload() error {
 		ctx = context.Background()
 	}
 	d.resolve(ctx)
+	d.resolveServices()
 	return nil
 }

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/kube"
 )
 
 func TestMain(m *testing.M) { kerneltest.Main(m) }
@@ -44,6 +45,8 @@ type fixture struct {
 	// resolve interval when set.
 	resolver     Resolver
 	resolveEvery time.Duration
+	// cluster is the Kubernetes client the daemon gets (kube_test.go).
+	cluster *kube.Client
 }
 
 // newFixture makes the cgroup, the hosts and a configuration file whose
@@ -80,7 +83,7 @@ func (f *fixture) start() *Daemon {
 	d, err := New(Options{
 		ConfigPath: f.config, Cgroup: f.cg.Path, BPFFS: f.bpffs, AdminSocket: f.socket, AdminAddr: f.admin,
 		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(f.logs), nil)), TickInterval: f.tick,
-		Resolver: f.resolver, ResolveInterval: f.resolveEvery,
+		Resolver: f.resolver, ResolveInterval: f.resolveEvery, Cluster: f.cluster,
 	})
 	if err != nil {
 		f.t.Fatalf("New: %v", err)

@@ -45,11 +45,13 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	// Host names are looked up first, in parallel and each bounded,
 	// keeping a fresh previous heartbeat fresh meanwhile.
 	resolved := d.lookupHostsKeepingAlive(hostNamesOf(cfg))
+	services := d.lookupServicesKeepingAlive(cfg)
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.applyConfig(cfg)
 	d.applyResolved(resolved)
+	d.applyServices(services)
 	d.reg.adopting = true // max_circuits never drops an adopted verdict
 	d.adopt(verdicts, limits)
 	d.reg.adopting = false

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"github.com/breakerd/breakerd/kube"
+
 	"regexp"
 	"slices"
 	"strings"
@@ -29,7 +31,8 @@ type MetricFamily struct {
 func MetricFamilies() []MetricFamily {
 	m := newMetrics(&Daemon{})
 	var out []MetricFamily
-	for _, c := range m.collectors {
+	// With API access the daemon exports the Kubernetes client's too.
+	for _, c := range append(m.collectors, kube.MetricsCollector()) {
 		_, histVec := c.(*prometheus.HistogramVec)
 		_, hist := c.(prometheus.Histogram)
 		ch := make(chan *prometheus.Desc)

@@ -53,6 +53,9 @@ func newMetrics(d *Daemon) *metrics {
 	m.collectors = []prometheus.Collector{m.transitions, m.outcomes, m.handshake, m.reloadOK, m.reloadTime, m.verdictWriteErrors,
 		m.circuitsEvicted, m.circuitsRefused, m.protected, m.groundProblems, build, &stateCollector{d: d},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})}
+	if d.opts.Cluster != nil {
+		m.collectors = append(m.collectors, d.opts.Cluster)
+	}
 	m.reg.MustRegister(m.collectors...)
 	return m
 }

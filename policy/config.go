@@ -124,6 +124,21 @@ type Match struct {
 	Ports []PortRange
 	// Proto is tcp, udp or any.
 	Proto string
+	// Service is a Kubernetes Service, "namespace/name", resolved live by
+	// the daemon (its cluster IPs and its EndpointSlices' serving
+	// endpoints); empty when the match names addresses. With a Service,
+	// Ports are the Service's port numbers and PortNames its port names
+	// (neither: every port of the Service).
+	Service string
+	// PortNames are Service port names (with Service only).
+	PortNames []string
+}
+
+// ServiceDest is one destination a Service currently resolves to: a
+// cluster IP and Service port, or an endpoint address and its port.
+type ServiceDest struct {
+	Addr  netip.AddrPort
+	Proto string // tcp or udp
 }
 
 // PortRange is an inclusive range of ports; a single port has Lo == Hi.
@@ -153,7 +168,8 @@ var topFields = []docField{
 var targetFields = []docField{
 	{"match.cidrs", "[]", "list of CIDRs or addresses", "Destinations by address (`10.0.0.0/8`, `192.0.2.7`, `2001:db8::/48`)."},
 	{"match.hosts", "[]", "list of DNS names", "Destinations by name, resolved and re-resolved by the daemon."},
-	{"match.ports", "[] (every port)", "list of ports or ranges", "`443`, `8000-8100`."},
+	{"match.service", "(none)", "NAMESPACE/NAME", "A Kubernetes Service, resolved live from the API (needs API access: in a pod, or `--kubeconfig`): its cluster IPs × its ports, and its EndpointSlices' serving endpoints (ready, or terminating and still serving) × their ports. Not with `cidrs` or `hosts`. A Service that does not exist yet matches nothing until it appears. See *Kubernetes Services*."},
+	{"match.ports", "[] (every port)", "list of ports or ranges", "`443`, `8000-8100`. With `service`: the Service's port numbers (`spec.ports[].port`) or names (`http`), no ranges."},
 	{"match.protocol", "tcp", "tcp | udp | any", "Transport protocol. UDP is enforced on sendmsg and connected UDP."},
 	{"scope", "service", "service | endpoint", "`service`: one circuit for the target; `endpoint`: one per address and port."},
 	{"max_ejection_percent", "50", "percent in [1, 100]", "Endpoint scope: never more than this share of the target's known endpoints open at once (rounded down), except that one endpoint may always be open (Envoy's rule). See *Endpoint groups*."},
@@ -336,7 +352,11 @@ func topKeys() []string {
 func (d *decoder) limits(c *Config) {
 	entries := 0
 	hosts := map[string]bool{}
+	services := 0
 	count := func(m Match) {
+		if m.Service != "" {
+			services++
+		}
 		ports := max(len(m.Ports), 1)
 		entries += len(m.Prefixes) * ports
 		for _, h := range m.Hosts {
@@ -351,6 +371,9 @@ func (d *decoder) limits(c *Config) {
 	}
 	if entries > MaxMatchEntries {
 		d.add("(file)", "targets and excludes name %d address × port pairs; the limit is %d", entries, MaxMatchEntries)
+	}
+	if services > MaxServices {
+		d.add("(file)", "%d Service targets; the limit is %d", services, MaxServices)
 	}
 	if len(hosts) > MaxHosts {
 		d.add("(file)", "%d distinct host names; the limit is %d", len(hosts), MaxHosts)
@@ -433,8 +456,8 @@ func (d *decoder) target(name string, val any) *Target {
 			t.Match = d.match(path+".match", mm)
 		}
 	}
-	if len(t.Match.Prefixes) == 0 && len(t.Match.Hosts) == 0 {
-		d.add(path+".match", "names no cidrs or hosts")
+	if len(t.Match.Prefixes) == 0 && len(t.Match.Hosts) == 0 && t.Match.Service == "" {
+		d.add(path+".match", "names no cidrs, hosts or service")
 	}
 	if v, ok := m["scope"]; ok && v != nil {
 		s, _ := asString(v)
@@ -468,11 +491,26 @@ func (d *decoder) match(path string, m map[string]any) Match {
 		v := m[k]
 		if v == nil {
 			switch k {
-			case "cidrs", "hosts", "ports", "protocol":
+			case "cidrs", "hosts", "ports", "protocol", "service":
 				continue // reported as a null value
 			}
 		}
 		switch k {
+		case "service":
+			if strings.HasPrefix(path, "exclude") {
+				d.add(path+".service", "an exclude takes cidrs and hosts, not a service")
+				continue
+			}
+			s, ok := v.(string)
+			if !ok {
+				d.add(path+".service", "must be NAMESPACE/NAME")
+				continue
+			}
+			if err := checkServiceRef(s); err != nil {
+				d.add(path+".service", "%v", err)
+				continue
+			}
+			mt.Service = s
 		case "cidrs":
 			for i, s := range d.strings(path+".cidrs", v) {
 				p, err := parsePrefix(s)
@@ -491,7 +529,20 @@ func (d *decoder) match(path string, m map[string]any) Match {
 				mt.Hosts = append(mt.Hosts, strings.ToLower(s))
 			}
 		case "ports":
+			_, service := m["service"]
 			for i, s := range d.strings(path+".ports", v) {
+				if service {
+					if isPortName(s) {
+						mt.PortNames = append(mt.PortNames, s)
+						continue
+					}
+					if pr, err := parsePorts(s); err == nil && pr.Lo == pr.Hi {
+						mt.Ports = append(mt.Ports, pr)
+						continue
+					}
+					d.add(fmt.Sprintf("%s.ports[%d]", path, i), "%q is not a Service port number (1-65535) or port name", s)
+					continue
+				}
 				pr, err := parsePorts(s)
 				if err != nil {
 					d.add(fmt.Sprintf("%s.ports[%d]", path, i), "%v", err)
@@ -508,8 +559,11 @@ func (d *decoder) match(path string, m map[string]any) Match {
 				d.add(path+".protocol", "%v is not tcp, udp or any", v)
 			}
 		default:
-			d.add(path+"."+k, "unknown key (match takes cidrs, hosts, ports, protocol)")
+			d.add(path+"."+k, "unknown key (match takes cidrs, hosts, service, ports, protocol)")
 		}
+	}
+	if mt.Service != "" && len(mt.Prefixes)+len(mt.Hosts) > 0 {
+		d.add(path+".service", "a service match names no cidrs or hosts (the Service's addresses come from the API)")
 	}
 	if n := len(mt.Prefixes) + len(mt.Hosts); n > MaxAddresses {
 		d.add(path, "%d cidrs and hosts; the limit is %d per match block", n, MaxAddresses)
@@ -547,6 +601,40 @@ func (d *decoder) strings(path string, v any) []string {
 		out = append(out, strings.TrimSpace(fmt.Sprint(e)))
 	}
 	return out
+}
+
+var (
+	// dnsLabelRE is a DNS-1123 label (a namespace, a Service port name),
+	// dns1035RE a DNS-1035 label (a Service name).
+	dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+	dns1035RE  = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
+)
+
+// isPortName reports a Service port name: a DNS-1123 label with at least
+// one letter (all digits is a port number).
+func isPortName(s string) bool {
+	return dnsLabelRE.MatchString(s) && strings.IndexFunc(s, func(r rune) bool { return r >= 'a' && r <= 'z' }) >= 0
+}
+
+// checkServiceRef checks "namespace/name" as Kubernetes would.
+func checkServiceRef(s string) error {
+	ns, name, ok := strings.Cut(s, "/")
+	switch {
+	case !ok || strings.Contains(name, "/"):
+		return fmt.Errorf("%q is not NAMESPACE/NAME", quoteShort(s))
+	case !dnsLabelRE.MatchString(ns):
+		return fmt.Errorf("namespace %q is not a DNS-1123 label (lowercase letters, digits, '-', at most 63)", quoteShort(ns))
+	case !dns1035RE.MatchString(name):
+		return fmt.Errorf("service name %q is not a DNS-1035 label (a lowercase letter, then letters, digits, '-', at most 63)", quoteShort(name))
+	}
+	return nil
+}
+
+func quoteShort(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
 }
 
 func parsePrefix(s string) (netip.Prefix, error) {

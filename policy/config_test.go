@@ -78,7 +78,7 @@ exclude:
 		"targets.payments.min_requests: 200 exceeds window_size 100",
 		`targets.payments.reject_errno: unknown errno "EWHATEVER"`,
 		"targets.payments.open_duration: 30 is not a duration",
-		"targets.nomatch.match: names no cidrs or hosts",
+		"targets.nomatch.match: names no cidrs, hosts or service",
 		"targets.nomatch.scope: region is not service or endpoint",
 		`exclude[0].cidrs[0]: "not-a-cidr" is not an address or CIDR`,
 	}

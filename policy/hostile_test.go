@@ -48,7 +48,7 @@ var hostileFiles = []struct {
 	{"null all", "mode: enforce\nall: ~\n", []string{"all: no value (null); give it one or remove the key (line 2)"}},
 	{"null exclude", "exclude: null\n", []string{"exclude: no value (null)"}},
 	{"null target", "targets:\n  db:\n", []string{"targets.db: no value (null); give it one or remove the key (line 2)"}},
-	{"null match", "targets:\n  db:\n    match:\n", []string{"targets.db.match: no value (null); give it one or remove the key (line 3)", "targets.db.match: names no cidrs or hosts"}},
+	{"null match", "targets:\n  db:\n    match:\n", []string{"targets.db.match: no value (null); give it one or remove the key (line 3)", "targets.db.match: names no cidrs, hosts or service"}},
 	{"null ports", "targets:\n  db:\n    match:\n      cidrs: [10.0.0.1]\n      ports:\n", []string{"targets.db.match.ports: no value (null); give it one or remove the key (line 5)"}},
 	{"null option", "targets:\n  db:\n    match: {cidrs: [10.0.0.1]}\n    open_duration:\n", []string{"targets.db.open_duration: no value (null); give it one or remove the key (line 4)"}},
 	{"null list entry", "targets:\n  db:\n    match: {cidrs: [10.0.0.1, ~]}\n", []string{"targets.db.match.cidrs[1]: empty list entry (null) (line 3)"}},

@@ -38,6 +38,9 @@ const (
 	// MaxHosts bounds the distinct host names, each resolved again every
 	// resolve interval.
 	MaxHosts = 256
+	// MaxServices bounds the Service targets, each watched through the
+	// Kubernetes API.
+	MaxServices = 256
 	// maxProblems is how many problems an invalid file reports (the rest
 	// are counted).
 	maxProblems = 100

@@ -146,6 +146,30 @@ func (x *prefixIndex) lookup(a netip.Addr, port uint16, proto string) (entry, bo
 // NewMatcher builds the matcher of c, with the addresses that the host
 // names of targets and excludes currently resolve to (by host name).
 func NewMatcher(c *Config, resolved map[string][]netip.Addr) *Matcher {
+	return NewMatcherWithServices(c, resolved, nil)
+}
+
+// serviceEntries are the exact address:port entries of a Service target,
+// from what its Service currently resolves to.
+func serviceEntries(name string, dests []ServiceDest) []entry {
+	out := make([]entry, 0, len(dests))
+	for _, d := range dests {
+		a := d.Addr.Addr().Unmap()
+		bits := a.BitLen()
+		rank := bits
+		if a.Is4() {
+			rank += 96
+		}
+		out = append(out, entry{target: name, prefix: netip.PrefixFrom(a, bits), ports: PortRange{d.Addr.Port(), d.Addr.Port()},
+			proto: d.Proto, spec: specificity{rank, 2}})
+	}
+	return out
+}
+
+// NewMatcherWithServices is NewMatcher with the destinations each Service
+// target currently resolves to (by target name): exact address and port
+// entries, as specific as a single address with an exact port.
+func NewMatcherWithServices(c *Config, resolved map[string][]netip.Addr, services map[string][]ServiceDest) *Matcher {
 	m := &Matcher{}
 	for _, ex := range c.Exclude {
 		for _, e := range entries("", ex, resolved) {
@@ -155,6 +179,11 @@ func NewMatcher(c *Config, resolved map[string][]netip.Addr) *Matcher {
 	for _, name := range sortedTargetNames(c) {
 		for _, e := range entries(name, c.Targets[name].Match, resolved) {
 			m.targets.add(e)
+		}
+		if c.Targets[name].Match.Service != "" {
+			for _, e := range serviceEntries(name, services[name]) {
+				m.targets.add(e)
+			}
 		}
 	}
 	m.exclude.finish()
@@ -201,6 +230,7 @@ func protosOverlap(a, b string) bool { return a == "any" || b == "any" || a == b
 func (d *decoder) overlaps(c *Config) {
 	names := sortedTargetNames(c)
 	hostOwner := map[string]string{}
+	serviceOwner := map[string]string{}
 	type groupKey struct {
 		prefix netip.Prefix
 		rank   int
@@ -212,6 +242,12 @@ func (d *decoder) overlaps(c *Config) {
 				d.add("targets."+a+".match.hosts", "host %s is also matched by targets.%s", h, o)
 			}
 			hostOwner[h] = a
+		}
+		if sv := c.Targets[a].Match.Service; sv != "" {
+			if o, ok := serviceOwner[sv]; ok {
+				d.add("targets."+a+".match.service", "service %s is also matched by targets.%s", sv, o)
+			}
+			serviceOwner[sv] = a
 		}
 		for _, e := range entries(a, c.Targets[a].Match, nil) {
 			k := groupKey{e.prefix.Masked(), e.spec.portRank}

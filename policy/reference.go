@@ -19,6 +19,7 @@ var limitRows = []struct {
 	{"ports and ranges in one match block", MaxPorts},
 	{"address × port pairs of all targets and excludes together", MaxMatchEntries},
 	{"distinct host names (each re-resolved every resolve interval)", MaxHosts},
+	{"Service targets (each watched through the Kubernetes API)", MaxServices},
 }
 
 // Reference renders the configuration reference (docs/configuration.md)
@@ -88,6 +89,17 @@ func Reference() string {
 	b.WriteString("This is breakerd's panic mode, the counterpart of Envoy's panic threshold: when most endpoints fail at once, the cause is more often shared (the network, a dependency, breakerd's own view) than in every endpoint, so breakerd keeps sending to the rest rather than rejecting everything; to reject the whole service, use `scope: service`. ")
 	b.WriteString("The group knows the endpoints enumerated from its `match` (single addresses and resolved host names, times listed ports) and those seen in traffic; an endpoint leaves it when it no longer matches (removed from the configuration, or gone from the host name's addresses) or, seen only in traffic, when it has been closed and idle for 10 minutes. ")
 	b.WriteString("A reload that changes `max_ejection_percent` applies to the next ejection; endpoints already ejected stay open until they recover.\n\n")
+	b.WriteString("## Kubernetes Services\n\n")
+	b.WriteString("A target with `match: {service: NAMESPACE/NAME}` follows the Service live, through informers on the API server (needs API access: in a pod, the service account; elsewhere `--kubeconfig`; without either it matches nothing and a warning says so). ")
+	b.WriteString("Its destinations are the Service's cluster IPs times its selected ports (`ports` names Service port numbers or names; none: every port whose protocol `protocol` admits), and the addresses of its EndpointSlices' serving endpoints (`serving` true: ready, or terminating and still serving; not-serving endpoints are not the target's) times the slice's port of the same name. ")
+	b.WriteString("When a slice changes, the verdicts follow: a departed endpoint's verdict is removed (a service-scope circuit keeps its state and its other destinations; an endpoint-scope circuit of the departed endpoint is dropped and leaves its group), a new endpoint is covered at once, with the circuit's verdict if it rejects. ")
+	b.WriteString("In endpoint scope the endpoints of the group, and so the denominator of `max_ejection_percent`, are the slices' serving endpoints plus the cluster IPs. ")
+	b.WriteString("A Service that does not exist yet matches nothing until it appears (a warning, and a `ServiceNotFound` Event on the Node); an unreachable API server leaves the last known destinations in force. ")
+	b.WriteString("ExternalName Services have no addresses to resolve; name their host in `hosts` instead.\n\n")
+	b.WriteString("**What a connect-level breaker sees.** breakerd sees the destination that `connect()` is given, before any NAT. ")
+	b.WriteString("With kube-proxy (iptables, IPVS or nftables) a client connects to the cluster IP, and the backend pod is chosen after the cgroup `connect4` hook has run (DNAT in the netfilter path of the first packet): breakerd sees only `clusterIP:port`, so every backend's failures count in the cluster IP's one circuit, and an open verdict rejects the whole Service; endpoint scope cannot tell the pods apart there. ")
+	b.WriteString("Clients of a headless Service (`clusterIP: None`: DNS returns the pod IPs) and clients that connect to pod IPs directly (gRPC client-side balancing, StatefulSet peers) connect to the endpoints themselves, which is where endpoint scope and `max_ejection_percent` eject single pods. ")
+	b.WriteString("kube-proxy replacements that rewrite the address in a cgroup connect hook of their own (Cilium's socket-level load balancing) may run before or after breakerd's, depending on where each is attached: breakerd then sees the Service's or the backend's address; check which on such a cluster.\n\n")
 	b.WriteString("## Reloads and restarts\n\n")
 	b.WriteString("A reload keeps every circuit whose matching still holds — also when its target's or `all`'s options changed: its state, window, trips, open time, and an override set through the API stay, and the new options apply from its next call and transition (an open verdict keeps the `reject_errno` and probe settings it was written with until the circuit next opens). ")
 	b.WriteString("A changed `window_size` or `window_duration` starts an empty window. A circuit is dropped, and its verdict removed, only when its target is removed, its `scope` changes, or one of its destinations now matches another target or an exclude. A target whose `state` changed takes the new state at once. ")

@@ -79,6 +79,8 @@ func run(args []string, stdout io.Writer) error {
 	fs.String("admin-addr", "127.0.0.1:9677", "address of the admin HTTP API: metrics and health for anyone, circuits and events for loopback clients or with the token (empty: off)")
 	fs.String("admin-socket", "/run/breakerd/admin.sock", "unix socket of the admin API (mode 0600, root only), where changes by hand are allowed (empty: off)")
 	fs.String("admin-token-file", "", "file with a bearer token that allows changes over the TCP admin API")
+	fs.String("kubeconfig", "", "kubeconfig file for the Kubernetes API (default: the pod's service account when in a cluster; neither: no API, Service targets match nothing)")
+	fs.String("node-name", "", "this node's name, for Kubernetes Events (default: $NODE_NAME, then the host name)")
 	fs.String("log-level", "info", "debug, info, warn or error")
 	fs.String("log-format", "text", "text or json")
 	if err := fs.Parse(args); errors.Is(err, pflag.ErrHelp) {
@@ -163,10 +165,17 @@ func run(args []string, stdout io.Writer) error {
 		}
 		cg = root
 	}
+	cluster, err := kubeClient(v.GetString("kubeconfig"), v.GetString("node-name"), log)
+	if err != nil {
+		return err
+	}
+	if cluster != nil {
+		defer cluster.Close()
+	}
 	opts := daemon.Options{
 		ConfigPath: v.GetString("config"), Cgroup: cg, BPFFS: v.GetString("bpffs"),
 		AdminAddr: v.GetString("admin-addr"), AdminSocket: v.GetString("admin-socket"),
-		TokenFile: v.GetString("admin-token-file"), Logger: log,
+		TokenFile: v.GetString("admin-token-file"), Logger: log, Cluster: cluster,
 	}
 	d, err := daemon.New(opts)
 	if err != nil {

@@ -1,0 +1,221 @@
+package daemon
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/breakerd/breakerd/kube"
+	"github.com/breakerd/breakerd/maps"
+	"github.com/breakerd/breakerd/policy"
+)
+
+// Service targets (match.service) are resolved like host names: the
+// Kubernetes client (package kube) keeps Services and EndpointSlices in
+// informer caches on its own goroutines; the daemon reads those caches
+// outside d.mu and applies what changed under it. No API call is ever
+// made under d.mu, and the heartbeat never waits on the API.
+
+// serviceSyncTimeout bounds how long start-up waits for the informers'
+// first list (the previous daemon's heartbeat is kept fresh meanwhile).
+const serviceSyncTimeout = 10 * time.Second
+
+// serviceTargets returns the Service targets of cfg: target name → match.
+func serviceTargets(cfg *policy.Config) map[string]policy.Match {
+	out := map[string]policy.Match{}
+	for name, t := range cfg.Targets {
+		if t.Match.Service != "" {
+			out[name] = t.Match
+		}
+	}
+	return out
+}
+
+// serviceResult is what one Service target resolved to.
+type serviceResult struct {
+	dests []policy.ServiceDest
+	found bool
+}
+
+// lookupServices reads the informers' caches for each Service target
+// (watching new namespaces first). The caller must not hold d.mu.
+func (d *Daemon) lookupServices(targets map[string]policy.Match) map[string]serviceResult {
+	cl := d.opts.Cluster
+	if cl == nil || len(targets) == 0 {
+		return nil
+	}
+	refs := make([]string, 0, len(targets))
+	for _, m := range targets {
+		refs = append(refs, m.Service)
+	}
+	cl.Watch(refs)
+	out := make(map[string]serviceResult, len(targets))
+	for name, m := range targets {
+		dests, found := cl.Resolve(m)
+		out[name] = serviceResult{dests, found}
+	}
+	return out
+}
+
+// lookupServicesKeepingAlive waits (bounded) for the informers' first
+// list at start-up, refreshing a previous daemon's fresh heartbeat
+// meanwhile, then resolves.
+func (d *Daemon) lookupServicesKeepingAlive(cfg *policy.Config) map[string]serviceResult {
+	targets := serviceTargets(cfg)
+	if len(targets) == 0 {
+		return nil
+	}
+	if d.opts.Cluster == nil {
+		for name, m := range targets {
+			d.log.Warn("a Service target needs Kubernetes API access (in a pod, or --kubeconfig); it matches nothing", "target", name, "service", m.Service)
+		}
+		return nil
+	}
+	refs := make([]string, 0, len(targets))
+	for _, m := range targets {
+		refs = append(refs, m.Service)
+	}
+	d.opts.Cluster.Watch(refs)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(heartbeatEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				d.keepAlive()
+			}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), serviceSyncTimeout)
+	if !d.opts.Cluster.WaitSynced(ctx) {
+		d.log.Error("the Kubernetes API did not answer in time; Service targets match nothing until it does", "waited", serviceSyncTimeout.String())
+	}
+	cancel()
+	res := d.lookupServices(targets)
+	close(done)
+	wg.Wait()
+	return res
+}
+
+// applyServices takes what Service targets resolved to; changes rebuild
+// the matcher and the enumerated destinations. The caller holds d.mu.
+func (d *Daemon) applyServices(res map[string]serviceResult) (changed bool) {
+	current := serviceTargets(d.cfg)
+	for name := range d.services {
+		if _, ok := current[name]; !ok {
+			delete(d.services, name)
+			changed = true
+		}
+	}
+	for name, m := range current {
+		r, ok := res[name]
+		if !ok {
+			continue // configured after the lookups began: next round
+		}
+		if !slices.Equal(r.dests, d.services[name]) {
+			d.services[name] = r.dests
+			changed = true
+			d.log.Info("Service resolved", "target", name, "service", m.Service, "found", r.found, "destinations", len(r.dests))
+		}
+	}
+	if changed {
+		d.rematch()
+	}
+	return changed
+}
+
+// resolveServices resolves every Service target outside d.mu and applies
+// the result under it. The caller must not hold d.mu.
+func (d *Daemon) resolveServices() {
+	d.mu.Lock()
+	targets := serviceTargets(d.cfg)
+	d.mu.Unlock()
+	res := d.lookupServices(targets)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.applyServices(res) {
+		if err := d.reconcileLimits(); err != nil {
+			d.log.Error("after resolving Services", "err", err)
+		}
+	}
+}
+
+// kubeLoop resolves Service targets again whenever a watched Service or
+// EndpointSlice changes.
+func (d *Daemon) kubeLoop(ctx context.Context) {
+	cl := d.opts.Cluster
+	if cl == nil {
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-cl.Changed():
+			d.resolveServices()
+		}
+	}
+}
+
+// serviceStaticDests lists a Service target's current destinations as the
+// kernel keys them.
+func serviceStaticDests(dests []policy.ServiceDest) []maps.Dest {
+	out := make([]maps.Dest, 0, len(dests))
+	for _, sd := range dests {
+		p := maps.TCP
+		if sd.Proto == "udp" {
+			p = maps.UDP
+		}
+		out = append(out, maps.Dest{Proto: p, Addr: sd.Addr})
+	}
+	return out
+}
+
+// kubeEvent posts a Kubernetes Event when a circuit opens or closes (on
+// its Service, or on the Node for other targets and `all`). It only
+// queues: client-go's broadcaster sends it later, never blocking d.mu.
+func (d *Daemon) kubeEvent(c *circuit, t policy.Transition) {
+	cl := d.opts.Cluster
+	if cl == nil || t.From == t.To {
+		return
+	}
+	opened := t.To.Rejects() && !t.From.Rejects()
+	closed := t.To == policy.Closed && t.From.Rejects()
+	if t.To == policy.Open && t.From == policy.HalfOpen {
+		opened = true // a failed probe reopens
+	}
+	if !opened && !closed {
+		return
+	}
+	ev := kube.Transition{Circuit: c.name, Target: c.target, Opened: opened, Reason: string(t.Reason),
+		FailureRatio: t.FailureRate, SlowRatio: t.SlowRate, Calls: t.Calls}
+	if tg := d.cfg.Targets[c.target]; tg != nil {
+		ev.Service = tg.Match.Service
+	}
+	cl.CircuitEvent(ev)
+}
+
+func isServiceTarget(cfg *policy.Config, target string) bool {
+	t := cfg.Targets[target]
+	return t != nil && t.Match.Service != ""
+}
+
+// detach removes departed destinations from a circuit that keeps others:
+// their verdicts and limits go, the circuit's state stays.
+func (d *Daemon) detach(c *circuit, gone []maps.Dest) {
+	for _, dst := range gone {
+		if err := d.k.DeleteVerdict(dst); err != nil {
+			d.log.Warn("deleting verdict", "dest", dst, "err", err)
+		}
+		if err := d.k.DeleteLimit(dst); err != nil {
+			d.log.Warn("deleting bulkhead limits", "dest", dst, "err", err)
+		}
+		delete(d.reg.byDest, dst)
+		c.dests = slices.DeleteFunc(c.dests, func(x maps.Dest) bool { return x == dst })
+	}
+}

@@ -1,0 +1,284 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/internal/kubeapitest"
+	"github.com/breakerd/breakerd/kube"
+)
+
+// kubeFixture is a daemon fixture with a real kube-apiserver, a namespace
+// of its own and a kube.Client the daemon uses.
+type kubeFixture struct {
+	*fixture
+	api  *kubeapitest.Server
+	cs   *kubernetes.Clientset
+	ns   string
+	node string
+}
+
+func newKubeFixture(t *testing.T, yaml string) *kubeFixture {
+	t.Helper()
+	kerneltest.RequireKernel(t)
+	api := kubeapitest.Start(t)
+	kf := &kubeFixture{api: api, cs: api.Clientset(t), ns: strings.ReplaceAll(kerneltest.UniqueName(), "bkdt", "bkdt-"), node: "node-" + kerneltest.UniqueName()}
+	if _, err := kf.cs.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kf.ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating namespace: %v", err)
+	}
+	kf.fixture = newFixture(t, strings.ReplaceAll(yaml, "NS", kf.ns))
+	cl, err := kube.New(kube.Options{Config: api.Admin, NodeName: kf.node, ProbeInterval: 200 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(kf.logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	kf.cluster = cl
+	return kf
+}
+
+func (kf *kubeFixture) createService(t *testing.T, name string, ports ...corev1.ServicePort) *corev1.Service {
+	t.Helper()
+	svc, err := kf.cs.CoreV1().Services(kf.ns).Create(context.Background(), &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       corev1.ServiceSpec{Ports: ports, Selector: map[string]string{"app": name}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating Service: %v", err)
+	}
+	return svc
+}
+
+type ep struct {
+	addr    string
+	serving bool
+}
+
+func endpointSlice(svc, name string, ports map[string]int32, eps ...ep) *discoveryv1.EndpointSlice {
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+	}
+	for _, n := range slices.Sorted(maps.Keys(ports)) {
+		p, pn, proto := ports[n], n, corev1.ProtocolTCP
+		es.Ports = append(es.Ports, discoveryv1.EndpointPort{Name: &pn, Port: &p, Protocol: &proto})
+	}
+	for _, e := range eps {
+		serving, ready := e.serving, e.serving
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{e.addr},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving}})
+	}
+	return es
+}
+
+// verdictDests is the set of destinations with a verdict, as strings.
+func (kf *kubeFixture) verdictDests(t *testing.T) []string {
+	t.Helper()
+	vs, err := kf.d.Kernel().AllVerdicts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for d := range vs {
+		out = append(out, d.Addr.String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (kf *kubeFixture) waitVerdicts(t *testing.T, want ...string) {
+	t.Helper()
+	slices.Sort(want)
+	var got []string
+	if !kerneltest.WaitFor(10*time.Second, func() bool { got = kf.verdictDests(t); return slices.Equal(got, want) }) {
+		t.Fatalf("verdicts for %v, want %v (logs:\n%s)", got, want, kf.logs.String())
+	}
+}
+
+// TestServiceTargetFollowsEndpointSlices runs a real daemon on a child
+// cgroup against a real kube-apiserver: a Service target's verdicts cover
+// the Service's cluster IP and its serving EndpointSlice endpoints on the
+// selected (named) port only, and follow the slice as it changes and the
+// Service as it goes; a connect from the cgroup to the endpoint is
+// rejected while it is listed and goes through once it is not.
+func TestServiceTargetFollowsEndpointSlices(t *testing.T) {
+	kf := newKubeFixture(t, `
+targets:
+  pay:
+    match: {service: NS/pay, ports: [http]}
+    state: forced_open
+`)
+	ctx := context.Background()
+	svc := kf.createService(t, "pay",
+		corev1.ServicePort{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP},
+		corev1.ServicePort{Name: "admin", Port: 9090, Protocol: corev1.ProtocolTCP})
+	cip := svc.Spec.ClusterIP
+	srv := kf.srv.IPv4.String()
+	ports := map[string]int32{"http": 8080, "admin": 9090}
+	es, err := kf.cs.DiscoveryV1().EndpointSlices(kf.ns).Create(ctx,
+		endpointSlice("pay", "pay-1", ports, ep{srv, true}, ep{"198.18.0.77", false}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating EndpointSlice: %v", err)
+	}
+	kf.start()
+	// The cluster IP on the Service port, the serving endpoint on the
+	// target port; not the unselected admin port, not the endpoint that
+	// is not serving.
+	kf.waitVerdicts(t, cip+":80", srv+":8080")
+	ln := kf.srv.Listen(t, "tcp4", 8080)
+	_ = ln
+	syns := kf.srv.SYNs(t)
+	rs := kf.dial(8080, 5, time.Second)
+	if n := errnos(rs)[unix.ECONNREFUSED]; n != 5 {
+		t.Fatalf("connects to a forced-open Service endpoint: %v, want 5 refused", errnos(rs))
+	}
+	if got := kf.srv.SYNs(t) - syns; got != 0 {
+		t.Fatalf("%d SYNs reached the endpoint of a forced-open Service", got)
+	}
+
+	// The endpoint leaves the slice, another arrives: the verdicts follow.
+	es.Endpoints = endpointSlice("pay", "pay-1", ports, ep{"198.18.0.78", true}).Endpoints
+	if _, err := kf.cs.DiscoveryV1().EndpointSlices(kf.ns).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kf.waitVerdicts(t, cip+":80", "198.18.0.78:8080")
+	rs = kf.dial(8080, 3, time.Second)
+	if n := errnos(rs)[0]; n != 3 {
+		t.Fatalf("connects to an endpoint no longer in the slice: %v, want 3 established", errnos(rs))
+	}
+	// A second slice adds endpoints; the circuit stays forced open.
+	if _, err := kf.cs.DiscoveryV1().EndpointSlices(kf.ns).Create(ctx,
+		endpointSlice("pay", "pay-2", ports, ep{"198.18.0.79", true}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kf.waitVerdicts(t, cip+":80", "198.18.0.78:8080", "198.18.0.79:8080")
+	if c, ok := kf.circuit("pay"); !ok || c.State != "forced_open" {
+		t.Fatalf("circuit pay: %+v", c)
+	}
+	// The Service goes: nothing is left.
+	if err := kf.cs.CoreV1().Services(kf.ns).Delete(ctx, "pay", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kf.waitVerdicts(t)
+}
+
+// TestServiceTargetWaitsForService: a Service named before it exists is
+// waited for (a warning and a Node Event say so) and protected once it
+// appears.
+func TestServiceTargetWaitsForService(t *testing.T) {
+	kf := newKubeFixture(t, `
+targets:
+  late:
+    match: {service: NS/late}
+    state: forced_open
+`)
+	kf.start()
+	if !kerneltest.WaitFor(10*time.Second, func() bool { return strings.Contains(kf.logs.String(), "Service not found; waiting for it") }) {
+		t.Fatalf("no warning for the missing Service:\n%s", kf.logs.String())
+	}
+	kf.waitEvent(t, "default", kf.node, kube.ReasonServiceNotFound, kf.ns+"/late")
+	svc := kf.createService(t, "late", corev1.ServicePort{Name: "http", Port: 8081, Protocol: corev1.ProtocolTCP})
+	kf.waitVerdicts(t, svc.Spec.ClusterIP+":8081")
+}
+
+// waitEvent waits for an Event with reason on the object name in ns whose
+// message contains text.
+func (kf *kubeFixture) waitEvent(t *testing.T, ns, name, reason, text string) corev1.Event {
+	t.Helper()
+	var found corev1.Event
+	var seen []string
+	ok := kerneltest.WaitFor(15*time.Second, func() bool {
+		list, err := kf.cs.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+		if err != nil {
+			return false
+		}
+		seen = seen[:0]
+		for _, e := range list.Items {
+			seen = append(seen, e.Reason+": "+e.Message)
+			if e.Reason == reason && strings.Contains(e.Message, text) {
+				found = e
+				return true
+			}
+		}
+		return false
+	})
+	if !ok {
+		t.Fatalf("no Event %s on %s/%s containing %q; seen %v", reason, ns, name, text, seen)
+	}
+	return found
+}
+
+// TestCircuitEventsInKubernetes: a Service target's circuit that trips
+// on real refused connects posts CircuitOpened on the Service and
+// CircuitClosed when it recovers; a dynamic circuit's opening is posted
+// on the Node.
+func TestCircuitEventsInKubernetes(t *testing.T) {
+	kf := newKubeFixture(t, `
+all:
+  consecutive_failures: 2
+  open_duration: 1m
+targets:
+  pay:
+    match: {service: NS/pay}
+    consecutive_failures: 2
+    min_requests: 2
+    window_size: 4
+    open_duration: 500ms
+    jitter: 0
+`)
+	ctx := context.Background()
+	kf.createService(t, "pay", corev1.ServicePort{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP})
+	srv := kf.srv.IPv4.String()
+	if _, err := kf.cs.DiscoveryV1().EndpointSlices(kf.ns).Create(ctx,
+		endpointSlice("pay", "pay-1", map[string]int32{"http": 8080}, ep{srv, true}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kf.start()
+	kf.waitVerdicts(t) // nothing open yet
+	if !kerneltest.WaitFor(10*time.Second, func() bool {
+		kf.d.mu.Lock()
+		defer kf.d.mu.Unlock()
+		return len(kf.d.services["pay"]) == 2
+	}) {
+		t.Fatalf("Service not resolved:\n%s", kf.logs.String())
+	}
+	kf.dial(8080, 3, time.Second) // nothing listens: refused
+	kf.waitState("pay", "open", 5*time.Second)
+	ev := kf.waitEvent(t, kf.ns, "pay", kube.ReasonCircuitOpened, "circuit pay (target pay) opened")
+	if ev.InvolvedObject.Kind != "Service" || ev.Type != corev1.EventTypeWarning || !strings.Contains(ev.Message, "failure ratio 1.000") {
+		t.Fatalf("opening Event: %+v", ev)
+	}
+	kf.srv.Listen(t, "tcp4", 8080)
+	if !kerneltest.WaitFor(10*time.Second, func() bool {
+		kf.dial(8080, 1, time.Second)
+		c, _ := kf.circuit("pay")
+		return c.State == "closed"
+	}) {
+		t.Fatalf("circuit did not close:\n%s", kf.logs.String())
+	}
+	kf.waitEvent(t, kf.ns, "pay", kube.ReasonCircuitClosed, "closed (probes_succeeded)")
+
+	// An unnamed destination's circuit: the Event goes on the Node.
+	kf.dial(8099, 3, time.Second)
+	name := fmt.Sprintf("tcp/%s", netip.AddrPortFrom(kf.srv.IPv4, 8099))
+	kf.waitState(name, "open", 5*time.Second)
+	ev = kf.waitEvent(t, "default", kf.node, kube.ReasonCircuitOpened, "circuit "+name+" (target all) opened")
+	if ev.InvolvedObject.Kind != "Node" {
+		t.Fatalf("dynamic circuit's Event: %+v", ev.InvolvedObject)
+	}
+}
