@@ -177,6 +177,14 @@ func (d *Daemon) lookupHostsKeepingAlive(hosts []string) map[string]lookupResult
 	if len(hosts) == 0 {
 		return nil
 	}
+	var res map[string]lookupResult
+	d.keepingAlive(func() { res = d.lookupHosts(context.Background(), hosts) })
+	return res
+}
+
+// keepingAlive runs fn, refreshing a previous daemon's fresh heartbeat
+// every heartbeatEvery meanwhile (start-up only).
+func (d *Daemon) keepingAlive(fn func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -191,10 +199,9 @@ func (d *Daemon) lookupHostsKeepingAlive(hosts []string) map[string]lookupResult
 			}
 		}
 	})
-	res := d.lookupHosts(context.Background(), hosts)
+	fn()
 	close(done)
 	wg.Wait()
-	return res
 }
 
 // applyResolved takes the addresses of host names still configured;

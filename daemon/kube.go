@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/breakerd/breakerd/kube"
@@ -77,28 +76,15 @@ func (d *Daemon) lookupServicesKeepingAlive(cfg *policy.Config) map[string]servi
 		refs = append(refs, m.Service)
 	}
 	d.opts.Cluster.Watch(refs)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(heartbeatEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				d.keepAlive()
-			}
+	var res map[string]serviceResult
+	d.keepingAlive(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), serviceSyncTimeout)
+		defer cancel()
+		if !d.opts.Cluster.WaitSynced(ctx) {
+			d.log.Error("the Kubernetes API did not answer in time; Service targets match nothing until it does", "waited", serviceSyncTimeout.String())
 		}
+		res = d.lookupServices(targets)
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), serviceSyncTimeout)
-	if !d.opts.Cluster.WaitSynced(ctx) {
-		d.log.Error("the Kubernetes API did not answer in time; Service targets match nothing until it does", "waited", serviceSyncTimeout.String())
-	}
-	cancel()
-	res := d.lookupServices(targets)
-	close(done)
-	wg.Wait()
 	return res
 }
 
