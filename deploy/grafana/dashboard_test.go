@@ -23,12 +23,7 @@ import (
 
 // leftOut lists the breakerd_* families deliberately on no panel, each
 // with the reason. (Empty today: every family is on a panel.)
-var leftOut = map[string]string{
-	// Exported only with Kubernetes API access (package kube); no panel shows them yet.
-	"breakerd_kubernetes_api_reachable":      "Kubernetes API reachability: not on the dashboard yet",
-	"breakerd_kubernetes_watch_errors_total": "Kubernetes list/watch errors: not on the dashboard yet",
-	"breakerd_kubernetes_events_total":       "Kubernetes Events queued: not on the dashboard yet",
-}
+var leftOut = map[string]string{}
 
 // prometheusOwn are series Prometheus makes itself, not breakerd.
 var prometheusOwn = map[string]bool{"up": true}
