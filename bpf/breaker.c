@@ -16,13 +16,19 @@
 
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
 
 #define AF_INET 2
 #define AF_INET6 10
 #define IPPROTO_TCP 6
 #define IPPROTO_UDP 17
-#define ECONNREFUSED 111
 #define EAGAIN 11
+#define EPIPE 32
+#define ENETUNREACH 101
+#define ECONNRESET 104
+#define ETIMEDOUT 110
+#define ECONNREFUSED 111
+#define EHOSTUNREACH 113
 
 #define TCP_ESTABLISHED 1
 #define TCP_SYN_SENT 2
@@ -44,16 +50,29 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
  * the helper is never seen by an older kernel. */
 volatile const __u32 has_set_retval = 0;
 
-/* Set by the loader: whether sockops may call bpf_get_current_cgroup_id
- * (6.1 does not allow it there). Without it, records carry cgroup id 0. */
-volatile const __u32 has_sockops_cgroup_id = 0;
 
 /* Minimal CO-RE views of kernel structs: only the fields read here. */
-struct sock {
-	int sk_err;
+struct kernfs_node {
+	__u64 id;
 } __attribute__((preserve_access_index));
 
-struct tcp_sock;
+struct cgroup {
+	struct kernfs_node *kn;
+} __attribute__((preserve_access_index));
+
+struct sock_cgroup_data {
+	struct cgroup *cgroup;
+} __attribute__((preserve_access_index));
+
+struct sock {
+	int sk_err;
+	int _pad; /* (CO-RE relocates by name; the local layout is only -Wpadded's) */
+	struct sock_cgroup_data sk_cgrp_data;
+} __attribute__((preserve_access_index));
+
+struct tcp_sock {
+	__u32 retrans_stamp;
+} __attribute__((preserve_access_index));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -129,16 +148,26 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } stats SEC(".maps");
 
+#define EVENTS_SIZE (1 << 22) /* 4 MiB: 65536 records */
+/* A healthy record wakes the daemon only once this much is unread (2048
+ * records): at any rate the daemon reads in batches, and a failure behind
+ * them waits for at most this many to be handled first. */
+#define WAKE_WATERMARK (128 << 10)
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 22); /* 4 MiB: 65536 records */
+	__uint(max_entries, EVENTS_SIZE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } events SEC(".maps");
 
-/* What the kernel remembers about one observed socket. */
+/* What the kernel remembers about one socket that needs it. A healthy
+ * connection has no storage (creating it costs more than everything else
+ * breakerd does per connection): connect makes it for a half-open probe or
+ * a bulkheaded destination, and sockops for a socket's first
+ * retransmission timeout. Everything else is read from the socket. */
 enum sock_flags {
 	SOCK_PROBE = 1 << 0,       /* admitted as a half-open probe */
-	SOCK_TRACKED = 1 << 1,     /* connect seen by sockops */
+	SOCK_TRACKED = 1 << 1,     /* dest, start_ns and cgroup_id are filled in */
 	SOCK_ESTABLISHED = 1 << 2, /* handshake completed */
 	SOCK_RETRANS_SENT = 1 << 3, /* early SYN retransmit record sent */
 	SOCK_STALL_SENT = 1 << 4,  /* stalled record sent */
@@ -153,7 +182,7 @@ enum bulk_flags {
 struct sock_state {
 	struct dest_key dest;
 	__u32 flags; /* enum sock_flags */
-	__u64 start_ns;
+	__u64 start_ns; /* when connect began; 0 if unknown */
 	__u64 cgroup_id;
 	__u32 rtos;
 	__u32 bulk;      /* enum bulk_flags: what this socket holds */
@@ -200,10 +229,17 @@ static __always_inline struct circuit_counters *counters_of(__u32 id)
 	return bpf_map_lookup_elem(&counters, &id);
 }
 
+/* Wake-up flags of a record: see struct event. */
+#define WAKE BPF_RB_FORCE_WAKEUP
+#define LAZY 0
+
 static __always_inline void emit(const struct dest_key *dest, __u8 outcome, __u8 flags,
 				 __u64 duration, __u32 count, __u32 err, __u32 round, __u64 cookie,
-				 __u64 cgroup_id, __u64 now)
+				 __u64 cgroup_id, __u64 now, __u32 wake)
 {
+	__u64 submit = BPF_RB_FORCE_WAKEUP;
+	if (wake == LAZY && bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) < WAKE_WATERMARK)
+		submit = BPF_RB_NO_WAKEUP;
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		stat_inc(STAT_EVENTS_LOST);
@@ -219,7 +255,7 @@ static __always_inline void emit(const struct dest_key *dest, __u8 outcome, __u8
 	e->cookie = cookie;
 	e->cgroup_id = cgroup_id;
 	e->ts_ns = now;
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, submit);
 }
 
 /* ---------------------------------------------------------------------
@@ -306,7 +342,8 @@ static __always_inline int verdict_allows(struct bpf_sock_addr *ctx, struct dest
 	if (new_round) {
 		if (c)
 			count(c->rounds);
-		emit(key, OUTCOME_PROBE_ROUND, 0, 0, 0, 0, round, 0, bpf_get_current_cgroup_id(), now);
+		emit(key, OUTCOME_PROBE_ROUND, 0, 0, 0, 0, round, 0, bpf_get_current_cgroup_id(), now,
+		     WAKE);
 	}
 
 	switch (d) {
@@ -420,6 +457,11 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 	struct settings *cfg = bpf_map_lookup_elem(&config, &zero);
 	if (!cfg)
 		return 1;
+	/* Only a target can cover UDP (no outcome of a datagram is ever seen,
+	 * so no dynamic circuit is UDP): without one, a datagram costs no
+	 * lookup. */
+	if (key->proto != IPPROTO_TCP && !(cfg->flags & CONFIG_UDP))
+		return 1;
 	struct verdict *v = bpf_map_lookup_elem(&verdicts, key);
 	struct limit *l = 0;
 	if ((cfg->flags & CONFIG_LIMITS) && key->proto == IPPROTO_TCP)
@@ -500,33 +542,97 @@ int sendmsg6(struct bpf_sock_addr *ctx)
  * Outcomes: sockops on the same cgroup.
  */
 
+/* Every address field is read, unconditionally, with a load at its own
+ * offset, and the family picks among the values: a compiler that merges
+ * the IPv4 and IPv6 reads into one load through a chosen pointer makes a
+ * load the verifier refuses ("dereference of modified ctx ptr"). */
 static __always_inline void sockops_key(struct dest_key *k, struct bpf_sock_ops *ops)
 {
-	__builtin_memset(k, 0, sizeof(*k));
-	if (ops->family == AF_INET) {
-		__u32 ip = ops->remote_ip4;
-		k->addr[10] = 0xff;
-		k->addr[11] = 0xff;
-		__builtin_memcpy(&k->addr[12], &ip, 4);
-	} else {
-		__u32 w[4] = {ops->remote_ip6[0], ops->remote_ip6[1], ops->remote_ip6[2],
-			      ops->remote_ip6[3]};
-		__builtin_memcpy(k->addr, w, 16);
+	__u32 family = ops->family, ip4 = ops->remote_ip4;
+	__u32 w0 = ops->remote_ip6[0], w1 = ops->remote_ip6[1];
+	__u32 w2 = ops->remote_ip6[2], w3 = ops->remote_ip6[3];
+	/* Use every value here, so no load can be moved into the branch. */
+	asm volatile("" : "+r"(ip4), "+r"(w0), "+r"(w1), "+r"(w2), "+r"(w3));
+	if (family == AF_INET) {
+		w0 = 0;
+		w1 = 0;
+		w2 = bpf_htonl(0xffff);
+		w3 = ip4;
 	}
+	__u32 *a = (__u32 *)k->addr;
+	a[0] = w0;
+	a[1] = w1;
+	a[2] = w2;
+	a[3] = w3;
 	/* remote_port holds the network-order port in its upper half. */
 	k->port = (__u16)(ops->remote_port >> 16);
 	k->proto = IPPROTO_TCP;
+	k->_pad = 0;
 }
 
-static __always_inline int sock_err(struct bpf_sock_ops *ops)
+static __always_inline struct sock *full_sock(struct bpf_sock_ops *ops)
 {
 	struct bpf_sock *bsk = ops->sk;
 	if (!bsk)
 		return 0;
-	struct sock *sk = (struct sock *)bpf_skc_to_tcp_sock(bsk);
+	return (struct sock *)bpf_skc_to_tcp_sock(bsk);
+}
+
+static __always_inline int sock_err(struct sock *sk)
+{
+	return sk ? sk->sk_err : 0;
+}
+
+/* The cgroup the socket was created in (its process's cgroup then), read
+ * from the socket itself: right in softirq context, where the current
+ * task is anyone's, and on kernels whose sockops may not ask for the
+ * current cgroup (6.1). 0 when this kernel has no such field. */
+static __always_inline __u64 sock_cgroup(struct sock *sk)
+{
+	if (!sk || !bpf_core_field_exists(sk->sk_cgrp_data.cgroup))
+		return 0;
+	struct cgroup *cg = sk->sk_cgrp_data.cgroup;
+	if (!cg)
+		return 0;
+	struct kernfs_node *kn = cg->kn;
+	return kn ? kn->id : 0;
+}
+
+/* A SYN_SENT socket sends no SYN longer than this (tcp_syn_retries at its
+ * maximum of 127 ends near 36 minutes on the default RTO; 2^31 µs is the
+ * bound of the microsecond reading below). */
+#define MAX_CONNECTING_MS (35U * 60 * 1000)
+
+/* connect_age is how long ago a connecting socket sent its first SYN:
+ * tcp_connect() stamps tcp_sock.retrans_stamp with the TCP clock (ktime,
+ * as bpf_ktime_get_ns) in milliseconds — in microseconds on a 6.7+ route
+ * with the tcp_usec_ts feature — and SYN retransmissions keep it. The
+ * reading that gives a plausible age is the right one (the other is off by
+ * a factor of 1000 and wraps far beyond it). 0 when unknown. */
+static __always_inline __u64 connect_age(struct sock *sk, __u64 now)
+{
 	if (!sk)
 		return 0;
-	return sk->sk_err;
+	__u32 stamp = ((struct tcp_sock *)sk)->retrans_stamp;
+	if (!stamp)
+		return 0;
+	__u32 ms = (__u32)(now / 1000000) - stamp;
+	if (ms <= MAX_CONNECTING_MS)
+		return (__u64)ms * 1000000;
+	__u32 us = (__u32)(now / 1000) - stamp;
+	if (us <= 2000000000U)
+		return (__u64)us * 1000;
+	return 0;
+}
+
+static __always_inline void track(struct bpf_sock_ops *ops, struct sock_state *st, struct sock *sk,
+				  __u64 start)
+{
+	sockops_key(&st->dest, ops);
+	st->flags = (st->flags & SOCK_PROBE) | SOCK_TRACKED;
+	st->start_ns = start;
+	st->cgroup_id = sock_cgroup(sk);
+	st->rtos = 0;
 }
 
 static __always_inline void on_connect(struct bpf_sock_ops *ops, __u64 now)
@@ -536,133 +642,181 @@ static __always_inline void on_connect(struct bpf_sock_ops *ops, __u64 now)
 	struct bpf_sock *sk = ops->sk;
 	if (!sk)
 		return;
-	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!st) {
-		stat_inc(STAT_STORAGE_FAILED);
-		return;
-	}
-	sockops_key(&st->dest, ops);
-	st->flags = (st->flags & SOCK_PROBE) | SOCK_TRACKED;
-	st->start_ns = now;
-	st->cgroup_id = has_sockops_cgroup_id ? bpf_get_current_cgroup_id() : 0;
-	st->rtos = 0;
 	bpf_sock_ops_cb_flags_set(ops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RTO_CB_FLAG);
+	/* Storage exists only if connect made it (a probe, a bulkhead). */
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	if (st)
+		track(ops, st, full_sock(ops), now);
 }
 
 static __always_inline __u8 probe_flag(struct sock_state *st)
 {
-	return (st->flags & SOCK_PROBE) ? EVENT_PROBE : 0;
+	return (st && (st->flags & SOCK_PROBE)) ? EVENT_PROBE : 0;
 }
 
-static __always_inline void report(struct bpf_sock_ops *ops, struct sock_state *st, __u8 outcome,
-				   __u64 duration, __u32 count, __u32 err, __u64 now)
+static __always_inline void report(struct bpf_sock_ops *ops, struct sock_state *st,
+				   struct sock *sk, __u8 outcome, __u8 flags, __u64 duration,
+				   __u32 count, __u32 err, __u64 now, __u32 wake)
 {
-	emit(&st->dest, outcome, probe_flag(st), duration, count, err, st->round,
-	     bpf_get_socket_cookie(ops), st->cgroup_id, now);
+	struct dest_key k;
+	__u64 cg;
+	if (st && (st->flags & SOCK_TRACKED)) {
+		__builtin_memcpy(&k, &st->dest, sizeof(k));
+		cg = st->cgroup_id;
+	} else {
+		sockops_key(&k, ops);
+		cg = sock_cgroup(sk);
+	}
+	emit(&k, outcome, flags | probe_flag(st), duration, count, err, st ? st->round : 0,
+	     bpf_get_socket_cookie(ops), cg, now, wake);
 }
 
-static __always_inline void on_close(struct bpf_sock_ops *ops, struct sock_state *st,
-				     __u32 old, __u64 now)
+static __always_inline void on_established(struct bpf_sock_ops *ops, __u64 now)
 {
-	if (st->flags & SOCK_DONE)
+	struct sock_state *st = ops->sk ? bpf_sk_storage_get(&socks, ops->sk, 0, 0) : 0;
+	struct sock *sk = full_sock(ops);
+	__u64 took;
+	if (st && (st->flags & SOCK_TRACKED) && st->start_ns)
+		took = now - st->start_ns;
+	else if (!ops->total_retrans && ops->srtt_us)
+		/* No SYN was retransmitted: the first RTT sample is the
+		 * handshake (srtt_us holds 8 times it). */
+		took = (__u64)(ops->srtt_us >> 3) * 1000;
+	else
+		took = connect_age(sk, now);
+	__u32 wake = LAZY;
+	if (st) {
+		st->flags |= SOCK_ESTABLISHED;
+		st->rtos = 0; /* from here on, RTOs mean a stall */
+		bulk_release(st, BULK_CONNECTING);
+		if (st->flags & SOCK_PROBE)
+			wake = WAKE;
+	}
+	if (wake == LAZY) {
+		__u32 zero = 0;
+		struct settings *c = bpf_map_lookup_elem(&config, &zero);
+		if (c && c->wake_slow_ns && took >= c->wake_slow_ns)
+			wake = WAKE;
+	}
+	report(ops, st, sk, OUTCOME_ESTABLISHED, 0, took, 0, 0, now, wake);
+}
+
+/* on_rto: the rare path that makes storage, to count the socket's RTOs and
+ * send its early records once. */
+static __always_inline void on_rto(struct bpf_sock_ops *ops, __u64 now)
+{
+	if (!ops->sk)
 		return;
-	int err = sock_err(ops);
-	__u8 outcome = 0;
-	if (old == TCP_SYN_SENT) {
+	struct sock_state *st = bpf_sk_storage_get(&socks, ops->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st) {
+		stat_inc(STAT_STORAGE_FAILED);
+		return;
+	}
+	struct sock *sk = full_sock(ops);
+	int connecting = ops->state == TCP_SYN_SENT;
+	if (!(st->flags & SOCK_TRACKED)) {
+		__u64 age = connecting ? connect_age(sk, now) : 0;
+		track(ops, st, sk, age ? now - age : 0);
+		if (!connecting)
+			st->flags |= SOCK_ESTABLISHED;
+	}
+	st->rtos += 1;
+	if (!(st->flags & SOCK_ESTABLISHED)) {
+		if (!(st->flags & SOCK_RETRANS_SENT)) {
+			st->flags |= SOCK_RETRANS_SENT;
+			report(ops, st, sk, OUTCOME_SYN_RETRANS, 0, st->start_ns ? now - st->start_ns : 0,
+			       st->rtos, 0, now, WAKE);
+		}
+	} else if (!(st->flags & SOCK_STALL_SENT)) {
+		__u32 zero = 0, max_rto = 3;
+		struct settings *c = bpf_map_lookup_elem(&config, &zero);
+		if (c && c->max_rto)
+			max_rto = c->max_rto;
+		if (st->rtos >= max_rto) {
+			st->flags |= SOCK_STALL_SENT;
+			report(ops, st, sk, OUTCOME_STALLED, 0, st->start_ns ? now - st->start_ns : 0,
+			       st->rtos, 0, now, WAKE);
+		}
+	}
+}
+
+static __always_inline void on_close(struct bpf_sock_ops *ops, __u64 now)
+{
+	struct sock_state *st = ops->sk ? bpf_sk_storage_get(&socks, ops->sk, 0, 0) : 0;
+	if (st) {
+		bulk_release(st, BULK_CONNECTING | BULK_CONNECTIONS);
+		if (st->flags & SOCK_DONE)
+			return;
+		st->flags |= SOCK_DONE;
+	}
+	struct sock *sk = full_sock(ops);
+	int err = sock_err(sk);
+	__u64 start = (st && (st->flags & SOCK_TRACKED)) ? st->start_ns : 0;
+	__u8 outcome = 0, flags = 0;
+	__u64 took = start ? now - start : 0;
+	if (ops->args[0] == TCP_SYN_SENT) {
 		switch (err) {
 		case 0:
 			outcome = OUTCOME_ABANDONED;
 			break;
-		case 111: /* ECONNREFUSED */
+		case ECONNREFUSED:
 			outcome = OUTCOME_REFUSED;
 			break;
-		case 110: /* ETIMEDOUT */
+		case ETIMEDOUT:
 			outcome = OUTCOME_TIMED_OUT;
 			break;
-		case 113: /* EHOSTUNREACH */
-		case 101: /* ENETUNREACH */
+		case EHOSTUNREACH:
+		case ENETUNREACH:
 			outcome = OUTCOME_UNREACHABLE;
 			break;
 		default:
 			outcome = OUTCOME_ERROR;
 		}
-	} else if (st->flags & SOCK_ESTABLISHED) {
-		if (err == 104 /* ECONNRESET */ || err == 32 /* EPIPE */)
-			outcome = OUTCOME_RESET;
-		else if (err == 110 /* ETIMEDOUT */ && !(st->flags & SOCK_STALL_SENT))
-			outcome = OUTCOME_STALLED;
+		if (!start)
+			took = connect_age(sk, now);
+	} else if (err == ECONNRESET || err == EPIPE) {
+		outcome = OUTCOME_RESET;
+		if (!start)
+			flags = EVENT_NO_AGE;
+	} else if (err == ETIMEDOUT && !(st && (st->flags & SOCK_STALL_SENT))) {
+		outcome = OUTCOME_STALLED;
 	}
-	st->flags |= SOCK_DONE;
 	if (outcome)
-		report(ops, st, outcome, now - st->start_ns, st->rtos, err, now);
+		report(ops, st, sk, outcome, flags, took, st ? st->rtos : 0, err, now, WAKE);
 }
 
 SEC("sockops")
 int observe(struct bpf_sock_ops *ops)
 {
-	struct sock_state *st;
-
 	/* The cgroup hook is called for every callback type of every socket;
-	 * leave the ones breakerd does not use before any helper call. */
+	 * leave the ones breakerd does not use before any helper call. Only
+	 * sockets connect() set the callback flags on (TCP_CONNECT_CB) get
+	 * state and RTO callbacks. */
 	switch (ops->op) {
 	case BPF_SOCK_OPS_TCP_CONNECT_CB:
 		on_connect(ops, bpf_ktime_get_ns());
-		return 1;
+		break;
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+		on_established(ops, bpf_ktime_get_ns());
+		break;
+	case BPF_SOCK_OPS_RTO_CB:
+		on_rto(ops, bpf_ktime_get_ns());
+		break;
 	case BPF_SOCK_OPS_STATE_CB:
 		switch (ops->args[1]) {
 		case TCP_CLOSE:
+			on_close(ops, bpf_ktime_get_ns());
+			break;
 		case TCP_FIN_WAIT1: /* the application closed it */
 		case TCP_LAST_ACK:
 		case TCP_CLOSING:
+			if (ops->sk) {
+				struct sock_state *st = bpf_sk_storage_get(&socks, ops->sk, 0, 0);
+				if (st)
+					bulk_release(st, BULK_CONNECTING | BULK_CONNECTIONS);
+			}
 			break;
-		default:
-			return 1;
 		}
-		break;
-	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
-	case BPF_SOCK_OPS_RTO_CB:
-		break;
-	default:
-		return 1;
-	}
-
-	if (!ops->sk)
-		return 1;
-	st = bpf_sk_storage_get(&socks, ops->sk, 0, 0);
-	if (!st || !(st->flags & SOCK_TRACKED))
-		return 1;
-
-	__u64 now = bpf_ktime_get_ns();
-	switch (ops->op) {
-	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
-		st->flags |= SOCK_ESTABLISHED;
-		st->rtos = 0; /* from here on, RTOs mean a stall */
-		bulk_release(st, BULK_CONNECTING);
-		report(ops, st, OUTCOME_ESTABLISHED, now - st->start_ns, 0, 0, now);
-		break;
-	case BPF_SOCK_OPS_RTO_CB:
-		st->rtos += 1;
-		if (!(st->flags & SOCK_ESTABLISHED)) {
-			if (!(st->flags & SOCK_RETRANS_SENT)) {
-				st->flags |= SOCK_RETRANS_SENT;
-				report(ops, st, OUTCOME_SYN_RETRANS, now - st->start_ns, st->rtos, 0,
-				       now);
-			}
-		} else if (!(st->flags & SOCK_STALL_SENT)) {
-			__u32 zero = 0, max_rto = 3;
-			struct settings *c = bpf_map_lookup_elem(&config, &zero);
-			if (c && c->max_rto)
-				max_rto = c->max_rto;
-			if (st->rtos >= max_rto) {
-				st->flags |= SOCK_STALL_SENT;
-				report(ops, st, OUTCOME_STALLED, now - st->start_ns, st->rtos, 0, now);
-			}
-		}
-		break;
-	case BPF_SOCK_OPS_STATE_CB:
-		bulk_release(st, BULK_CONNECTING | BULK_CONNECTIONS);
-		if (ops->args[1] == TCP_CLOSE)
-			on_close(ops, st, ops->args[0], now);
 		break;
 	}
 	return 1;

@@ -79,6 +79,7 @@ struct override {
 enum config_flags {
 	CONFIG_SHADOW = 1 << 0, /* count what would be rejected, reject nothing */
 	CONFIG_LIMITS = 1 << 1, /* the limits map has entries: look them up */
+	CONFIG_UDP = 1 << 2,    /* a target covers UDP: look UDP destinations up */
 };
 
 struct settings {
@@ -86,6 +87,9 @@ struct settings {
 	__u64 failsafe_ns;  /* verdicts are ignored when the heartbeat is older */
 	__u32 flags;        /* enum config_flags */
 	__u32 max_rto;      /* RTOs on an established socket that make it stalled */
+	__u64 wake_slow_ns; /* an established record whose handshake took this long
+			     * wakes the daemon at once (0: never); the others are
+			     * read in batches */
 };
 
 /* Per-circuit counters, one shared entry per circuit id, atomic adds. */
@@ -139,10 +143,17 @@ enum outcome {
 };
 
 enum event_flags {
-	EVENT_PROBE = 1 << 0, /* the socket was admitted as a half-open probe */
+	EVENT_PROBE = 1 << 0,  /* the socket was admitted as a half-open probe */
+	EVENT_NO_AGE = 1 << 1, /* duration_ns is unknown (0): a reset of a socket the
+				* kernel kept no start time for; the daemon dates it
+				* by the socket's established record (cookie) */
 };
 
-/* One ring buffer record per outcome: 64 bytes, fixed. */
+/* One ring buffer record per outcome: 64 bytes, fixed. Records that need a
+ * prompt answer (failures, probes, the first probe of a round, a first SYN
+ * retransmission, a slow handshake) wake the daemon; a healthy established
+ * record does not, unless the ring is filling (WAKE_WATERMARK), and is read
+ * with the next batch. The ring keeps them in order either way. */
 struct event {
 	struct dest_key dest;
 	__u8 outcome; /* enum outcome */
@@ -152,7 +163,7 @@ struct event {
 	__u32 round;  /* probes and probe-round records: the half-open round */
 	__u64 duration_ns;
 	__u64 cookie;    /* socket cookie */
-	__u64 cgroup_id; /* cgroup of the socket */
+	__u64 cgroup_id; /* cgroup the socket was created in (0 if unknown) */
 	__u64 ts_ns;     /* bpf_ktime_get_ns() */
 };
 

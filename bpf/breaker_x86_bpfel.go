@@ -33,6 +33,7 @@ type BreakerConfigFlags uint32
 const (
 	BreakerConfigFlagsCONFIG_SHADOW BreakerConfigFlags = 1
 	BreakerConfigFlagsCONFIG_LIMITS BreakerConfigFlags = 2
+	BreakerConfigFlagsCONFIG_UDP    BreakerConfigFlags = 4
 )
 
 type BreakerDestKey struct {
@@ -60,7 +61,8 @@ type BreakerEvent struct {
 type BreakerEventFlags uint32
 
 const (
-	BreakerEventFlagsEVENT_PROBE BreakerEventFlags = 1
+	BreakerEventFlagsEVENT_PROBE  BreakerEventFlags = 1
+	BreakerEventFlagsEVENT_NO_AGE BreakerEventFlags = 2
 )
 
 type BreakerLimit struct {
@@ -117,6 +119,7 @@ type BreakerSettings struct {
 	FailsafeNs  uint64
 	Flags       uint32
 	MaxRto      uint32
+	WakeSlowNs  uint64
 }
 
 type BreakerSockState struct {
@@ -180,7 +183,6 @@ const (
 	BreakerProgSendmsg6           = "sendmsg6"
 	BreakerProgSockRelease        = "sock_release"
 	BreakerVarHasSetRetval        = "has_set_retval"
-	BreakerVarHasSockopsCgroupId  = "has_sockops_cgroup_id"
 	BreakerVarUnusedBudget        = "unused_budget"
 	BreakerVarUnusedBulk          = "unused_bulk"
 	BreakerVarUnusedConfigFlags   = "unused_config_flags"
@@ -264,7 +266,6 @@ type BreakerMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type BreakerVariableSpecs struct {
 	HasSetRetval        *ebpf.VariableSpec `ebpf:"has_set_retval"`
-	HasSockopsCgroupId  *ebpf.VariableSpec `ebpf:"has_sockops_cgroup_id"`
 	UnusedBudget        *ebpf.VariableSpec `ebpf:"unused_budget"`
 	UnusedBulk          *ebpf.VariableSpec `ebpf:"unused_bulk"`
 	UnusedConfigFlags   *ebpf.VariableSpec `ebpf:"unused_config_flags"`
@@ -329,7 +330,6 @@ func (m *BreakerMaps) Close() error {
 // It can be passed to LoadBreakerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BreakerVariables struct {
 	HasSetRetval        *ebpf.Variable `ebpf:"has_set_retval"`
-	HasSockopsCgroupId  *ebpf.Variable `ebpf:"has_sockops_cgroup_id"`
 	UnusedBudget        *ebpf.Variable `ebpf:"unused_budget"`
 	UnusedBulk          *ebpf.Variable `ebpf:"unused_bulk"`
 	UnusedConfigFlags   *ebpf.Variable `ebpf:"unused_config_flags"`

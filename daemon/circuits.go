@@ -22,6 +22,8 @@ type circuit struct {
 	id     uint32
 	c      *policy.Circuit
 	dests  []maps.Dest // destinations whose verdict this circuit writes (registry.byDest maps back)
+	// metrics are its target's outcome series.
+	metrics *targetMetrics
 	// enumerated: a destination of it is enumerated from the target's
 	// match (it stays in its endpoint group while configured).
 	enumerated bool
@@ -143,7 +145,7 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 		ov = policyOverride(kept)
 	}
 	c := &circuit{name: name, target: target, scope: scope, id: id,
-		c: policy.NewCircuit(o, ov, g, now, d.rand)}
+		c: policy.NewCircuit(o, ov, g, now, d.rand), metrics: d.metrics.forTarget(target)}
 	if !inherited {
 		if err := d.k.ResetCounters(c.id); err != nil {
 			d.log.Warn("resetting counters", "circuit", name, "err", err)

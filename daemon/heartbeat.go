@@ -38,7 +38,7 @@ const heartbeatEvery = 50 * time.Millisecond
 // them with a fresh heartbeat. The caller holds d.mu (it reads d.cfg).
 func (d *Daemon) heartbeat() error {
 	s := maps.Settings{FailSafe: d.cfg.FailsafeTimeout, Shadow: d.cfg.Mode == policy.Shadow,
-		MaxRTO: uint32(d.cfg.MaxRTO), Limits: hasLimits(d.cfg)}
+		MaxRTO: uint32(d.cfg.MaxRTO), Limits: hasLimits(d.cfg), UDP: coversUDP(d.cfg), WakeSlow: minSlowCall(d.cfg)}
 	d.beat.mu.Lock()
 	defer d.beat.mu.Unlock()
 	d.beat.settings, d.beat.set = s, true
@@ -265,4 +265,27 @@ func (d *Daemon) resolveLoop(ctx context.Context) {
 			d.resolve(ctx)
 		}
 	}
+}
+
+// coversUDP reports whether a target of cfg matches UDP destinations;
+// only then do connect and sendmsg look UDP destinations up.
+func coversUDP(cfg *policy.Config) bool {
+	for _, t := range cfg.Targets {
+		if t.Match.Proto == "udp" || t.Match.Proto == "any" {
+			return true
+		}
+	}
+	return false
+}
+
+// minSlowCall is the shortest slow_call_duration of cfg: an established
+// record with a handshake at least this long wakes the reader at once.
+func minSlowCall(cfg *policy.Config) time.Duration {
+	m := cfg.All.SlowCallDuration
+	for _, t := range cfg.Targets {
+		if s := t.Options.SlowCallDuration; s > 0 && (m == 0 || s < m) {
+			m = s
+		}
+	}
+	return m
 }

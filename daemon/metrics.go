@@ -26,10 +26,42 @@ type metrics struct {
 	circuitsRefused    *prometheus.CounterVec
 	protected          prometheus.Gauge
 	groundProblems     *prometheus.CounterVec
+	targets            map[string]*targetMetrics // used under Daemon.mu
+}
+
+// targetMetrics are one target's outcome series, resolved once so that a
+// record costs an atomic add, not a label lookup.
+type targetMetrics struct {
+	target    string
+	vec       *prometheus.CounterVec
+	outcomes  [16]prometheus.Counter // by maps.Outcome, made on first use
+	handshake prometheus.Observer
+}
+
+// forTarget returns target's series. Used under Daemon.mu.
+func (m *metrics) forTarget(target string) *targetMetrics {
+	if tm := m.targets[target]; tm != nil {
+		return tm
+	}
+	tm := &targetMetrics{target: target, vec: m.outcomes, handshake: m.handshake.WithLabelValues(target)}
+	m.targets[target] = tm
+	return tm
+}
+
+func (tm *targetMetrics) outcome(o maps.Outcome) prometheus.Counter {
+	if int(o) >= len(tm.outcomes) {
+		return tm.vec.WithLabelValues(o.String(), tm.target)
+	}
+	c := tm.outcomes[o]
+	if c == nil {
+		c = tm.vec.WithLabelValues(o.String(), tm.target)
+		tm.outcomes[o] = c
+	}
+	return c
 }
 
 func newMetrics(d *Daemon) *metrics {
-	m := &metrics{reg: prometheus.NewRegistry()}
+	m := &metrics{reg: prometheus.NewRegistry(), targets: map[string]*targetMetrics{}}
 	m.transitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_transitions_total", Help: "Circuit state transitions, by from, to and reason."}, []string{"from", "to", "reason"})
 	m.outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_connection_outcomes_total", Help: "Outbound connection outcomes seen by the kernel, by outcome and target (all for unnamed destinations)."}, []string{"outcome", "target"})
 	m.handshake = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "breakerd_handshake_duration_seconds", Help: "TCP handshake duration of established connections, by target.",

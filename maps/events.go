@@ -55,6 +55,10 @@ type Event struct {
 	Outcome Outcome
 	// Probe is set when the socket was admitted as a half-open probe.
 	Probe bool
+	// NoAge is set when Duration is unknown (0): a reset of a socket the
+	// kernel kept no start time for. Its established record (same Cookie)
+	// dates it.
+	NoAge bool
 	// Round is the half-open round of a probe or of a ProbeRound record.
 	Round uint32
 	// Count is the number of RTOs (stalled, syn_retransmit).
@@ -62,7 +66,8 @@ type Event struct {
 	// Err is the socket's error when it failed.
 	Err syscall.Errno
 	// Duration is the handshake time (established), the time since connect
-	// (failures, abandoned) or the connection's age (reset, stalled).
+	// (failures, abandoned) or the connection's age (reset, stalled; 0
+	// when the kernel kept no start time for the socket, see NoAge).
 	Duration time.Duration
 	// Cookie is the socket cookie; CgroupID the cgroup of the process that
 	// connected.
@@ -89,6 +94,7 @@ func DecodeEvent(b []byte, e *Event) error {
 	}
 	e.Outcome = Outcome(b[20])
 	e.Probe = b[21]&uint8(bpf.BreakerEventFlagsEVENT_PROBE) != 0
+	e.NoAge = b[21]&uint8(bpf.BreakerEventFlagsEVENT_NO_AGE) != 0
 	e.Err = syscall.Errno(le.Uint16(b[22:24]))
 	e.Count = le.Uint32(b[24:28])
 	e.Round = le.Uint32(b[28:32])
@@ -136,3 +142,36 @@ func (r *EventReader) SetDeadline(t time.Time) { r.rd.SetDeadline(t) }
 
 // Close stops the reader; a blocked Read returns.
 func (r *EventReader) Close() error { return r.rd.Close() }
+
+// ReadBatch waits until a record arrives, or until wait has passed, then
+// decodes every record the ring holds without waiting again, up to
+// len(evs), in the order the kernel wrote them. It returns how many it
+// decoded: 0 and a nil error when wait passed with nothing to read. Healthy
+// established records do not wake a waiting reader (see struct event in
+// bpf/breaker.h), so a reader that calls ReadBatch in a loop with wait w
+// reads them at most w late, in batches, and every record that needs a
+// prompt answer at once, with all that came before it.
+func (r *EventReader) ReadBatch(evs []Event, wait time.Duration) (int, error) {
+	r.rd.SetDeadline(time.Now().Add(wait))
+	n := 0
+	for n < len(evs) {
+		if n > 0 && r.rd.AvailableBytes() == 0 {
+			break
+		}
+		if err := r.rd.ReadInto(&r.rec); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return n, nil
+			}
+			return n, fmt.Errorf("reading ring buffer: %w", err)
+		}
+		if err := DecodeEvent(r.rec.RawSample, &evs[n]); err != nil {
+			return n, err
+		}
+		n++
+		if n == 1 {
+			// The rest of the batch: take what is there, never wait.
+			r.rd.SetDeadline(time.Now())
+		}
+	}
+	return n, nil
+}

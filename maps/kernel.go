@@ -68,7 +68,7 @@ import (
 // of the pin directory; bump it whenever bpf/breaker.h or a map definition
 // in bpf/breaker.c changes (TestLayoutVersionMatchesLayout fails until
 // then).
-const LayoutVersion = 3
+const LayoutVersion = 4
 
 // DefaultDir is the default bpffs directory for breakerd's pins.
 const DefaultDir = "/sys/fs/bpf/breakerd"
@@ -100,9 +100,6 @@ type Features struct {
 	// SetRetval: bpf_set_retval exists (5.18+), so a rejected connect sees
 	// the verdict's errno; without it, it sees EPERM.
 	SetRetval bool
-	// SockopsCgroupID: the observation program can tell which cgroup a
-	// connection came from (not on 6.1: records then carry cgroup id 0).
-	SockopsCgroupID bool
 }
 
 // Kernel is breakerd's loaded kernel side.
@@ -140,8 +137,7 @@ var hooks = []hook{
 // counts as not supported (the fail-open direction).
 func ProbeFeatures() Features {
 	return Features{
-		SetRetval:       features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnSetRetval) == nil,
-		SockopsCgroupID: features.HaveProgramHelper(ebpf.SockOps, asm.FnGetCurrentCgroupId) == nil,
+		SetRetval: features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnSetRetval) == nil,
 	}
 }
 
@@ -298,14 +294,14 @@ func Load(opts Options) (_ *Kernel, err error) {
 		k.removeOtherLayouts(filepath.Dir(dir))
 	}
 	log.Info("kernel side loaded", "pins", dir, "cgroup", opts.Cgroup, "adopted", !k.fresh,
-		"set_retval", k.features.SetRetval, "sockops_cgroup_id", k.features.SockopsCgroupID)
+		"set_retval", k.features.SetRetval)
 	return k, nil
 }
 
 // setFeatureVars hands the probed features to the programs as load-time
 // constants; the verifier prunes the branches they turn off.
 func setFeatureVars(spec *ebpf.CollectionSpec, f Features) error {
-	for name, on := range map[string]bool{bpf.BreakerVarHasSetRetval: f.SetRetval, bpf.BreakerVarHasSockopsCgroupId: f.SockopsCgroupID} {
+	for name, on := range map[string]bool{bpf.BreakerVarHasSetRetval: f.SetRetval} {
 		if err := spec.Variables[name].Set(boolU32(on)); err != nil {
 			return fmt.Errorf("setting %s: %w", name, err)
 		}

@@ -151,6 +151,17 @@ func TestUDPRejected(t *testing.T) {
 	if err := e.k.PutVerdict(d, Verdict{State: ForcedOpen, CircuitID: 9}); err != nil {
 		t.Fatal(err)
 	}
+	// Without the UDP flag (no target covers UDP) datagrams are not
+	// looked up at all: the verdict is not seen.
+	if res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "udp4", Addr: d.Addr, Op: "sendto"}); res[0].Errno != 0 {
+		t.Fatalf("UDP flag off: sendto %v, want success", res[0].Errno)
+	}
+	if !kerneltest.WaitFor(time.Second, func() bool { return e.srv.UDPDatagrams(t) == 1 }) {
+		t.Fatalf("UDP flag off: datagram not counted: %d", e.srv.UDPDatagrams(t))
+	}
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, UDP: true}); err != nil {
+		t.Fatal(err)
+	}
 	want := unix.ECONNREFUSED
 	if !e.k.Features().SetRetval {
 		want = unix.EPERM
@@ -163,16 +174,16 @@ func TestUDPRejected(t *testing.T) {
 			}
 		}
 	}
-	if n := e.srv.UDPDatagrams(t); n != 0 {
-		t.Fatalf("%d datagrams reached a forced-open UDP destination", n)
+	if n := e.srv.UDPDatagrams(t); n != 1 {
+		t.Fatalf("%d datagrams reached a forced-open UDP destination", n-1)
 	}
 	// A datagram to another port of the same host goes through.
 	res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "udp4", Addr: netip.AddrPortFrom(e.srv.IPv4, 5354), Op: "sendto"})
 	if res[0].Errno != 0 {
 		t.Fatalf("unrelated datagram: %v", res[0].Errno)
 	}
-	if !kerneltest.WaitFor(time.Second, func() bool { return e.srv.UDPDatagrams(t) == 1 }) {
-		t.Fatalf("unrelated datagram not counted: %d", e.srv.UDPDatagrams(t))
+	if !kerneltest.WaitFor(time.Second, func() bool { return e.srv.UDPDatagrams(t) == 2 }) {
+		t.Fatalf("unrelated datagram not counted: %d", e.srv.UDPDatagrams(t)-1)
 	}
 }
 
@@ -288,6 +299,9 @@ func TestReissuedRoundsAreExact(t *testing.T) {
 // and the circuit's TCP probes keep their budget.
 func TestUDPNeverProbes(t *testing.T) {
 	e := newEnv(t, Options{})
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, UDP: true}); err != nil {
+		t.Fatal(err)
+	}
 	e.srv.ServeHold(t, 5360)
 	tcp, udp := e.dest(5360, false), e.dest(5360, false)
 	udp.Proto = UDP
@@ -560,7 +574,7 @@ func TestEveryProgramPassesTheVerifier(t *testing.T) {
 	}
 	f := ProbeFeatures()
 	// scripts/vmtest collects this line into the compatibility table.
-	t.Logf("features: set_retval=%v sockops_cgroup_id=%v", f.SetRetval, f.SockopsCgroupID)
+	t.Logf("features: set_retval=%v", f.SetRetval)
 	if err := setFeatureVars(spec, f); err != nil {
 		t.Fatal(err)
 	}

@@ -30,20 +30,20 @@ func (e *env) watch(t *testing.T) *watcher {
 	w := &watcher{rd: rd, done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
-		var ev Event
+		// Healthy established records wake no reader: read in batches
+		// with a short wait, as the daemon does.
+		batch := make([]Event, 256)
 		for {
-			if err := rd.Read(&ev); err != nil {
+			n, err := rd.ReadBatch(batch, 20*time.Millisecond)
+			if err != nil {
 				if errors.Is(err, ErrReaderClosed) {
 					return
 				}
-				if !errors.Is(err, os.ErrDeadlineExceeded) {
-					t.Errorf("reading events: %v", err)
-					return
-				}
-				continue
+				t.Errorf("reading events: %v", err)
+				return
 			}
 			w.mu.Lock()
-			w.events = append(w.events, ev)
+			w.events = append(w.events, batch[:n]...)
 			w.mu.Unlock()
 		}
 	}()
@@ -124,7 +124,7 @@ func TestOutcomes(t *testing.T) {
 		if ev.Dest != d {
 			t.Errorf("dest %v, want %v", ev.Dest, d)
 		}
-		if want := cgID; ev.CgroupID != want && (e.k.Features().SockopsCgroupID || ev.CgroupID != 0) {
+		if ev.CgroupID != cgID {
 			t.Errorf("cgroup id %d, want %d", ev.CgroupID, cgID)
 		}
 		if ev.Cookie == 0 || ev.Time == 0 || ev.Time > Now() {
@@ -311,5 +311,68 @@ func BenchmarkDecodeEvent(b *testing.B) {
 	b.SetBytes(int64(EventSize))
 	for b.Loop() {
 		_ = DecodeEvent(buf, &ev)
+	}
+}
+
+// A healthy established record wakes no reader (the daemon reads it with
+// its next batch); a failure wakes it at once, and the batch it reads keeps
+// the kernel's order: the earlier healthy record comes first.
+func TestHealthyRecordsWakeNoReader(t *testing.T) {
+	e := newEnv(t, Options{})
+	rd, err := e.k.NewEventReader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	srv := e.srv
+	srv.ServeHold(t, 9020)
+	healthy, refused := e.dest(9020, false), e.dest(9021, false)
+	if res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: healthy.Addr}); res[0].Errno != 0 {
+		t.Fatalf("healthy connect: %v", res[0].Errno)
+	}
+	// Nothing wakes the reader: Read returns only at its deadline, with
+	// the record that was there all along.
+	const wait = 600 * time.Millisecond
+	var ev Event
+	rd.SetDeadline(time.Now().Add(wait))
+	t0 := time.Now()
+	if err := rd.Read(&ev); err != nil || ev.Outcome != Established || ev.Dest != healthy {
+		t.Fatalf("read %+v, %v; want the established record", ev, err)
+	}
+	if el := time.Since(t0); el < wait/2 {
+		t.Fatalf("a healthy record woke the reader after %v (deadline %v)", el, wait)
+	}
+	// With the reader waiting on an empty ring, a healthy connect does
+	// not wake it; a refused one does, and the batch holds both, in order.
+	batch := make([]Event, 8)
+	done := make(chan int, 1)
+	go func() {
+		for {
+			n, err := rd.ReadBatch(batch, 5*time.Second)
+			if err != nil {
+				t.Errorf("ReadBatch: %v", err)
+			}
+			if n > 0 || err != nil {
+				done <- n
+				return
+			}
+		}
+	}()
+	if res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: healthy.Addr}); res[0].Errno != 0 {
+		t.Fatalf("healthy connect: %v", res[0].Errno)
+	}
+	select {
+	case n := <-done:
+		t.Fatalf("a healthy record woke the reader (%d records)", n)
+	case <-time.After(300 * time.Millisecond):
+	}
+	t0 = time.Now()
+	e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: refused.Addr})
+	n := <-done
+	if el := time.Since(t0); el > 3*time.Second {
+		t.Fatalf("a refused connect did not wake the reader (%v)", el)
+	}
+	if n != 2 || batch[0].Outcome != Established || batch[1].Outcome != Refused || batch[1].Dest != refused {
+		t.Fatalf("batch %v, want [established refused]", outcomes(batch[:n]))
 	}
 }

@@ -26,6 +26,13 @@ type Settings struct {
 	// Limits makes connect look destinations up in the limits map
 	// (bulkheads); off, the allow path skips that lookup.
 	Limits bool
+	// UDP makes connect and sendmsg look UDP destinations up in the
+	// verdict map; off (no target covers UDP), a datagram costs no lookup.
+	UDP bool
+	// WakeSlow: an established record whose handshake took at least this
+	// long wakes the daemon's reader at once, like a failure (0: never).
+	// Other healthy records are read in batches.
+	WakeSlow time.Duration
 }
 
 // SetSettings writes the settings.
@@ -34,12 +41,16 @@ func (k *Kernel) SetSettings(s Settings) error {
 		HeartbeatNs: uint64(s.Heartbeat),
 		FailsafeNs:  uint64(s.FailSafe),
 		MaxRto:      s.MaxRTO,
+		WakeSlowNs:  uint64(max(s.WakeSlow, 0)),
 	}
 	if s.Shadow {
 		raw.Flags |= uint32(bpf.BreakerConfigFlagsCONFIG_SHADOW)
 	}
 	if s.Limits {
 		raw.Flags |= uint32(bpf.BreakerConfigFlagsCONFIG_LIMITS)
+	}
+	if s.UDP {
+		raw.Flags |= uint32(bpf.BreakerConfigFlagsCONFIG_UDP)
 	}
 	if err := k.objs.Config.Put(uint32(0), &raw); err != nil {
 		return fmt.Errorf("writing settings: %w", err)
@@ -58,7 +69,9 @@ func (v *View) Settings() (Settings, error) {
 		FailSafe:  time.Duration(raw.FailsafeNs),
 		Shadow:    raw.Flags&uint32(bpf.BreakerConfigFlagsCONFIG_SHADOW) != 0,
 		Limits:    raw.Flags&uint32(bpf.BreakerConfigFlagsCONFIG_LIMITS) != 0,
+		UDP:       raw.Flags&uint32(bpf.BreakerConfigFlagsCONFIG_UDP) != 0,
 		MaxRTO:    raw.MaxRto,
+		WakeSlow:  time.Duration(raw.WakeSlowNs),
 	}, nil
 }
 

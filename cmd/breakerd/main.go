@@ -137,7 +137,7 @@ func run(args []string, stdout io.Writer) error {
 		}
 		f := maps.ProbeFeatures()
 		out, _ := json.MarshalIndent(map[string]bool{
-			"set_retval": f.SetRetval, "sockops_cgroup_id": f.SockopsCgroupID,
+			"set_retval": f.SetRetval,
 		}, "", "  ")
 		fmt.Fprintln(stdout, string(out))
 		return nil
