@@ -249,6 +249,7 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 		d.mu.Unlock()
 		return CircuitInfo{}, fmt.Errorf("unknown action %s (open, close, release, reset)", quote(action))
 	}
+	d.reg.track(c)
 	d.writeVerdicts(c, t)
 	d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason)).Inc()
 	d.log.Info("circuit changed by hand", "circuit", c.name, "action", action, "from", t.From.String(), "to", t.To.String())

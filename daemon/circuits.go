@@ -24,6 +24,10 @@ type circuit struct {
 	dests  []maps.Dest // destinations whose verdict this circuit writes (registry.byDest maps back)
 	// metrics are its target's outcome series.
 	metrics *targetMetrics
+	// prev and next link it into registry.idle while it is a closed
+	// dynamic circuit (inIdle).
+	prev, next *circuit
+	inIdle     bool
 	// enumerated: a destination of it is enumerated from the target's
 	// match (it stays in its endpoint group while configured).
 	enumerated bool
@@ -37,19 +41,34 @@ const endpointIdle = 10 * time.Minute
 // sweepDepartedEndpoints drops closed endpoint circuits seen only in
 // traffic that have been idle for d.endpointIdle.
 func (d *Daemon) sweepDepartedEndpoints(now time.Time) {
-	for _, c := range d.sortedCircuits() {
-		if c.scope == policy.EndpointScope && !c.enumerated && c.c.State() == policy.Closed && now.Sub(c.c.LastActivity()) >= d.endpointIdle {
-			d.log.Debug("endpoint departed (idle)", "circuit", c.name)
-			d.drop(c)
+	var gone []*circuit
+	for c := range d.reg.endpoints {
+		if !c.enumerated && c.c.State() == policy.Closed && now.Sub(c.c.LastActivity()) >= d.endpointIdle {
+			gone = append(gone, c)
 		}
+	}
+	sort.Slice(gone, func(i, j int) bool { return gone[i].name < gone[j].name })
+	for _, c := range gone {
+		d.log.Debug("endpoint departed (idle)", "circuit", c.name)
+		d.drop(c)
 	}
 }
 
 // registry holds every circuit. It is used under Daemon.mu.
+//
+// Besides the indexes by name and destination it keeps the few circuits
+// periodic work visits, so that this work does not grow with the number of
+// closed circuits: active (open, half-open or forced open: the tick and
+// the reconciliation after lost records), endpoints (the departed-endpoint
+// sweep), and idle, the closed dynamic circuits least recently active
+// first, from whose front eviction takes its victim in O(1).
 type registry struct {
-	byName  map[string]*circuit
-	byDest  map[maps.Dest]*circuit
-	groups  map[string]*policy.Group
+	byName    map[string]*circuit
+	byDest    map[maps.Dest]*circuit
+	active    map[*circuit]struct{}
+	endpoints map[*circuit]struct{}
+	idle      idleList
+	groups    map[string]*policy.Group
 	ids     *ids
 	dynamic int
 	// adopting is set while start-up rebuilds the circuits of the pinned
@@ -59,7 +78,69 @@ type registry struct {
 }
 
 func newRegistry(k *maps.Kernel) *registry {
-	return &registry{byName: map[string]*circuit{}, byDest: map[maps.Dest]*circuit{}, groups: map[string]*policy.Group{}, ids: newIDs(k)}
+	return &registry{byName: map[string]*circuit{}, byDest: map[maps.Dest]*circuit{}, groups: map[string]*policy.Group{},
+		active: map[*circuit]struct{}{}, endpoints: map[*circuit]struct{}{}, ids: newIDs(k)}
+}
+
+// track files c under the sets its state puts it in; call it whenever c's
+// state may have changed.
+func (r *registry) track(c *circuit) {
+	s := c.c.State()
+	if s.Rejects() {
+		r.active[c] = struct{}{}
+	} else {
+		delete(r.active, c)
+	}
+	if c.target == allTarget && s == policy.Closed {
+		r.idle.touch(c)
+	} else {
+		r.idle.remove(c)
+	}
+}
+
+// untrack removes c from every set (it is being dropped).
+func (r *registry) untrack(c *circuit) {
+	delete(r.active, c)
+	delete(r.endpoints, c)
+	r.idle.remove(c)
+}
+
+// idleList is an intrusive doubly linked list of circuits, least recently
+// touched first.
+type idleList struct{ head, tail *circuit }
+
+// touch moves c to the back (most recent), adding it if needed.
+func (l *idleList) touch(c *circuit) {
+	if c.inIdle {
+		if l.tail == c {
+			return
+		}
+		l.remove(c)
+	}
+	c.prev, c.next, c.inIdle = l.tail, nil, true
+	if l.tail != nil {
+		l.tail.next = c
+	} else {
+		l.head = c
+	}
+	l.tail = c
+}
+
+func (l *idleList) remove(c *circuit) {
+	if !c.inIdle {
+		return
+	}
+	if c.prev != nil {
+		c.prev.next = c.next
+	} else {
+		l.head = c.next
+	}
+	if c.next != nil {
+		c.next.prev = c.prev
+	} else {
+		l.tail = c.prev
+	}
+	c.prev, c.next, c.inIdle = nil, nil, false
 }
 
 func dynamicName(d maps.Dest) string { return d.String() }
@@ -157,6 +238,10 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 		c.c.SeedRound(b.Round)
 	}
 	d.reg.byName[name] = c
+	if scope == policy.EndpointScope {
+		d.reg.endpoints[c] = struct{}{}
+	}
+	d.reg.track(c)
 	if ov == policy.ForceOpen {
 		d.writeVerdicts(c, policy.Transition{To: policy.ForcedOpen, At: now})
 	}
@@ -270,17 +355,10 @@ func staticDests(t *policy.Target, resolved map[string][]netip.Addr) []maps.Dest
 	return out
 }
 
-// evictIdle drops the least recently active closed dynamic circuit.
+// evictIdle drops the least recently active closed dynamic circuit, in
+// O(1): the front of the registry's idle list.
 func (d *Daemon) evictIdle() bool {
-	var victim *circuit
-	for _, c := range d.reg.byName {
-		if c.target != allTarget || c.c.State() != policy.Closed {
-			continue
-		}
-		if victim == nil || c.c.LastActivity().Before(victim.c.LastActivity()) {
-			victim = c
-		}
-	}
+	victim := d.reg.idle.head
 	if victim == nil {
 		return false
 	}
@@ -314,6 +392,7 @@ func (d *Daemon) drop(c *circuit) {
 		d.keepOverride(c, policy.NoOverride)
 	}
 	delete(d.reg.byName, c.name)
+	d.reg.untrack(c)
 	if c.target == allTarget {
 		d.reg.dynamic--
 	}

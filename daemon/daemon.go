@@ -372,12 +372,15 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time) {
 	}
 	if t, moved := c.c.Record(now, r); moved {
 		d.apply(c, t)
+	} else if c.inIdle {
+		d.reg.idle.touch(c)
 	}
 }
 
 // apply writes a transition to the kernel, the log, the metrics and the
 // event list.
 func (d *Daemon) apply(c *circuit, t policy.Transition) {
+	d.reg.track(c)
 	if t.From != t.To {
 		if t.To != policy.HalfOpen { // the kernel began the round itself
 			d.writeVerdicts(c, t)
@@ -444,7 +447,7 @@ func (d *Daemon) tick(now time.Time) {
 	if len(d.counted) > 100000 {
 		clear(d.counted) // final records of those sockets were lost
 	}
-	for _, c := range d.reg.byName {
+	for c := range d.reg.active { // only a half-open circuit has timers
 		if t, moved := c.c.Tick(now); moved {
 			d.apply(c, t)
 		}
@@ -469,7 +472,7 @@ func (d *Daemon) tick(now time.Time) {
 // circuit whose probe budget has reached its round begins that round
 // here, so probe_timeout applies to it.
 func (d *Daemon) reconcileRounds(now time.Time) {
-	for _, c := range d.reg.byName {
+	for c := range d.reg.active {
 		if s := c.c.State(); s != policy.Open && s != policy.HalfOpen {
 			continue
 		}

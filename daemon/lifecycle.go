@@ -98,6 +98,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 					round, begun = c.c.Round()+1, false
 				}
 				c.c.Restore(now, now.Add(v.Due-mono), round, begun)
+				d.reg.track(c)
 				d.log.Debug("adopted open circuit", "circuit", c.name, "dest", dst, "round", round, "half_open", begun, "due_in", (v.Due - mono).String())
 				adopted++
 			}

@@ -49,6 +49,30 @@ func (k *Kernel) DeleteLimit(d Dest) error {
 	return nil
 }
 
+// BulkCountsUpTo reads the counts of bulkhead slots 0 to n-1 in batches
+// (one system call per 4096 slots), indexed by slot.
+func (v *View) BulkCountsUpTo(n uint32) ([]BulkCount, error) {
+	n = min(n, v.bulk.MaxEntries())
+	out := make([]BulkCount, 0, n)
+	keys := make([]uint32, batchSize)
+	vals := make([]bpf.BreakerBulkCount, batchSize)
+	var cursor ebpf.MapBatchCursor
+	for uint32(len(out)) < n {
+		want := min(int(n)-len(out), batchSize)
+		got, err := v.bulk.BatchLookup(&cursor, keys[:want], vals[:want], nil)
+		for _, b := range vals[:got] {
+			out = append(out, BulkCount{Connections: b.Connections, Connecting: b.Connecting})
+		}
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return out, fmt.Errorf("reading bulkhead counts: %w", err)
+		}
+		if got == 0 || err != nil {
+			break
+		}
+	}
+	return out, nil
+}
+
 // BulkCount is the live socket count of one bulkhead slot.
 type BulkCount struct {
 	// Connections counts connecting plus established sockets.

@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -106,6 +107,30 @@ func (v *View) Counters(id uint32) (Counters, error) {
 		return Counters{}, fmt.Errorf("reading counters of circuit %d: %w", id, err)
 	}
 	return Counters{Rejected: p.Rejected, ShadowRejected: p.ShadowRejected, Probes: p.Probes, Rounds: p.Rounds, BulkheadRejected: p.BulkheadRejected}, nil
+}
+
+// CountersUpTo reads the counters of circuit ids 0 to n-1 in batches
+// (one system call per 4096 ids), indexed by id.
+func (v *View) CountersUpTo(n uint32) ([]Counters, error) {
+	n = min(n, v.counters.MaxEntries())
+	out := make([]Counters, 0, n)
+	keys := make([]uint32, batchSize)
+	vals := make([]bpf.BreakerCircuitCounters, batchSize)
+	var cursor ebpf.MapBatchCursor
+	for uint32(len(out)) < n {
+		want := min(int(n)-len(out), batchSize)
+		got, err := v.counters.BatchLookup(&cursor, keys[:want], vals[:want], nil)
+		for _, p := range vals[:got] {
+			out = append(out, Counters{Rejected: p.Rejected, ShadowRejected: p.ShadowRejected, Probes: p.Probes, Rounds: p.Rounds, BulkheadRejected: p.BulkheadRejected})
+		}
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return out, fmt.Errorf("reading counters: %w", err)
+		}
+		if got == 0 || err != nil {
+			break
+		}
+	}
+	return out, nil
 }
 
 // ResetCounters zeroes the counters of circuit id, before the id is given

@@ -237,13 +237,30 @@ func iterVerdicts(m *ebpf.Map, errp *error) iter.Seq2[Dest, Verdict] {
 }
 
 // VerdictCount returns the number of verdict entries and the map's
-// capacity.
+// capacity. It reads the map in batches of 4096 entries (a few dozen
+// system calls for a full map, not two per entry).
 func (v *View) VerdictCount() (n int, capacity uint32) {
-	for range v.Verdicts() {
-		n++
+	keys := make([]bpf.BreakerDestKey, batchSize)
+	vals := make([]bpf.BreakerVerdict, batchSize)
+	var cursor ebpf.MapBatchCursor
+	for {
+		got, err := v.verdicts.BatchLookup(&cursor, keys, vals, nil)
+		n += got
+		if err != nil {
+			if !errors.Is(err, ebpf.ErrKeyNotExist) {
+				// Batches not supported or another failure: one entry at a time.
+				n = 0
+				for range v.Verdicts() {
+					n++
+				}
+			}
+			return n, v.verdicts.MaxEntries()
+		}
 	}
-	return n, v.verdicts.MaxEntries()
 }
+
+// batchSize is how many entries one batched map read carries.
+const batchSize = 4096
 
 // Now is the kernel's monotonic clock (bpf_ktime_get_ns), the time base of
 // Verdict.Due, Settings.Heartbeat and event timestamps.

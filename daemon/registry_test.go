@@ -1,0 +1,135 @@
+package daemon
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/breakerd/breakerd/maps"
+	"github.com/breakerd/breakerd/policy"
+)
+
+// checkRegistry fails t unless the registry's sets say what the circuits'
+// states say: active holds exactly the circuits that reject, idle exactly
+// the closed dynamic ones (in order of last touch), endpoints exactly the
+// endpoint-scoped ones.
+func checkRegistry(t *testing.T, r *registry) {
+	t.Helper()
+	active, idle, endpoints := 0, 0, 0
+	for _, c := range r.byName {
+		s := c.c.State()
+		if _, in := r.active[c]; in != s.Rejects() {
+			t.Errorf("%s (%s): in active %v", c.name, s, in)
+		}
+		if s.Rejects() {
+			active++
+		}
+		if want := c.target == allTarget && s == policy.Closed; c.inIdle != want {
+			t.Errorf("%s (%s): in idle %v", c.name, s, c.inIdle)
+		} else if want {
+			idle++
+		}
+		if _, in := r.endpoints[c]; in != (c.scope == policy.EndpointScope) {
+			t.Errorf("%s: in endpoints %v", c.name, in)
+		} else if in {
+			endpoints++
+		}
+	}
+	n := 0
+	for c := r.idle.head; c != nil; c = c.next {
+		n++
+		if c.next != nil && c.next.prev != c {
+			t.Fatalf("idle list broken at %s", c.name)
+		}
+	}
+	if n != idle || len(r.active) != active || len(r.endpoints) != endpoints {
+		t.Errorf("idle list %d (want %d), active %d (want %d), endpoints %d (want %d)", n, idle, len(r.active), active, len(r.endpoints), endpoints)
+	}
+}
+
+// The sets the tick and eviction rely on follow every kind of change:
+// trips, half-open, closing, a change by hand, eviction and a reload that
+// drops circuits; eviction takes the least recently active closed dynamic
+// circuit, never an open one.
+func TestRegistrySetsFollowState(t *testing.T) {
+	f := newFixture(t, `max_circuits: 6
+all:
+  consecutive_failures: 2
+  open_duration: 50ms
+  half_open_probes: 1
+targets:
+  eps:
+    match: {cidrs: [198.19.200.0/24]}
+    scope: endpoint
+`)
+	d := f.start()
+	now := time.Now()
+	rec := func(i int, o maps.Outcome) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.handle(&maps.Event{Dest: dynamicDest(i), Outcome: o}, now)
+	}
+	for i := range 5 {
+		rec(i, maps.Established)
+	}
+	rec(2, maps.Refused)
+	rec(2, maps.Refused) // circuit 2 opens
+	d.mu.Lock()
+	checkRegistry(t, d.reg)
+	if len(d.reg.active) != 1 {
+		t.Fatalf("active %d, want 1", len(d.reg.active))
+	}
+	d.handle(&maps.Event{Dest: maps.Dest{Proto: maps.TCP, Addr: dynamicDest(0).Addr}, Outcome: maps.Established}, now) // 0 becomes the most recent
+	d.handle(&maps.Event{Dest: endpointDest(1), Outcome: maps.Established}, now)                                       // an endpoint circuit: 6 destinations
+	d.mu.Unlock()
+	rec(7, maps.Established) // a 7th destination evicts the least recently active closed dynamic one: 1
+	d.mu.Lock()
+	checkRegistry(t, d.reg)
+	if _, ok := d.reg.byDest[dynamicDest(1)]; ok {
+		t.Errorf("circuit 1 not evicted")
+	}
+	if _, ok := d.reg.byDest[dynamicDest(2)]; !ok {
+		t.Errorf("the open circuit was evicted")
+	}
+	if _, ok := d.reg.byDest[dynamicDest(0)]; !ok {
+		t.Errorf("the most recently active circuit was evicted")
+	}
+	d.mu.Unlock()
+	// Half-open (the tick), then closed by its probe.
+	time.Sleep(60 * time.Millisecond)
+	d.mu.Lock()
+	c := d.reg.byDest[dynamicDest(2)]
+	if tr, moved := c.c.BeginHalfOpen(time.Now(), c.c.Round()); moved {
+		d.apply(c, tr)
+	}
+	checkRegistry(t, d.reg)
+	d.handle(&maps.Event{Dest: dynamicDest(2), Outcome: maps.Established, Probe: true, Round: c.c.Round()}, time.Now())
+	if s := c.c.State(); s != policy.Closed {
+		t.Fatalf("after the probe: %s", s)
+	}
+	checkRegistry(t, d.reg)
+	name := c.name
+	d.mu.Unlock()
+	if _, err := d.Force(name, "open"); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	checkRegistry(t, d.reg)
+	d.mu.Unlock()
+	f.writeConfig("max_circuits: 6\nall:\n  consecutive_failures: 3\n")
+	if err := d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	checkRegistry(t, d.reg)
+	if len(d.reg.endpoints) != 0 {
+		t.Errorf("the removed target's endpoint circuit is still listed")
+	}
+	d.mu.Unlock()
+}
+
+func endpointDest(i int) maps.Dest {
+	return maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(mustAddr("198.19.200.1"), uint16(80+i))}
+}
+
+func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
