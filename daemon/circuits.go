@@ -69,8 +69,8 @@ type registry struct {
 	endpoints map[*circuit]struct{}
 	idle      idleList
 	groups    map[string]*policy.Group
-	ids     *ids
-	dynamic int
+	ids       *ids
+	dynamic   int
 	// adopting is set while start-up rebuilds the circuits of the pinned
 	// verdicts: max_circuits does not refuse those (an open verdict is
 	// never dropped for want of room; eviction brings the count back).
