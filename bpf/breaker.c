@@ -149,9 +149,12 @@ struct {
 } stats SEC(".maps");
 
 #define EVENTS_SIZE (1 << 22) /* 4 MiB: 65536 records */
-/* A healthy record wakes the daemon only once this much is unread (2048
- * records): at any rate the daemon reads in batches, and a failure behind
- * them waits for at most this many to be handled first. */
+/* A healthy record wakes the daemon only while between one and two times
+ * this much is unread (2048 to 4096 records): at any rate the daemon reads
+ * in batches, and a failure behind them waits for at most that many to be
+ * handled first. Past twice the watermark the reader is not reading (a
+ * daemon restarting): a forced wake-up would only cost every connection a
+ * self-interrupt, so healthy records stop asking for one. */
 #define WAKE_WATERMARK (128 << 10)
 
 struct {
@@ -238,8 +241,11 @@ static __always_inline void emit(const struct dest_key *dest, __u8 outcome, __u8
 				 __u64 cgroup_id, __u64 now, __u32 wake)
 {
 	__u64 submit = BPF_RB_FORCE_WAKEUP;
-	if (wake == LAZY && bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) < WAKE_WATERMARK)
-		submit = BPF_RB_NO_WAKEUP;
+	if (wake == LAZY) {
+		__u64 unread = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+		if (unread < WAKE_WATERMARK || unread >= 2 * WAKE_WATERMARK)
+			submit = BPF_RB_NO_WAKEUP;
+	}
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		stat_inc(STAT_EVENTS_LOST);
@@ -815,6 +821,11 @@ int observe(struct bpf_sock_ops *ops)
 				if (st)
 					bulk_release(st, BULK_CONNECTING | BULK_CONNECTIONS);
 			}
+			/* Closing: nothing from here on is a failure anyone saw
+			 * (the application let go of the connection, or the peer
+			 * did), and its bulkhead count is back. Its last state
+			 * changes need not call this program. */
+			bpf_sock_ops_cb_flags_set(ops, 0);
 			break;
 		}
 		break;

@@ -263,6 +263,10 @@ all:
 	f.start()
 	dyn := fmt.Sprintf("tcp/%s:8081", f.srv.IPv4)
 	f.dial(8081, 1, 0) // a dynamic circuit, closed
+	// A healthy record is read with the next batch (within a tick).
+	if !kerneltest.WaitFor(2*time.Second, func() bool { _, ok := f.circuit(dyn); return ok }) {
+		t.Fatalf("no circuit %s after a healthy connect", dyn)
+	}
 	if _, err := f.d.Force("svc", "close"); err != nil {
 		t.Fatal(err)
 	}

@@ -60,7 +60,10 @@ type DialSpec struct {
 	// Addr is the destination. For a tcp6/udp6 socket to an IPv4 address
 	// the helper uses the IPv4-mapped form (a dual-stack socket).
 	Addr netip.AddrPort
-	// Op is "connect" (default), "connect-read" (connect, then read once:
+	// Op is "connect" (default), "rate" (connect and close, Rate connects a
+	// second — 0: as fast as Parallel workers go — for For, spread over
+	// Ports; the result is one entry per errno seen, with the count in
+	// Nanos), "connect-read" (connect, then read once:
 	// reports the read's errno), "sendto" (unconnected UDP datagram) or
 	// "abandon" (non-blocking connect, close after Hold) or
 	// "connect-send" (connect, wait Hold, write, wait Linger, close).
@@ -87,6 +90,7 @@ type DialSpec struct {
 	// "gobreaker", opening after BreakerFailures consecutive failures for
 	// BreakerOpen).
 	Interval, For   time.Duration
+	Rate            int
 	Breaker         string
 	BreakerFailures uint32
 	BreakerOpen     time.Duration
@@ -188,6 +192,8 @@ func runHelper(js string) int {
 		return encodeResults(runHTTP(spec))
 	case "loop":
 		return encodeResults(runLoop(spec))
+	case "rate":
+		return encodeResults(runRate(spec))
 	}
 	res := make([]DialResult, spec.Count)
 	var wg sync.WaitGroup
@@ -299,4 +305,52 @@ func errnoOf(err error) unix.Errno {
 		return e
 	}
 	return unix.EIO
+}
+
+// runRate connects (and closes) at spec.Rate a second in all (0: as fast as
+// the workers go) for spec.For, from spec.Parallel workers, and returns one
+// DialResult per errno seen with its count in Nanos.
+func runRate(spec DialSpec) []DialResult {
+	counts := make([]map[unix.Errno]int64, spec.Parallel)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range spec.Parallel {
+		counts[w] = map[unix.Errno]int64{}
+		wg.Go(func() {
+			var gap time.Duration
+			if spec.Rate > 0 {
+				gap = time.Second * time.Duration(spec.Parallel) / time.Duration(spec.Rate)
+			}
+			s := spec
+			s.Op, s.Hold = "connect", 0
+			for i := 0; ; i++ {
+				due := start.Add(time.Duration(i) * gap)
+				if gap > 0 {
+					due = due.Add(gap * time.Duration(w) / time.Duration(spec.Parallel))
+				}
+				if due.Sub(start) >= spec.For || time.Since(start) >= spec.For {
+					return
+				}
+				if d := time.Until(due); d > 0 {
+					time.Sleep(d)
+				}
+				if spec.Ports > 1 {
+					s.Addr = netip.AddrPortFrom(spec.Addr.Addr(), spec.Addr.Port()+uint16((i*spec.Parallel+w)%spec.Ports))
+				}
+				counts[w][dialOnce(s).Errno]++
+			}
+		})
+	}
+	wg.Wait()
+	total := map[unix.Errno]int64{}
+	for _, c := range counts {
+		for e, n := range c {
+			total[e] += n
+		}
+	}
+	var out []DialResult
+	for e, n := range total {
+		out = append(out, DialResult{Errno: e, Nanos: n})
+	}
+	return out
 }

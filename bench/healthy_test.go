@@ -1,0 +1,260 @@
+package bench
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/maps"
+)
+
+var healthyBin = flag.String("bench.breakerd", "", "breakerd binary TestHealthyPathCost measures (default: a build of ../cmd/breakerd)")
+
+// healthyConfig trips a dynamic circuit on one refusal, so the latency
+// probe's single refused connect opens its circuit.
+const healthyConfig = `
+failsafe_timeout: 30s
+all:
+  consecutive_failures: 1
+  open_duration: 5m
+  reject_errno: EHOSTUNREACH
+`
+
+// TestHealthyPathCost measures what a healthy connection costs breakerd's
+// daemon, end to end: the real binary protects a child cgroup whose client
+// process connects (and closes) to a listener on a test host over veth at
+// a paced rate — 1,000/s, 10,000/s and as fast as the machine goes —
+// spread over 64 destinations; the daemon's CPU comes from the kernel's
+// per-thread run time (/proc/PID/task/*/schedstat, in nanoseconds), less
+// an idle stretch of the same length measured just before. Midway through
+// each load, one connect to a refusing port of the same host opens its
+// circuit (consecutive_failures 1), and the time from that connect's
+// return to the circuit being open in the daemon (which writes the verdict
+// under the same lock) is the failure-to-verdict time under that load. It
+// also reports records the kernel dropped.
+func TestHealthyPathCost(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	dur := 5 * time.Second
+	if !*full {
+		dur = time.Second
+	}
+	bin := *healthyBin
+	if bin == "" {
+		bin = filepath.Join(t.TempDir(), "breakerd")
+		if out, err := exec.Command("go", "build", "-o", bin, "../cmd/breakerd").CombinedOutput(); err != nil {
+			t.Fatalf("building breakerd: %v\n%s", err, out)
+		}
+	}
+	topo := kerneltest.NewTopology(t, 1)
+	srv := topo.Servers[0]
+	const base, ports, refusing = 20000, 64, 21000
+	for p := uint16(base); p < base+ports; p++ {
+		srv.Serve(t, p, func(c *net.TCPConn) {
+			buf := make([]byte, 64)
+			for {
+				if _, err := c.Read(buf); err != nil {
+					c.Close()
+					return
+				}
+			}
+		})
+	}
+	// Many 4-tuples a second from one client address: let connect reuse
+	// TIME_WAIT ports (the client closes first).
+	if err := topo.Client.Sysctl("net/ipv4/tcp_tw_reuse", "1"); err != nil {
+		t.Fatal(err)
+	}
+	cg := kerneltest.NewCgroup(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "b.yaml")
+	os.WriteFile(cfg, []byte(healthyConfig), 0o644)
+	bpffs := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+	t.Cleanup(func() { os.RemoveAll(bpffs) })
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := l.Addr().String()
+	l.Close()
+	cmd := exec.Command(bin, "--config", cfg, "--cgroup", cg.Path, "--bpffs", bpffs, "--admin-addr", admin, "--admin-socket", "", "--log-level", "warn")
+	logs := &kerneltest.LogBuffer{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(unix.SIGTERM)
+		cmd.Wait()
+		exec.Command(bin, "uninstall", "--bpffs", bpffs).Run()
+	})
+	if !kerneltest.WaitFor(10*time.Second, func() bool { return get(admin, "/readyz") == 200 }) {
+		t.Fatalf("breakerd not ready:\n%s", logs.String())
+	}
+	pid := cmd.Process.Pid
+
+	var tab strings.Builder
+	fmt.Fprintf(&tab, "%s per rate, 64 destinations, connect + close from one client process; daemon CPU from the kernel's per-thread run time, less an idle stretch of the same length\n\n", dur)
+	fmt.Fprintf(&tab, "| target rate | connects/s done | daemon CPU | daemon CPU per connection | records lost | failure → open circuit |\n|---|---|---|---|---|---|\n")
+	lost0 := metric(t, admin, "breakerd_events_lost_total")
+	for i, rate := range []int{1000, 10000, 0} {
+		idle0 := cpuNanos(t, pid)
+		time.Sleep(dur)
+		idle := cpuNanos(t, pid) - idle0
+
+		spec := kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(srv.IPv4, base), Op: "rate", Rate: rate, For: dur, Ports: ports, Parallel: 2}
+		if rate == 0 {
+			spec.Parallel = 4
+		}
+		c0 := cpuNanos(t, pid)
+		t0 := time.Now()
+		done := make(chan []kerneltest.DialResult, 1)
+		go func() { done <- topo.Client.Dial(t, cg, spec) }()
+		// Midway: one refused connect, and how long until its circuit is open.
+		time.Sleep(dur / 2)
+		dst := netip.AddrPortFrom(srv.IPv4, uint16(refusing+i))
+		r := topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: dst})
+		refusedAt := time.Now()
+		if r[0].Errno != unix.ECONNREFUSED {
+			t.Fatalf("the refusing port answered %v", r[0].Errno)
+		}
+		toOpen := untilOpen(admin, bpffs, dst, refusedAt)
+		if toOpen < 0 {
+			t.Errorf("rate %d: the circuit of %s did not open", rate, dst)
+		}
+		res := <-done
+		el := time.Since(t0)
+		cpu := cpuNanos(t, pid) - c0
+		var ok, failed int64
+		for _, x := range res {
+			if x.Errno == 0 {
+				ok += x.Nanos
+			} else {
+				failed += x.Nanos
+				t.Logf("rate %d: %d connects failed with %v", rate, x.Nanos, x.Errno)
+			}
+		}
+		if failed > ok/100 {
+			t.Errorf("rate %d: %d of %d healthy connects failed", rate, failed, ok+failed)
+		}
+		lost := metric(t, admin, "breakerd_events_lost_total")
+		extra := cpu - idle*el.Nanoseconds()/dur.Nanoseconds()
+		label := strconv.Itoa(rate) + "/s"
+		if rate == 0 {
+			label = "as fast as it goes"
+		}
+		fmt.Fprintf(&tab, "| %s | %.0f | %.2f%% of a core | %d ns | %.0f | %s |\n", label, float64(ok)/el.Seconds(),
+			100*float64(cpu)/float64(el.Nanoseconds()), extra/max(ok, 1), lost-lost0, toOpen.Round(10*time.Microsecond))
+		lost0 = lost
+	}
+	t.Log("\n" + tab.String())
+	if *out != "" {
+		f, err := os.OpenFile(*out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		fmt.Fprintln(f, tab.String())
+	}
+}
+
+// untilOpen returns how long after since dst's verdict is in the kernel:
+// read from the pinned verdict map every 20 µs (no work for the daemon),
+// or, for a binary of another layout, from the admin API every 10 ms.
+// -1 when it does not come within 5 s.
+func untilOpen(admin, bpffs string, dst netip.AddrPort, since time.Time) time.Duration {
+	d := maps.Dest{Proto: maps.TCP, Addr: dst}
+	if v, err := maps.OpenPinned(bpffs); err == nil {
+		defer v.Close()
+		for time.Since(since) < 5*time.Second {
+			if _, ok, _ := v.Verdict(d); ok {
+				return time.Since(since)
+			}
+			time.Sleep(20 * time.Microsecond)
+		}
+		return -1
+	}
+	if kerneltest.WaitFor(5*time.Second, func() bool { return circuitState(admin, d.String()) == "open" }) {
+		return time.Since(since)
+	}
+	return -1
+}
+
+// cpuNanos is the CPU time all of pid's threads have run, from the
+// scheduler's statistics (nanoseconds, unlike /proc/PID/stat's ticks).
+func cpuNanos(t *testing.T, pid int) int64 {
+	t.Helper()
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum int64
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, task.Name()))
+		if err != nil {
+			continue // a thread that just exited
+		}
+		f := strings.Fields(string(b))
+		if len(f) > 0 {
+			n, _ := strconv.ParseInt(f[0], 10, 64)
+			sum += n
+		}
+	}
+	return sum
+}
+
+func get(addr, path string) int {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get("http://" + addr + path)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func circuitState(addr, name string) string {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get("http://" + addr + "/v1/circuits/" + strings.ReplaceAll(name, "/", "%2F"))
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	var ci struct {
+		State string `json:"state"`
+	}
+	json.NewDecoder(resp.Body).Decode(&ci)
+	return ci.State
+}
+
+// metric reads one unlabelled series from the daemon's /metrics.
+func metric(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == name {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			return v
+		}
+	}
+	return 0
+}
