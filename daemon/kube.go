@@ -81,7 +81,7 @@ func (d *Daemon) lookupServicesKeepingAlive(cfg *policy.Config) map[string]servi
 		ctx, cancel := context.WithTimeout(context.Background(), serviceSyncTimeout)
 		defer cancel()
 		if !d.opts.Cluster.WaitSynced(ctx) {
-			d.log.Error("the Kubernetes API did not answer in time; Service targets match nothing until it does", "waited", serviceSyncTimeout.String())
+			d.log.Error("Services and EndpointSlices were not listed in time (the API server unreachable, or RBAC denies it: see the errors logged); Service targets match nothing until they are", "waited", serviceSyncTimeout.String())
 		}
 		res = d.lookupServices(targets)
 	})

@@ -75,8 +75,15 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 	if _, err := policy.Parse([]byte(cm.Data["breakerd.yaml"]), false); err != nil {
 		t.Fatalf("configmap.yaml's policy: %v", err)
 	}
-	if svc.Spec.Ports[0].Port != 9677 || sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
-		t.Fatalf("service %+v / service account %+v", svc.Spec.Ports, sa)
+	if svc.Spec.Ports[0].Port != 9677 || sa.AutomountServiceAccountToken == nil || !*sa.AutomountServiceAccountToken {
+		t.Fatalf("service %+v / service account %+v: want the token mounted", svc.Spec.Ports, sa)
+	}
+	if !slices.Contains(kust.Resources, "rbac.yaml") {
+		t.Errorf("kustomization does not apply rbac.yaml: %v", kust.Resources)
+	}
+	role, binding := shippedRBAC(t)
+	if binding.RoleRef.Name != role.Name || len(binding.Subjects) != 1 || binding.Subjects[0].Name != sa.Name || binding.Subjects[0].Namespace != kust.Namespace {
+		t.Errorf("binding %+v does not bind %s to service account %s/%s", binding, role.Name, kust.Namespace, sa.Name)
 	}
 }
 
@@ -114,6 +121,26 @@ func TestDaemonSetInvariants(t *testing.T) {
 	slices.Sort(caps)
 	if !slices.Equal(caps, []string{"BPF", "NET_ADMIN", "PERFMON"}) {
 		t.Errorf("capabilities %v, want exactly BPF, NET_ADMIN, PERFMON", caps)
+	}
+	if pod.AutomountServiceAccountToken == nil || !*pod.AutomountServiceAccountToken || pod.ServiceAccountName != "breakerd" {
+		t.Error("the pod must mount breakerd's service account token (in-cluster API access)")
+	}
+	nodeName := false
+	for _, e := range c.Env {
+		if e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName" {
+			nodeName = true
+		}
+	}
+	if !nodeName {
+		t.Error("NODE_NAME must come from the downward API (spec.nodeName)")
+	}
+	// containerd's and CRI-O's default AppArmor profiles deny writes under
+	// /sys/fs/[^c]*, where the pins are.
+	if sc.AppArmorProfile == nil || sc.AppArmorProfile.Type != corev1.AppArmorProfileTypeUnconfined {
+		t.Errorf("appArmorProfile %+v: the runtime default denies pinning under /sys/fs/bpf", sc.AppArmorProfile)
+	}
+	if sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("seccompProfile %+v, want RuntimeDefault", sc.SeccompProfile)
 	}
 	if pod.PriorityClassName != "system-node-critical" || pod.HostNetwork {
 		t.Errorf("priority %q host network %v", pod.PriorityClassName, pod.HostNetwork)

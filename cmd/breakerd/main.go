@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -164,6 +165,9 @@ func run(args []string, stdout io.Writer) error {
 			return err
 		}
 		cg = root
+	} else if tree := v2Tree(cg); tree != cg {
+		log.Info("hybrid cgroup layout: protecting the cgroup v2 tree under the given directory", "cgroup", cg, "v2", tree)
+		cg = tree
 	}
 	cluster, err := kubeClient(v.GetString("kubeconfig"), v.GetString("node-name"), log)
 	if err != nil {
@@ -200,6 +204,23 @@ func run(args []string, stdout io.Writer) error {
 		return err
 	}
 	return nil
+}
+
+// v2Tree returns where the cgroup v2 tree is at --cgroup DIR: DIR itself,
+// or, on a hybrid node (cgroup v1 controllers on a tmpfs at
+// /sys/fs/cgroup, the v2 tree mounted at its unified/), DIR/unified. The
+// DaemonSet mounts the host's /sys/fs/cgroup at /host/cgroup (a recursive
+// bind, so unified/ comes along) and passes --cgroup=/host/cgroup, which
+// works on both layouts this way. Anything else is returned as given (and
+// refused later if it is not cgroup v2).
+func v2Tree(dir string) string {
+	if maps.CheckCgroup(dir) == nil {
+		return dir
+	}
+	if u := filepath.Join(dir, "unified"); maps.CheckCgroup(u) == nil {
+		return u
+	}
+	return dir
 }
 
 func envName(flag string) string {
