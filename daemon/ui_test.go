@@ -142,7 +142,7 @@ func TestUIHostileNamesAreText(t *testing.T) {
 		t.Fatalf("after the token: %v", err)
 	}
 	// The rate is computed between two polls.
-	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.querySelector("#rows tr.row-open td.rate").textContent !== "0.0"`,
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`(document.querySelector("#rows tr.row-open td.rate")?.textContent ?? "0.0") !== "0.0"`,
 		chromedp.WithPollingTimeout(30*time.Second), chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
 		t.Fatalf("no rejection rate between polls: %v", err)
 	}

@@ -87,7 +87,7 @@ func TestStatusPageShowsATrip(t *testing.T) {
 	browsertest.Screenshot(ctx, t, "1-before-trip")
 
 	w.trip()
-	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.querySelector('`+row+` .state').textContent === "open"`,
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.querySelector('`+row+` .state')?.textContent === "open"`,
 		chromedp.WithPollingTimeout(20*time.Second), chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
 		t.Fatalf("the page never showed web open (the API says %q): %v", w.circuits()["web"].State, err)
 	}
@@ -105,7 +105,7 @@ func TestStatusPageShowsATrip(t *testing.T) {
 	first := rejected()
 	browsertest.Screenshot(ctx, t, "2-open")
 	// The next polls show more rejections, and a rate above zero.
-	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](fmt.Sprintf(`Number(document.querySelector('%s td.rejected').textContent) > %d && Number(document.querySelector('%s td.rate').textContent) > 0`, row, first, row),
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](fmt.Sprintf(`Number(document.querySelector('%s td.rejected')?.textContent) > %d && Number(document.querySelector('%s td.rate')?.textContent) > 0`, row, first, row),
 		chromedp.WithPollingTimeout(15*time.Second), chromedp.WithPollingInterval(200*time.Millisecond))); err != nil {
 		t.Fatalf("rejections did not count up from %d: %v", first, err)
 	}
@@ -181,8 +181,8 @@ func TestStatusPageShowsATrip(t *testing.T) {
 		browsertest.Screenshot(ctx, t, "4-down-after-"+strings.ToLower(sig.String()))
 		w.start()
 		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](fmt.Sprintf(`!document.getElementById("conn").classList.contains("error") &&
-			document.querySelector('%s .state').textContent === "open" && Number(document.querySelector('%s td.rejected').textContent) > %d &&
-			Number(document.querySelector('%s td.rate').textContent) > 0`, row, row, last, row),
+			document.querySelector('%s .state')?.textContent === "open" && Number(document.querySelector('%s td.rejected')?.textContent) > %d &&
+			Number(document.querySelector('%s td.rate')?.textContent) > 0`, row, row, last, row),
 			chromedp.WithPollingTimeout(20*time.Second), chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
 			t.Fatalf("after the %v restart the page does not show web open with more than %d rejections: %v\n%s", sig, last, err, w.logs.String())
 		}
@@ -200,7 +200,7 @@ func TestStatusPageShowsATrip(t *testing.T) {
 	// A reload that drops api: the page drops its row and keeps web open.
 	w.swapConfig(viewConfig[:strings.Index(viewConfig, "  api:")])
 	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`!document.querySelector('#rows tr[data-name="api"]') &&
-		document.querySelector('`+row+` .state').textContent === "open"`,
+		document.querySelector('`+row+` .state')?.textContent === "open"`,
 		chromedp.WithPollingTimeout(20*time.Second), chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
 		t.Fatalf("after a reload without api the page still shows it (or web is not open): %v\n%s", err, w.logs.String())
 	}
