@@ -282,3 +282,187 @@ targets:
 		t.Fatalf("dynamic circuit's Event: %+v", ev.InvolvedObject)
 	}
 }
+
+// TestServiceEndpointScopeOverSliceMembers: in endpoint scope the group's
+// endpoints are the Service's cluster IP and its serving slice endpoints,
+// so max_ejection_percent counts them; the group follows the slice.
+func TestServiceEndpointScopeOverSliceMembers(t *testing.T) {
+	kf := newKubeFixture(t, `
+targets:
+  pay:
+    match: {service: NS/pay}
+    scope: endpoint
+    max_ejection_percent: 40
+    consecutive_failures: 2
+    open_duration: 1m
+`)
+	ctx := context.Background()
+	svc := kf.createService(t, "pay", corev1.ServicePort{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP})
+	srv := kf.srv.IPv4.String()
+	ports := map[string]int32{"http": 8080}
+	es, err := kf.cs.DiscoveryV1().EndpointSlices(kf.ns).Create(ctx, endpointSlice("pay", "pay-1", ports,
+		ep{srv, true}, ep{"198.18.0.81", true}, ep{"198.18.0.82", true}, ep{"198.18.0.83", true}, ep{"198.18.0.84", false}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kf.start()
+	counts := func() (int, int) {
+		kf.d.mu.Lock()
+		defer kf.d.mu.Unlock()
+		g := kf.d.reg.groups["pay"]
+		if g == nil {
+			return 0, 0
+		}
+		return g.Counts()
+	}
+	// Four serving endpoints and the cluster IP; not the one not serving.
+	if !kerneltest.WaitFor(10*time.Second, func() bool { n, _ := counts(); return n == 5 }) {
+		n, _ := counts()
+		t.Fatalf("group knows %d endpoints, want 5:\n%s", n, kf.logs.String())
+	}
+	kf.dial(8080, 3, time.Second) // refused: nothing listens
+	kf.waitState("pay/"+srv+":8080", "open", 5*time.Second)
+	kf.waitVerdicts(t, srv+":8080")
+	if _, ej := counts(); ej != 1 {
+		t.Fatalf("%d ejected, want 1", ej)
+	}
+	// Endpoints leave the slice: the group shrinks with it; the open
+	// endpoint keeps its verdict.
+	es.Endpoints = endpointSlice("pay", "pay-1", ports, ep{srv, true}, ep{"198.18.0.81", true}).Endpoints
+	if es, err = kf.cs.DiscoveryV1().EndpointSlices(kf.ns).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !kerneltest.WaitFor(10*time.Second, func() bool { n, _ := counts(); return n == 3 }) {
+		n, _ := counts()
+		t.Fatalf("group knows %d endpoints after the slice shrank, want 3 (%s and the cluster IP %s)", n, srv, svc.Spec.ClusterIP)
+	}
+	kf.waitVerdicts(t, srv+":8080")
+	// The open endpoint leaves too: its circuit and verdict go.
+	es.Endpoints = endpointSlice("pay", "pay-1", ports, ep{"198.18.0.81", true}).Endpoints
+	if _, err := kf.cs.DiscoveryV1().EndpointSlices(kf.ns).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kf.waitVerdicts(t)
+	if _, ok := kf.circuit("pay/" + srv + ":8080"); ok {
+		t.Fatalf("the departed endpoint's circuit is still there")
+	}
+}
+
+// TestServiceTargetSurvivesAPIOutage: with the API server gone the
+// verdicts of a Service target stay as last known, and
+// breakerd_kubernetes_api_reachable says 0.
+func TestServiceTargetSurvivesAPIOutage(t *testing.T) {
+	kf := newKubeFixture(t, `
+targets:
+  pay:
+    match: {service: NS/pay}
+    state: forced_open
+`)
+	ctx := context.Background()
+	svc := kf.createService(t, "pay", corev1.ServicePort{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP})
+	srv := kf.srv.IPv4.String()
+	if _, err := kf.cs.DiscoveryV1().EndpointSlices(kf.ns).Create(ctx, endpointSlice("pay", "pay-1", map[string]int32{"http": 8080}, ep{srv, true}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kf.start()
+	kf.waitVerdicts(t, svc.Spec.ClusterIP+":80", srv+":8080")
+	reachable := func() float64 {
+		mfs, err := kf.d.metrics.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "breakerd_kubernetes_api_reachable" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		return -1
+	}
+	if !kerneltest.WaitFor(5*time.Second, func() bool { return reachable() == 1 }) {
+		t.Fatalf("api_reachable %v with the API up", reachable())
+	}
+	kf.api.Stop()
+	if !kerneltest.WaitFor(10*time.Second, func() bool { return reachable() == 0 }) {
+		t.Fatalf("api_reachable %v with the API gone", reachable())
+	}
+	time.Sleep(2 * time.Second)
+	kf.waitVerdicts(t, svc.Spec.ClusterIP+":80", srv+":8080")
+	rs := kf.dial(8080, 3, time.Second)
+	if n := errnos(rs)[unix.ECONNREFUSED]; n != 3 {
+		t.Fatalf("with the API gone: %v, want 3 refused", errnos(rs))
+	}
+	if !strings.Contains(kf.logs.String(), "keeping the last known Services and endpoints") {
+		t.Fatalf("the outage is not logged:\n%s", kf.logs.String())
+	}
+}
+
+// TestServiceTargetAcrossRestartAndReload: an open Service circuit stays
+// open, and its endpoint rejected with no SYN let through, across a
+// SIGTERM restart (the new daemon waits for the informers before it
+// adopts, so the verdicts are matched to the Service, not dropped) and a
+// reload that adds a second Service target.
+func TestServiceTargetAcrossRestartAndReload(t *testing.T) {
+	const conf = `
+targets:
+  pay:
+    match: {service: NS/pay}
+    consecutive_failures: 2
+    open_duration: 1m
+`
+	kf := newKubeFixture(t, conf)
+	ctx := context.Background()
+	kf.createService(t, "pay", corev1.ServicePort{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP})
+	srv := kf.srv.IPv4.String()
+	if _, err := kf.cs.DiscoveryV1().EndpointSlices(kf.ns).Create(ctx, endpointSlice("pay", "pay-1", map[string]int32{"http": 8080}, ep{srv, true}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kf.start()
+	if !kerneltest.WaitFor(10*time.Second, func() bool {
+		kf.d.mu.Lock()
+		defer kf.d.mu.Unlock()
+		return len(kf.d.services["pay"]) == 2
+	}) {
+		t.Fatalf("Service not resolved:\n%s", kf.logs.String())
+	}
+	kf.dial(8080, 3, time.Second)
+	kf.waitState("pay", "open", 5*time.Second)
+	kf.srv.Listen(t, "tcp4", 8080) // healthy now: only the open verdict rejects
+	syns := kf.srv.SYNs(t)
+
+	done := make(chan []kerneltest.DialResult, 1)
+	go func() {
+		done <- kf.topo.Client.Dial(t, kf.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(kf.srv.IPv4, 8080), Op: "rate", Rate: 200, For: 4 * time.Second, Timeout: time.Second})
+	}()
+	time.Sleep(500 * time.Millisecond)
+	kf.restart()
+	kf.waitState("pay", "open", 5*time.Second)
+	createSvc := kf.createService(t, "late", corev1.ServicePort{Name: "http", Port: 81, Protocol: corev1.ProtocolTCP})
+	kf.writeConfig(strings.ReplaceAll(conf+`
+  late:
+    match: {service: NS/late}
+    state: forced_open
+`, "NS", kf.ns))
+	if err := kf.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	counts := map[unix.Errno]int64{}
+	for _, r := range res {
+		counts[r.Errno] += r.Nanos
+	}
+	if len(counts) != 1 || counts[unix.ECONNREFUSED] < 300 {
+		t.Fatalf("connects across the restart and the reload: %v, want only ECONNREFUSED\n%s", counts, kf.logs.String())
+	}
+	if n := kf.srv.SYNs(t) - syns; n != 0 {
+		t.Fatalf("%d SYNs let through to an open Service endpoint", n)
+	}
+	kf.waitState("pay", "open", time.Second)
+	if !strings.Contains(kf.logs.String(), "adopted open circuit") {
+		t.Fatalf("not adopted:\n%s", kf.logs.String())
+	}
+	// The reload's new Service target is resolved and enforced.
+	vs := kf.verdictDests(t)
+	if !kerneltest.WaitFor(10*time.Second, func() bool { vs = kf.verdictDests(t); return slices.Contains(vs, createSvc.Spec.ClusterIP+":81") }) {
+		t.Fatalf("verdicts %v lack the reloaded target's cluster IP %s", vs, createSvc.Spec.ClusterIP)
+	}
+}

@@ -262,9 +262,7 @@ func TestBreakerdWithShippedRBAC(t *testing.T) {
 	cfg := filepath.Join(dir, "b.yaml")
 	os.WriteFile(cfg, []byte("targets:\n  pay:\n    match: {service: shop/pay}\n    state: forced_open\n  gone:\n    match: {service: shop/gone}\n"), 0o644)
 
-	run := func(t *testing.T, token, node string) (string, *kerneltest.LogBuffer) {
-		bpffs := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
-		t.Cleanup(func() { os.RemoveAll(bpffs) })
+	start := func(t *testing.T, token, node, bpffs string) (*exec.Cmd, string, *kerneltest.LogBuffer) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -279,9 +277,15 @@ func TestBreakerdWithShippedRBAC(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
-			cmd.Process.Signal(unix.SIGTERM)
-			cmd.Wait()
+			if cmd.ProcessState == nil {
+				cmd.Process.Signal(unix.SIGTERM)
+				cmd.Wait()
+			}
 		})
+		return cmd, addr, logs
+	}
+	waitReady := func(t *testing.T, addr string, logs *kerneltest.LogBuffer) {
+		t.Helper()
 		if !kerneltest.WaitFor(20*time.Second, func() bool {
 			resp, err := http.Get("http://" + addr + "/readyz")
 			if err != nil {
@@ -292,14 +296,24 @@ func TestBreakerdWithShippedRBAC(t *testing.T) {
 		}) {
 			t.Fatalf("breakerd not ready:\n%s", logs.String())
 		}
-		return addr, logs
+	}
+	run := func(t *testing.T, token, node string) (*exec.Cmd, string, string, *kerneltest.LogBuffer) {
+		bpffs := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+		t.Cleanup(func() {
+			exec.Command(bin, "uninstall", "--bpffs", bpffs).Run()
+			os.RemoveAll(bpffs)
+		})
+		cmd, addr, logs := start(t, token, node, bpffs)
+		waitReady(t, addr, logs)
+		return cmd, bpffs, addr, logs
 	}
 
+	dest := netip.AddrPortFrom(srv.IPv4, 8080)
 	t.Run("bound to the shipped ClusterRole", func(t *testing.T) {
-		_, logs := run(t, token, "node-a")
+		first, bpffs, _, logs := run(t, token, "node-a")
 		var res []kerneltest.DialResult
 		if !kerneltest.WaitFor(10*time.Second, func() bool {
-			res = topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(srv.IPv4, 8080), Count: 1, Timeout: time.Second})
+			res = topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: dest, Count: 1, Timeout: time.Second})
 			return res[0].Errno == unix.ECONNREFUSED
 		}) {
 			t.Fatalf("the Service's endpoint is not rejected: %v\n%s", res, logs.String())
@@ -324,10 +338,38 @@ func TestBreakerdWithShippedRBAC(t *testing.T) {
 		if strings.Contains(logs.String(), "RBAC denies") {
 			t.Fatalf("denied with the shipped role:\n%s", logs.String())
 		}
+
+		// A second breakerd on the same pins is refused; after a SIGKILL
+		// of the first, a new one adopts the pins and resolves the Service
+		// again, and a client loop across both stays rejected.
+		second, _, secondLogs := start(t, token, "node-a", bpffs)
+		if err := second.Wait(); err == nil || !strings.Contains(secondLogs.String(), "another breakerd is running on these pins") {
+			t.Fatalf("second breakerd on the same pins: %v\n%s", err, secondLogs.String())
+		}
+		srv.Listen(t, "tcp4", 8080) // healthy: only the verdict rejects
+		done := make(chan []kerneltest.DialResult, 1)
+		go func() {
+			done <- topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: dest, Op: "rate", Rate: 200, For: 4 * time.Second, Timeout: time.Second})
+		}()
+		time.Sleep(500 * time.Millisecond)
+		first.Process.Kill()
+		first.Wait()
+		_, addr, thirdLogs := start(t, token, "node-a", bpffs)
+		waitReady(t, addr, thirdLogs)
+		counts := map[unix.Errno]int64{}
+		for _, r := range <-done {
+			counts[r.Errno] += r.Nanos
+		}
+		if len(counts) != 1 || counts[unix.ECONNREFUSED] < 300 {
+			t.Fatalf("connects across a SIGKILL and a new start: %v, want only ECONNREFUSED\n%s", counts, thirdLogs.String())
+		}
+		if n := srv.SYNs(t); n != 0 {
+			t.Fatalf("%d SYNs reached a forced-open Service's endpoint", n)
+		}
 	})
 
 	t.Run("without a binding", func(t *testing.T) {
-		addr, logs := run(t, unbound, "node-b")
+		_, _, addr, logs := run(t, unbound, "node-b")
 		if !kerneltest.WaitFor(10*time.Second, func() bool { return strings.Contains(logs.String(), "RBAC denies listing or watching services") }) {
 			t.Fatalf("the denial is not reported:\n%s", logs.String())
 		}
