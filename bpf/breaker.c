@@ -205,6 +205,28 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } socks SEC(".maps");
 
+#define MAX_WORKLOAD_CGROUPS (1 << 16)
+
+/* Cgroup id -> workload class of every cgroup of a protected workload,
+ * written by the daemon (empty unless CONFIG_SCOPED). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_WORKLOAD_CGROUPS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u64);
+	__type(value, struct workload);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} workloads SEC(".maps");
+
+/* connect4/6 -> sockops, within one connect() call (struct connect_handoff). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct connect_handoff);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} handoff SEC(".maps");
+
 /* Keep the exported types in the object's BTF for bpf2go's -type. */
 const struct event *unused_event __attribute__((unused));
 const enum outcome *unused_outcome __attribute__((unused));
@@ -216,6 +238,8 @@ const struct limit *unused_limit __attribute__((unused));
 const struct bulk_count *unused_bulk __attribute__((unused));
 const struct probe_budget *unused_budget __attribute__((unused));
 const enum override_state *unused_override_state __attribute__((unused));
+const struct workload *unused_workload __attribute__((unused));
+const struct connect_handoff *unused_handoff __attribute__((unused));
 
 /* count adds one to a shared counter. */
 #define count(field) __sync_fetch_and_add(&(field), 1)
@@ -457,6 +481,30 @@ over:;
 	return 0;
 }
 
+/* scope decides, with CONFIG_SCOPED, whether the calling process is
+ * protected: by the cgroup it is in now (bpf_get_current_cgroup_id; this
+ * is process context), which gives the key its workload class. A TCP
+ * connect hands the decision to sockops' connect callback, which runs
+ * next in the same connect() call, through the per-CPU handoff keyed by
+ * the socket's cookie (a plain map write: no socket storage is made). */
+static __always_inline int scope(struct bpf_sock_addr *ctx, struct dest_key *key)
+{
+	__u64 cg = bpf_get_current_cgroup_id();
+	struct workload *w = bpf_map_lookup_elem(&workloads, &cg);
+	if (key->proto == IPPROTO_TCP) {
+		__u32 zero = 0;
+		struct connect_handoff *h = bpf_map_lookup_elem(&handoff, &zero);
+		if (h) {
+			h->cookie = bpf_get_socket_cookie(ctx);
+			h->class1 = w ? w->class + 1 : 0;
+		}
+	}
+	if (!w)
+		return 0;
+	key->class = (__u8)w->class;
+	return 1;
+}
+
 static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *key)
 {
 	__u32 zero = 0;
@@ -468,6 +516,8 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 	 * lookup. */
 	if (key->proto != IPPROTO_TCP && !(cfg->flags & CONFIG_UDP))
 		return 1;
+	if ((cfg->flags & CONFIG_SCOPED) && !scope(ctx, key))
+		return 1; /* not a protected workload */
 	struct verdict *v = bpf_map_lookup_elem(&verdicts, key);
 	struct limit *l = 0;
 	if ((cfg->flags & CONFIG_LIMITS) && key->proto == IPPROTO_TCP)
@@ -573,7 +623,7 @@ static __always_inline void sockops_key(struct dest_key *k, struct bpf_sock_ops 
 	/* remote_port holds the network-order port in its upper half. */
 	k->port = (__u16)(ops->remote_port >> 16);
 	k->proto = IPPROTO_TCP;
-	k->_pad = 0;
+	k->class = 0;
 }
 
 static __always_inline struct sock *full_sock(struct bpf_sock_ops *ops)
@@ -631,10 +681,69 @@ static __always_inline __u64 connect_age(struct sock *sk, __u64 now)
 	return 0;
 }
 
+/* scoped reports whether only the workloads map's cgroups are protected. */
+static __always_inline int scoped(void)
+{
+	__u32 zero = 0;
+	struct settings *cfg = bpf_map_lookup_elem(&config, &zero);
+	return cfg && (cfg->flags & CONFIG_SCOPED);
+}
+
+/* sock_workload is the workload entry of the cgroup the socket was made
+ * in, or 0. */
+static __always_inline struct workload *sock_workload(struct sock *sk)
+{
+	__u64 cg = sock_cgroup(sk);
+	return bpf_map_lookup_elem(&workloads, &cg);
+}
+
+/* sock_class finds whether connect4/6 judged this socket's connect
+ * protected, and its class: from the handoff when it names this socket
+ * (the usual case). If the task was preempted in between and another
+ * connect() on this CPU overwrote it, or it migrated, the socket's own
+ * cgroup decides instead; it differs from the connect-time cgroup only
+ * for a socket made before its process moved. */
+static __always_inline int sock_class(struct bpf_sock_ops *ops, struct sock *sk, __u8 *class)
+{
+	__u32 zero = 0;
+	struct connect_handoff *h = bpf_map_lookup_elem(&handoff, &zero);
+	if (h && h->cookie == bpf_get_socket_cookie(ops)) {
+		if (!h->class1)
+			return 0;
+		*class = (__u8)(h->class1 - 1);
+		return 1;
+	}
+	struct workload *w = sock_workload(sk);
+	if (!w)
+		return 0;
+	*class = (__u8)w->class;
+	return 1;
+}
+
+/* report_class is the class of a socket without tracked storage, as its
+ * records carry it: its own cgroup's (0 unscoped). Whether the socket is
+ * protected at all was decided at connect (observed()). */
+static __always_inline __u8 report_class(struct sock *sk)
+{
+	if (!scoped())
+		return 0;
+	struct workload *w = sock_workload(sk);
+	return w ? (__u8)w->class : 0;
+}
+
+/* observed reports whether sockops follows this socket: with scoping, only
+ * sockets whose connect was judged protected, which on_connect marks by
+ * setting the callback flags (they are set on no other socket). */
+static __always_inline int observed(struct bpf_sock_ops *ops)
+{
+	return !scoped() || (ops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_STATE_CB_FLAG);
+}
+
 static __always_inline void track(struct bpf_sock_ops *ops, struct sock_state *st, struct sock *sk,
-				  __u64 start)
+				  __u64 start, __u8 class)
 {
 	sockops_key(&st->dest, ops);
+	st->dest.class = class;
 	st->flags = (st->flags & SOCK_PROBE) | SOCK_TRACKED;
 	st->start_ns = start;
 	st->cgroup_id = sock_cgroup(sk);
@@ -648,11 +757,14 @@ static __always_inline void on_connect(struct bpf_sock_ops *ops, __u64 now)
 	struct bpf_sock *sk = ops->sk;
 	if (!sk)
 		return;
+	__u8 class = 0;
+	if (scoped() && !sock_class(ops, full_sock(ops), &class))
+		return; /* not a protected workload: no callbacks, not observed */
 	bpf_sock_ops_cb_flags_set(ops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RTO_CB_FLAG);
 	/* Storage exists only if connect made it (a probe, a bulkhead). */
 	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
 	if (st)
-		track(ops, st, full_sock(ops), now);
+		track(ops, st, full_sock(ops), now, class);
 }
 
 static __always_inline __u8 probe_flag(struct sock_state *st)
@@ -671,6 +783,7 @@ static __always_inline void report(struct bpf_sock_ops *ops, struct sock_state *
 		cg = st->cgroup_id;
 	} else {
 		sockops_key(&k, ops);
+		k.class = report_class(sk);
 		cg = sock_cgroup(sk);
 	}
 	emit(&k, outcome, flags | probe_flag(st), duration, count, err, st ? st->round : 0,
@@ -679,6 +792,9 @@ static __always_inline void report(struct bpf_sock_ops *ops, struct sock_state *
 
 static __always_inline void on_established(struct bpf_sock_ops *ops, __u64 now)
 {
+	/* Called for every socket, callback flags or not. */
+	if (!observed(ops))
+		return;
 	struct sock_state *st = ops->sk ? bpf_sk_storage_get(&socks, ops->sk, 0, 0) : 0;
 	struct sock *sk = full_sock(ops);
 	__u64 took;
@@ -722,7 +838,7 @@ static __always_inline void on_rto(struct bpf_sock_ops *ops, __u64 now)
 	int connecting = ops->state == TCP_SYN_SENT;
 	if (!(st->flags & SOCK_TRACKED)) {
 		__u64 age = connecting ? connect_age(sk, now) : 0;
-		track(ops, st, sk, age ? now - age : 0);
+		track(ops, st, sk, age ? now - age : 0, report_class(sk));
 		if (!connecting)
 			st->flags |= SOCK_ESTABLISHED;
 	}

@@ -17,12 +17,34 @@
 
 /* Destination of a connection. IPv4 is stored IPv4-mapped (::ffff:a.b.c.d),
  * so an IPv4 socket and a dual-stack IPv6 socket reaching the same host
- * share a key (and so a circuit). The family is implied by the address. */
+ * share a key (and so a circuit). The family is implied by the address.
+ * class is the workload class of the connecting process (the value of its
+ * cgroup in the workloads map; 0, the shared class, when no workloads are
+ * configured), so an isolated workload's circuits and bulkheads are
+ * entries of their own. */
 struct dest_key {
 	__u8 addr[16];
 	__u16 port; /* network byte order */
 	__u8 proto; /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 _pad;
+	__u8 class; /* workload class */
+};
+
+/* Value of the workloads map (key: cgroup id), written by the daemon for
+ * every cgroup of a protected workload and removed with the cgroup. With
+ * CONFIG_SCOPED set, a process whose cgroup has no entry is not protected:
+ * never rejected, never counted, its outcomes not reported. */
+struct workload {
+	__u32 class; /* the dest_key class of its connections */
+	__u32 _pad;
+};
+
+/* The one-entry per-CPU handoff from connect4/6 to sockops' connect
+ * callback, which follows it in the same connect() call: the socket (by
+ * cookie) and its workload class (plus one; 0: not protected). */
+struct connect_handoff {
+	__u64 cookie;
+	__u32 class1;
+	__u32 _pad;
 };
 
 /* Verdict states. A destination whose circuit is closed has no entry. */
@@ -80,6 +102,7 @@ enum config_flags {
 	CONFIG_SHADOW = 1 << 0, /* count what would be rejected, reject nothing */
 	CONFIG_LIMITS = 1 << 1, /* the limits map has entries: look them up */
 	CONFIG_UDP = 1 << 2,    /* a target covers UDP: look UDP destinations up */
+	CONFIG_SCOPED = 1 << 3, /* only cgroups in the workloads map are protected */
 };
 
 struct settings {

@@ -34,14 +34,22 @@ const (
 	BreakerConfigFlagsCONFIG_SHADOW BreakerConfigFlags = 1
 	BreakerConfigFlagsCONFIG_LIMITS BreakerConfigFlags = 2
 	BreakerConfigFlagsCONFIG_UDP    BreakerConfigFlags = 4
+	BreakerConfigFlagsCONFIG_SCOPED BreakerConfigFlags = 8
 )
+
+type BreakerConnectHandoff struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Class1 uint32
+	Pad    uint32
+}
 
 type BreakerDestKey struct {
 	_     structs.HostLayout
 	Addr  [16]uint8
 	Port  uint16
 	Proto uint8
-	Pad   uint8
+	Class uint8
 }
 
 type BreakerEvent struct {
@@ -162,6 +170,12 @@ const (
 	BreakerVerdictStateVERDICT_FORCED_OPEN BreakerVerdictState = 3
 )
 
+type BreakerWorkload struct {
+	_     structs.HostLayout
+	Class uint32
+	Pad   uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -170,12 +184,14 @@ const (
 	BreakerMapConfig              = "config"
 	BreakerMapCounters            = "counters"
 	BreakerMapEvents              = "events"
+	BreakerMapHandoff             = "handoff"
 	BreakerMapLimits              = "limits"
 	BreakerMapOverrides           = "overrides"
 	BreakerMapProbeBudgets        = "probe_budgets"
 	BreakerMapSocks               = "socks"
 	BreakerMapStats               = "stats"
 	BreakerMapVerdicts            = "verdicts"
+	BreakerMapWorkloads           = "workloads"
 	BreakerProgConnect4           = "connect4"
 	BreakerProgConnect6           = "connect6"
 	BreakerProgObserve            = "observe"
@@ -188,11 +204,13 @@ const (
 	BreakerVarUnusedConfigFlags   = "unused_config_flags"
 	BreakerVarUnusedEvent         = "unused_event"
 	BreakerVarUnusedEventFlags    = "unused_event_flags"
+	BreakerVarUnusedHandoff       = "unused_handoff"
 	BreakerVarUnusedLimit         = "unused_limit"
 	BreakerVarUnusedOutcome       = "unused_outcome"
 	BreakerVarUnusedOverrideState = "unused_override_state"
 	BreakerVarUnusedStat          = "unused_stat"
 	BreakerVarUnusedState         = "unused_state"
+	BreakerVarUnusedWorkload      = "unused_workload"
 )
 
 // LoadBreaker returns the embedded CollectionSpec for Breaker.
@@ -253,12 +271,14 @@ type BreakerMapSpecs struct {
 	Config       *ebpf.MapSpec `ebpf:"config"`
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
 	Events       *ebpf.MapSpec `ebpf:"events"`
+	Handoff      *ebpf.MapSpec `ebpf:"handoff"`
 	Limits       *ebpf.MapSpec `ebpf:"limits"`
 	Overrides    *ebpf.MapSpec `ebpf:"overrides"`
 	ProbeBudgets *ebpf.MapSpec `ebpf:"probe_budgets"`
 	Socks        *ebpf.MapSpec `ebpf:"socks"`
 	Stats        *ebpf.MapSpec `ebpf:"stats"`
 	Verdicts     *ebpf.MapSpec `ebpf:"verdicts"`
+	Workloads    *ebpf.MapSpec `ebpf:"workloads"`
 }
 
 // BreakerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -271,11 +291,13 @@ type BreakerVariableSpecs struct {
 	UnusedConfigFlags   *ebpf.VariableSpec `ebpf:"unused_config_flags"`
 	UnusedEvent         *ebpf.VariableSpec `ebpf:"unused_event"`
 	UnusedEventFlags    *ebpf.VariableSpec `ebpf:"unused_event_flags"`
+	UnusedHandoff       *ebpf.VariableSpec `ebpf:"unused_handoff"`
 	UnusedLimit         *ebpf.VariableSpec `ebpf:"unused_limit"`
 	UnusedOutcome       *ebpf.VariableSpec `ebpf:"unused_outcome"`
 	UnusedOverrideState *ebpf.VariableSpec `ebpf:"unused_override_state"`
 	UnusedStat          *ebpf.VariableSpec `ebpf:"unused_stat"`
 	UnusedState         *ebpf.VariableSpec `ebpf:"unused_state"`
+	UnusedWorkload      *ebpf.VariableSpec `ebpf:"unused_workload"`
 }
 
 // BreakerObjects contains all objects after they have been loaded into the kernel.
@@ -302,12 +324,14 @@ type BreakerMaps struct {
 	Config       *ebpf.Map `ebpf:"config"`
 	Counters     *ebpf.Map `ebpf:"counters"`
 	Events       *ebpf.Map `ebpf:"events"`
+	Handoff      *ebpf.Map `ebpf:"handoff"`
 	Limits       *ebpf.Map `ebpf:"limits"`
 	Overrides    *ebpf.Map `ebpf:"overrides"`
 	ProbeBudgets *ebpf.Map `ebpf:"probe_budgets"`
 	Socks        *ebpf.Map `ebpf:"socks"`
 	Stats        *ebpf.Map `ebpf:"stats"`
 	Verdicts     *ebpf.Map `ebpf:"verdicts"`
+	Workloads    *ebpf.Map `ebpf:"workloads"`
 }
 
 func (m *BreakerMaps) Close() error {
@@ -316,12 +340,14 @@ func (m *BreakerMaps) Close() error {
 		m.Config,
 		m.Counters,
 		m.Events,
+		m.Handoff,
 		m.Limits,
 		m.Overrides,
 		m.ProbeBudgets,
 		m.Socks,
 		m.Stats,
 		m.Verdicts,
+		m.Workloads,
 	)
 }
 
@@ -335,11 +361,13 @@ type BreakerVariables struct {
 	UnusedConfigFlags   *ebpf.Variable `ebpf:"unused_config_flags"`
 	UnusedEvent         *ebpf.Variable `ebpf:"unused_event"`
 	UnusedEventFlags    *ebpf.Variable `ebpf:"unused_event_flags"`
+	UnusedHandoff       *ebpf.Variable `ebpf:"unused_handoff"`
 	UnusedLimit         *ebpf.Variable `ebpf:"unused_limit"`
 	UnusedOutcome       *ebpf.Variable `ebpf:"unused_outcome"`
 	UnusedOverrideState *ebpf.Variable `ebpf:"unused_override_state"`
 	UnusedStat          *ebpf.Variable `ebpf:"unused_stat"`
 	UnusedState         *ebpf.Variable `ebpf:"unused_state"`
+	UnusedWorkload      *ebpf.Variable `ebpf:"unused_workload"`
 }
 
 // BreakerPrograms contains all programs after they have been loaded into the kernel.

@@ -55,6 +55,7 @@ const (
 type CircuitInfo struct {
 	Name                string    `json:"name"`
 	Target              string    `json:"target"`
+	Workload            string    `json:"workload"`
 	Scope               string    `json:"scope"`
 	State               string    `json:"state"`
 	FailureRate         float64   `json:"failure_rate"`
@@ -96,7 +97,7 @@ func snap(c *circuit, now time.Time) circuitSnap {
 		scope = "dynamic"
 	}
 	return circuitSnap{
-		info: CircuitInfo{Name: c.name, Target: c.target, Scope: scope, State: st.State.String(),
+		info: CircuitInfo{Name: c.name, Target: c.target, Workload: c.workload, Scope: scope, State: st.State.String(),
 			FailureRate: st.FailureRate, SlowRate: st.SlowRate, Calls: st.Calls, Failures: st.Failures, Slow: st.Slow,
 			ConsecutiveFailures: st.ConsecutiveFailures, OpenUntil: st.OpenUntil, Trip: st.Trip, CircuitID: c.id,
 			DestinationsTotal: len(c.dests)},
@@ -251,9 +252,9 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	}
 	d.reg.track(c)
 	d.writeVerdicts(c, t)
-	d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason)).Inc()
+	d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.workload).Inc()
 	d.log.Info("circuit changed by hand", "circuit", c.name, "action", action, "from", t.From.String(), "to", t.To.String())
-	d.events.add(TransitionEvent{Time: now, Circuit: c.name, Target: c.target, From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})
+	d.events.add(TransitionEvent{Time: now, Circuit: c.name, Target: c.target, Workload: c.workload, From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})
 	s := snap(c, now)
 	d.mu.Unlock()
 	return d.complete(s), nil

@@ -18,10 +18,13 @@ const allTarget = "all"
 type circuit struct {
 	name   string
 	target string // allTarget for dynamic circuits
-	scope  policy.Scope
-	id     uint32
-	c      *policy.Circuit
-	dests  []maps.Dest // destinations whose verdict this circuit writes (registry.byDest maps back)
+	// workload is policy.SharedWorkload, or the isolated workload whose
+	// circuit it is.
+	workload string
+	scope    policy.Scope
+	id       uint32
+	c        *policy.Circuit
+	dests    []maps.Dest // destinations whose verdict this circuit writes (registry.byDest maps back)
 	// metrics are its target's outcome series.
 	metrics *targetMetrics
 	// prev and next link it into registry.idle while it is a closed
@@ -143,9 +146,36 @@ func (l *idleList) remove(c *circuit) {
 	c.prev, c.next, c.inIdle = nil, nil, false
 }
 
-func dynamicName(d maps.Dest) string { return d.String() }
+func dynamicName(d maps.Dest) string { return d.Shared().String() }
 
 func endpointName(target string, d maps.Dest) string { return target + "/" + d.Addr.String() }
+
+// classed names the circuit of an isolated workload: name@workload.
+func classed(name, workload string) string {
+	if workload == policy.SharedWorkload {
+		return name
+	}
+	return name + "@" + workload
+}
+
+// matcherOf returns the matcher of a destination's class and its
+// workload; nil for a class no workload has (a stale key).
+func (d *Daemon) matcherOf(class uint8) (*policy.Matcher, string) {
+	w := d.classes.Name(policy.Class(class))
+	if w == "" {
+		return nil, ""
+	}
+	m := d.matchers[class]
+	if m == nil {
+		name := w
+		if class == 0 {
+			name = ""
+		}
+		m = policy.NewWorkloadMatcher(d.cfg, name, d.resolved, d.services)
+		d.matchers[class] = m
+	}
+	return m, w
+}
 
 // lookup finds or makes the circuit of destination d under cfg. It
 // returns nil for an excluded destination, and for a new one past
@@ -157,7 +187,11 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
 		return c
 	}
 	cfg := d.cfg
-	target, excluded := d.matcher.Match(dst.Addr.Addr(), dst.Addr.Port(), dst.Proto.String())
+	m, workload := d.matcherOf(dst.Class)
+	if m == nil {
+		return nil
+	}
+	target, excluded := m.Match(dst.Addr.Addr(), dst.Addr.Port(), dst.Proto.String())
 	if excluded {
 		return nil
 	}
@@ -170,7 +204,7 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
 		return nil
 	}
 	if target == "" {
-		c := d.newCircuit(dynamicName(dst), allTarget, "", &cfg.All, policy.NoOverride, nil, dst, now)
+		c := d.newCircuit(classed(dynamicName(dst), workload), allTarget, "", &cfg.All, policy.NoOverride, nil, dst, now)
 		if c == nil {
 			return nil
 		}
@@ -181,13 +215,15 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
 	t := cfg.Targets[target]
 	switch t.Scope {
 	case policy.EndpointScope:
-		name := endpointName(target, dst)
+		name := classed(endpointName(target, dst), workload)
 		c, ok := d.reg.byName[name]
 		if !ok {
-			g := d.reg.groups[target]
+			// One endpoint group per target and workload.
+			group := classed(target, workload)
+			g := d.reg.groups[group]
 			if g == nil {
 				g = policy.NewGroup(t.MaxEjectionPercent)
-				d.reg.groups[target] = g
+				d.reg.groups[group] = g
 			}
 			c = d.newCircuit(name, target, policy.EndpointScope, &t.Options, t.State, g, dst, now)
 			if c == nil {
@@ -197,9 +233,10 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
 		d.attach(c, dst)
 		return c
 	default:
-		c, ok := d.reg.byName[target]
+		name := classed(target, workload)
+		c, ok := d.reg.byName[name]
 		if !ok {
-			c = d.newCircuit(target, target, policy.ServiceScope, &t.Options, t.State, nil, dst, now)
+			c = d.newCircuit(name, target, policy.ServiceScope, &t.Options, t.State, nil, dst, now)
 			if c == nil {
 				return nil
 			}
@@ -225,8 +262,9 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 	} else if ok {
 		ov = policyOverride(kept)
 	}
-	c := &circuit{name: name, target: target, scope: scope, id: id,
-		c: policy.NewCircuit(o, ov, g, now, d.rand), metrics: d.metrics.forTarget(target)}
+	workload := d.classes.Name(policy.Class(dst.Class))
+	c := &circuit{name: name, target: target, workload: workload, scope: scope, id: id,
+		c: policy.NewCircuit(o, ov, g, now, d.rand), metrics: d.metrics.forTarget(target, workload)}
 	if !inherited {
 		if err := d.k.ResetCounters(c.id); err != nil {
 			d.log.Warn("resetting counters", "circuit", name, "err", err)

@@ -28,6 +28,7 @@ import (
 	"net/netip"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -84,7 +85,9 @@ type Daemon struct {
 
 	mu       sync.Mutex // guards everything below
 	cfg      *policy.Config
-	matcher  *policy.Matcher
+	classes  policy.Classes            // the workloads' classes under cfg
+	matchers map[uint8]*policy.Matcher // by class, made as classes are seen
+	scope    *cgroupWatch              // keeps the kernel's workloads map
 	resolved map[string][]netip.Addr
 	services map[string][]policy.ServiceDest // Service targets' destinations, by target
 	reg      *registry
@@ -121,6 +124,7 @@ type TransitionEvent struct {
 	Time        time.Time `json:"time"`
 	Circuit     string    `json:"circuit"`
 	Target      string    `json:"target"`
+	Workload    string    `json:"workload"`
 	From        string    `json:"from"`
 	To          string    `json:"to"`
 	Reason      string    `json:"reason"`
@@ -200,7 +204,13 @@ func New(opts Options) (*Daemon, error) {
 		return nil, fmt.Errorf("loading the kernel side: %w", err)
 	}
 	d.k, d.reg, d.servers = k, newRegistry(k), srv
-	if err := d.start(cfg); err != nil {
+	if d.scope, err = newCgroupWatch(k, opts.Logger, opts.Cgroup); err == nil {
+		err = d.start(cfg)
+	}
+	if err != nil {
+		if d.scope != nil {
+			d.scope.w.Close()
+		}
 		srv.shutdown()
 		if aerr := k.Abandon(); aerr != nil {
 			d.log.Error("undoing the failed start", "err", aerr)
@@ -249,6 +259,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	watcher := d.configWatcher()
 	wg.Go(func() { d.watchConfig(ctx, watcher) })
 	wg.Go(func() { d.watchGround(ctx) })
+	wg.Go(func() { d.scope.run(ctx) })
 	d.mu.Lock()
 	d.ready = d.problems == nil
 	d.admin = srv.tcp
@@ -385,12 +396,12 @@ func (d *Daemon) apply(c *circuit, t policy.Transition) {
 		if t.To != policy.HalfOpen { // the kernel began the round itself
 			d.writeVerdicts(c, t)
 		}
-		d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason)).Inc()
+		d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.workload).Inc()
 	} else if t.Reason == policy.ReasonNewRound {
 		d.writeVerdicts(c, t)
 	}
 	attrs := []any{"circuit", c.name, "target", c.target, "from", t.From.String(), "to", t.To.String(),
-		"reason", string(t.Reason), "failure_ratio", round3(t.FailureRate), "slow_ratio", round3(t.SlowRate), "calls", t.Calls}
+		"reason", string(t.Reason), "failure_ratio", round3(t.FailureRate), "slow_ratio", round3(t.SlowRate), "calls", t.Calls, "workload", c.workload}
 	if !t.OpenUntil.IsZero() {
 		attrs = append(attrs, "open_until", t.OpenUntil.UTC().Format(time.RFC3339Nano), "trip", t.Trip)
 	}
@@ -403,7 +414,7 @@ func (d *Daemon) apply(c *circuit, t policy.Transition) {
 	}
 	d.log.Info(msg, attrs...)
 	d.kubeEvent(c, t)
-	ev := TransitionEvent{Time: t.At, Circuit: c.name, Target: c.target, From: t.From.String(), To: t.To.String(),
+	ev := TransitionEvent{Time: t.At, Circuit: c.name, Target: c.target, Workload: c.workload, From: t.From.String(), To: t.To.String(),
 		Reason: string(t.Reason), FailureRate: t.FailureRate, SlowRate: t.SlowRate, Calls: t.Calls, OpenUntil: t.OpenUntil, Trip: t.Trip}
 	d.events.add(ev)
 }
@@ -439,7 +450,7 @@ func (d *Daemon) tick(now time.Time) {
 		}
 		delete(d.pending, cookie)
 		d.counted[cookie] = true
-		d.metrics.outcomes.WithLabelValues("connect_timeout", c.target).Inc()
+		d.metrics.outcomes.WithLabelValues("connect_timeout", c.target, c.workload).Inc()
 		if t, moved := c.c.Record(now, policy.Result{Kind: policy.Failure, Duration: now.Sub(p.start), Probe: p.probe, Round: p.round}); moved {
 			d.apply(c, t)
 		}
@@ -499,6 +510,10 @@ func (d *Daemon) reconcileRounds(now time.Time) {
 func (d *Daemon) applyConfig(cfg *policy.Config) {
 	old := d.cfg
 	d.cfg = cfg
+	d.classes = cfg.Classes()
+	// The kernel's workloads map first: cgroups of a newly selected
+	// workload are protected before the settings say scoped.
+	d.scope.apply(cfg)
 	if old != nil {
 		now := d.now()
 		ch := policy.Diff(old, cfg)
@@ -526,11 +541,12 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 			}
 		}
 		for name, g := range d.reg.groups {
-			if t := cfg.Targets[name]; t != nil && t.Scope == policy.EndpointScope {
+			tname, _, _ := strings.Cut(name, "@") // target@workload
+			if t := cfg.Targets[tname]; t != nil && t.Scope == policy.EndpointScope {
 				g.MaxEjectionPercent = t.MaxEjectionPercent
 			}
 		}
-		d.log.Info("configuration reloaded", "all_changed", ch.AllChanged, "mode_changed", ch.ModeChanged,
+		d.log.Info("configuration reloaded", "all_changed", ch.AllChanged, "mode_changed", ch.ModeChanged, "workloads_changed", ch.WorkloadsChanged,
 			"added", ch.Added, "changed", ch.Changed, "removed", ch.Removed, "unchanged", ch.Unchanged)
 		if err := d.heartbeat(); err != nil { // mode and limits flags
 			d.log.Error("writing settings", "err", err)
@@ -553,12 +569,19 @@ func (d *Daemon) setOptions(c *circuit, o *policy.Options, now time.Time) {
 // can be enumerated (so forced states and open verdicts cover them before
 // any traffic).
 func (d *Daemon) rematch() {
-	d.matcher = policy.NewMatcherWithServices(d.cfg, d.resolved, d.services)
+	d.matchers = map[uint8]*policy.Matcher{}
 	now := d.now()
 	for _, c := range d.sortedCircuits() {
 		var stale []maps.Dest
 		for _, dst := range c.dests {
-			target, excluded := d.matcher.Match(dst.Addr.Addr(), dst.Addr.Port(), dst.Proto.String())
+			// A circuit of a class that now names another workload
+			// (or none) goes too.
+			m, workload := d.matcherOf(dst.Class)
+			if m == nil || workload != c.workload {
+				stale = c.dests
+				break
+			}
+			target, excluded := m.Match(dst.Addr.Addr(), dst.Addr.Port(), dst.Proto.String())
 			if target == "" {
 				target = allTarget
 			}
@@ -576,13 +599,39 @@ func (d *Daemon) rematch() {
 			d.drop(c)
 		}
 	}
-	for _, name := range sortedKeys(d.cfg.Targets) {
-		for _, dst := range append(staticDests(d.cfg.Targets[name], d.resolved), serviceStaticDests(d.services[name])...) {
-			if c := d.lookup(dst, now); c != nil {
-				c.enumerated = true
+	for _, class := range d.classList() {
+		for _, name := range sortedKeys(d.cfg.Targets) {
+			for _, dst := range append(staticDests(d.cfg.Targets[name], d.resolved), serviceStaticDests(d.services[name])...) {
+				dst.Class = class
+				if c := d.lookup(dst, now); c != nil {
+					c.enumerated = true
+				}
 			}
 		}
 	}
+}
+
+// classList returns the classes connections can have under d.cfg: 0 when
+// some workload shares circuits (or none is configured), and each
+// isolated workload's.
+func (d *Daemon) classList() []uint8 {
+	if !d.cfg.Scoped() {
+		return []uint8{0}
+	}
+	var out []uint8
+	shared := false
+	for _, w := range d.cfg.Workloads {
+		k := uint8(d.classes.Of(w.Name))
+		if k == 0 {
+			shared = true
+		} else {
+			out = append(out, k)
+		}
+	}
+	if shared {
+		out = append([]uint8{0}, out...)
+	}
+	return out
 }
 
 // hasLimits reports whether any circuit of cfg has a bulkhead; only then

@@ -445,10 +445,10 @@ func TestMetrics(t *testing.T) {
 	f.d.handler(exposeTCP, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body := rec.Body.String()
 	for _, want := range []string{
-		`breakerd_transitions_total{from="closed",reason="consecutive_failures",to="open"} 1`,
+		`breakerd_transitions_total{from="closed",reason="consecutive_failures",to="open",workload="shared"} 1`,
 		`breakerd_circuit_state{state="open",target="svc"} 1`,
 		`breakerd_kernel_rejections_total{target="svc"} 4`,
-		`breakerd_connection_outcomes_total{outcome="refused",target="svc"} 3`,
+		`breakerd_connection_outcomes_total{outcome="refused",target="svc",workload="shared"} 3`,
 		`breakerd_config_last_reload_successful 1`,
 		`breakerd_verdict_map_entries 1`,
 	} {

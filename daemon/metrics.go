@@ -27,35 +27,39 @@ type metrics struct {
 	circuitsRefused    *prometheus.CounterVec
 	protected          prometheus.Gauge
 	groundProblems     *prometheus.CounterVec
-	targets            map[string]*targetMetrics // used under Daemon.mu
+	targets            map[string]*targetMetrics // by target and workload, used under Daemon.mu
 }
 
-// targetMetrics are one target's outcome series, resolved once so that a
-// record costs an atomic add, not a label lookup.
+// targetMetrics are one target's outcome series (of one workload's
+// circuits), resolved once so that a record costs an atomic add, not a
+// label lookup.
 type targetMetrics struct {
 	target    string
+	workload  string
 	vec       *prometheus.CounterVec
 	outcomes  [16]prometheus.Counter // by maps.Outcome, made on first use
 	handshake prometheus.Observer
 }
 
-// forTarget returns target's series. Used under Daemon.mu.
-func (m *metrics) forTarget(target string) *targetMetrics {
-	if tm := m.targets[target]; tm != nil {
+// forTarget returns the series of target's circuits of workload. Used
+// under Daemon.mu.
+func (m *metrics) forTarget(target, workload string) *targetMetrics {
+	key := target + "\x00" + workload
+	if tm := m.targets[key]; tm != nil {
 		return tm
 	}
-	tm := &targetMetrics{target: target, vec: m.outcomes, handshake: m.handshake.WithLabelValues(target)}
-	m.targets[target] = tm
+	tm := &targetMetrics{target: target, workload: workload, vec: m.outcomes, handshake: m.handshake.WithLabelValues(target)}
+	m.targets[key] = tm
 	return tm
 }
 
 func (tm *targetMetrics) outcome(o maps.Outcome) prometheus.Counter {
 	if int(o) >= len(tm.outcomes) {
-		return tm.vec.WithLabelValues(o.String(), tm.target)
+		return tm.vec.WithLabelValues(o.String(), tm.target, tm.workload)
 	}
 	c := tm.outcomes[o]
 	if c == nil {
-		c = tm.vec.WithLabelValues(o.String(), tm.target)
+		c = tm.vec.WithLabelValues(o.String(), tm.target, tm.workload)
 		tm.outcomes[o] = c
 	}
 	return c
@@ -63,8 +67,8 @@ func (tm *targetMetrics) outcome(o maps.Outcome) prometheus.Counter {
 
 func newMetrics(d *Daemon) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry(), targets: map[string]*targetMetrics{}}
-	m.transitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_transitions_total", Help: "Circuit state transitions, by from, to and reason."}, []string{"from", "to", "reason"})
-	m.outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_connection_outcomes_total", Help: "Outbound connection outcomes seen by the kernel, by outcome and target (all for unnamed destinations)."}, []string{"outcome", "target"})
+	m.transitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_transitions_total", Help: "Circuit state transitions, by from, to, reason and the circuit's workload (shared, or an isolated workload's name)."}, []string{"from", "to", "reason", "workload"})
+	m.outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_connection_outcomes_total", Help: "Outbound connection outcomes seen by the kernel, by outcome, target (all for unnamed destinations) and the circuit's workload."}, []string{"outcome", "target", "workload"})
 	m.handshake = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "breakerd_handshake_duration_seconds", Help: "TCP handshake duration of established connections, by target.",
 		Buckets: []float64{0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5}}, []string{"target"})
 	m.reloadOK = prometheus.NewGauge(prometheus.GaugeOpts{Name: "breakerd_config_last_reload_successful", Help: "1 when the last configuration load or reload succeeded, 0 when it was refused."})
@@ -84,7 +88,7 @@ func newMetrics(d *Daemon) *metrics {
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "breakerd_build_info", Help: "Build information.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
 	m.collectors = []prometheus.Collector{m.transitions, m.outcomes, m.handshake, m.reloadOK, m.reloadTime, m.verdictWriteErrors,
-		m.circuitsEvicted, m.circuitsRefused, m.protected, m.groundProblems, build, &stateCollector{d: d},
+		m.circuitsEvicted, m.circuitsRefused, m.protected, m.groundProblems, build, &stateCollector{d: d}, &workloadCollector{d: d},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})}
 	if d.opts.Cluster != nil {
 		m.collectors = append(m.collectors, d.opts.Cluster)

@@ -72,7 +72,7 @@ func TestServerDownRefused(t *testing.T) {
 	}
 	m := w.metrics()
 	for _, want := range []string{`breakerd_circuit_state{state="open",target="web"} 1`, `breakerd_kernel_rejections_total{target="web"} 5`,
-		`breakerd_transitions_total{from="closed",reason="consecutive_failures",to="open"} 1`} {
+		`breakerd_transitions_total{from="closed",reason="consecutive_failures",to="open",workload="shared"} 1`} {
 		if !strings.Contains(m, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}

@@ -91,6 +91,7 @@ func DecodeEvent(b []byte, e *Event) error {
 	e.Dest = Dest{
 		Proto: Proto(b[18]),
 		Addr:  netip.AddrPortFrom(netip.AddrFrom16([16]byte(b[0:16])).Unmap(), binary.BigEndian.Uint16(b[16:18])),
+		Class: b[19],
 	}
 	e.Outcome = Outcome(b[20])
 	e.Probe = b[21]&uint8(bpf.BreakerEventFlagsEVENT_PROBE) != 0

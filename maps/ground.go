@@ -50,7 +50,7 @@ func (k *Kernel) mapPins() map[string]*ebpf.Map {
 		bpf.BreakerMapVerdicts: k.objs.Verdicts, bpf.BreakerMapConfig: k.objs.Config, bpf.BreakerMapCounters: k.objs.Counters,
 		bpf.BreakerMapLimits: k.objs.Limits, bpf.BreakerMapBulk: k.objs.Bulk, bpf.BreakerMapStats: k.objs.Stats,
 		bpf.BreakerMapEvents: k.objs.Events, bpf.BreakerMapSocks: k.objs.Socks, bpf.BreakerMapProbeBudgets: k.objs.ProbeBudgets,
-		bpf.BreakerMapOverrides: k.objs.Overrides,
+		bpf.BreakerMapOverrides: k.objs.Overrides, bpf.BreakerMapWorkloads: k.objs.Workloads, bpf.BreakerMapHandoff: k.objs.Handoff,
 	}
 }
 

@@ -51,6 +51,8 @@ const (
 	limitEntry      = htabElem + 24 + 16 + htabBucket // key 20 -> 24, value 16
 	overrideEntry   = htabElem + 128 + 8 + htabBucket // key 128 (a circuit name), value 8
 	maxOverrides    = 4096
+	workloadEntry   = htabElem + 8 + 8 + htabBucket // key 8 (a cgroup id), value 8
+	handoffBytes    = 16                            // per CPU
 	counterEntry    = 40
 	bulkEntry       = 16
 	budgetEntry     = 8
@@ -68,11 +70,13 @@ const (
 //	counters       MaxCircuitIDs × 40 B      (10 MiB)
 //	bulk           MaxCircuitIDs × 16 B      (4 MiB)
 //	probe_budgets  MaxCircuitIDs × 8 B       (2 MiB)
+//	workloads      MaxWorkloadCgroups × 88 B (5.5 MiB)
 //	events         4 MiB ring buffer
-//	stats          8 × 8 B × cpus, plus 3 × 32 B × cpus of hash-map locks
+//	stats          8 × 8 B × cpus, plus 4 × 32 B × cpus of hash-map locks
+//	handoff        16 B × cpus
 //
-// about 81 MiB whatever the CPU count (80.9 MiB at 2, 64 or 256 CPUs;
-// measured with every hash map full on 2 CPUs and Linux 6.18: 80.8 MiB).
+// about 87 MiB whatever the CPU count (86.4 MiB at 2 CPUs, 86.5 MiB at
+// 256).
 // Kernels before 6.5 report a coarser figure in fdinfo (key plus value
 // times capacity), below this bound too. The
 // per-socket storage (socks) is not in it: it holds one small entry (56
@@ -82,7 +86,8 @@ func MemoryBound(cpus int) uint64 {
 	return MaxDestinations*(verdictEntry+limitEntry) +
 		maxOverrides*overrideEntry +
 		MaxCircuitIDs*(counterEntry+bulkEntry+budgetEntry) +
+		MaxWorkloadCgroups*workloadEntry +
 		ringBytes +
-		uint64(cpus)*(statEntries*8+3*perCPULockBytes) +
+		uint64(cpus)*(statEntries*8+4*perCPULockBytes+handoffBytes) +
 		64<<10 // map headers, the config entry, the ring buffer's page array
 }

@@ -65,6 +65,11 @@ func TestMapMemoryWithinBound(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	for i := range uint64(MaxWorkloadCgroups) {
+		if err := k.PutWorkload(i+1, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
 	mem, err := k.MapMemory()
 	if err != nil {
 		t.Fatal(err)

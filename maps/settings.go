@@ -34,6 +34,9 @@ type Settings struct {
 	// long wakes the daemon's reader at once, like a failure (0: never).
 	// Other healthy records are read in batches.
 	WakeSlow time.Duration
+	// Scoped protects only processes whose cgroup is in the workloads
+	// map (see PutWorkload); off, every process below the attach point.
+	Scoped bool
 }
 
 // SetSettings writes the settings.
@@ -53,6 +56,9 @@ func (k *Kernel) SetSettings(s Settings) error {
 	if s.UDP {
 		raw.Flags |= uint32(bpf.BreakerConfigFlagsCONFIG_UDP)
 	}
+	if s.Scoped {
+		raw.Flags |= uint32(bpf.BreakerConfigFlagsCONFIG_SCOPED)
+	}
 	if err := k.objs.Config.Put(uint32(0), &raw); err != nil {
 		return fmt.Errorf("writing settings: %w", err)
 	}
@@ -71,6 +77,7 @@ func (v *View) Settings() (Settings, error) {
 		Shadow:    raw.Flags&uint32(bpf.BreakerConfigFlagsCONFIG_SHADOW) != 0,
 		Limits:    raw.Flags&uint32(bpf.BreakerConfigFlagsCONFIG_LIMITS) != 0,
 		UDP:       raw.Flags&uint32(bpf.BreakerConfigFlagsCONFIG_UDP) != 0,
+		Scoped:    raw.Flags&uint32(bpf.BreakerConfigFlagsCONFIG_SCOPED) != 0,
 		MaxRTO:    raw.MaxRto,
 		WakeSlow:  time.Duration(raw.WakeSlowNs),
 	}, nil

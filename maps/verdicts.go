@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"iter"
 	"net/netip"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -34,15 +35,28 @@ func (p Proto) String() string {
 	return fmt.Sprintf("proto(%d)", uint8(p))
 }
 
-// Dest is a destination: protocol, address and port. IPv4 addresses are
-// kept IPv4-mapped in the kernel; Dest always holds the unmapped form.
+// Dest is a destination: protocol, address and port, and the workload
+// class of the connecting process (0, the shared class, unless isolated
+// workloads are configured). IPv4 addresses are kept IPv4-mapped in the
+// kernel; Dest always holds the unmapped form.
 type Dest struct {
 	Proto Proto
 	Addr  netip.AddrPort
+	Class uint8
 }
 
-// String returns proto/addr:port, e.g. tcp/198.18.0.2:80.
-func (d Dest) String() string { return d.Proto.String() + "/" + d.Addr.String() }
+// String returns proto/addr:port, e.g. tcp/198.18.0.2:80, with #class
+// after it for a class other than 0 (tcp/198.18.0.2:80#2).
+func (d Dest) String() string {
+	s := d.Proto.String() + "/" + d.Addr.String()
+	if d.Class != 0 {
+		s += "#" + strconv.Itoa(int(d.Class))
+	}
+	return s
+}
+
+// Shared returns d in the shared class (Class 0).
+func (d Dest) Shared() Dest { d.Class = 0; return d }
 
 // Key returns the kernel's key for d.
 func (d Dest) Key() bpf.BreakerDestKey {
@@ -50,6 +64,7 @@ func (d Dest) Key() bpf.BreakerDestKey {
 		Addr:  netip.AddrFrom16(d.Addr.Addr().As16()).As16(),
 		Port:  htons(d.Addr.Port()),
 		Proto: uint8(d.Proto),
+		Class: d.Class,
 	}
 }
 
@@ -58,6 +73,7 @@ func DestFromKey(k *bpf.BreakerDestKey) Dest {
 	return Dest{
 		Proto: Proto(k.Proto),
 		Addr:  netip.AddrPortFrom(netip.AddrFrom16(k.Addr).Unmap(), ntohs(k.Port)),
+		Class: k.Class,
 	}
 }
 

@@ -94,6 +94,10 @@ type Config struct {
 	Targets map[string]*Target
 	// Exclude lists destinations never protected.
 	Exclude []Match
+	// Workloads select the protected processes by cgroup, in order (a
+	// cgroup belongs to the first that matches it); empty protects every
+	// process below the attach point.
+	Workloads []Workload
 }
 
 // Target is a named service.
@@ -112,6 +116,9 @@ type Target struct {
 	// Options are the target's own options (defaults, not `all`, for what
 	// it leaves out).
 	Options Options
+	// Source names the workloads the target applies to; empty means
+	// every workload.
+	Source []string
 }
 
 // Match selects destinations.
@@ -162,6 +169,7 @@ var topFields = []docField{
 	{"max_circuits", "100000", "destinations", "Bound on the destinations breakerd tracks, of every circuit: each dynamic circuit of `all` (one per address and port), each endpoint of an endpoint-scope target and each destination a service-scope target has seen counts one. Past it, the least recently active idle closed dynamic circuit is evicted; when there is none, the new destination is not protected and `breakerd_circuits_refused_total{target}` counts it. At most 131072: half the kernel's 262144 circuit ids, the other half kept for ids still held by open sockets of dropped circuits."},
 	{"failsafe_timeout", "10s", "duration", "The kernel ignores every verdict when the daemon's heartbeat is older than this (a dead daemon never strands open circuits)."},
 	{"max_rto", "3", "timeouts", "Retransmission timeouts on an established connection that make it stalled (a failure)."},
+	{"workloads", "[] (every process below `--cgroup`)", "list of workloads", "The protected workloads, by cgroup (see *Workloads*). Processes of no listed workload are never rejected, never counted in a bulkhead, and their outcomes are not reported."},
 }
 
 // targetFields are a target's keys besides its options.
@@ -174,6 +182,7 @@ var targetFields = []docField{
 	{"scope", "service", "service | endpoint", "`service`: one circuit for the target; `endpoint`: one per address and port."},
 	{"max_ejection_percent", "50", "percent in [1, 100]", "Endpoint scope: never more than this share of the target's known endpoints open at once (rounded down), except that one endpoint may always be open (Envoy's rule). See *Endpoint groups*."},
 	{"state", "(none)", "forced_open | forced_closed | disabled", "Operator override: always reject, never reject, or metrics only."},
+	{"source", "[] (every workload)", "list of workload names", "The workloads the target applies to. The workloads it names are isolated: their circuits and bulkheads are their own (see *Workloads*)."},
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9_-]+$`)
@@ -303,6 +312,8 @@ func (d *decoder) decode(raw map[string]any) (*Config, error) {
 					c.Targets[name] = t
 				}
 			}
+		case "workloads":
+			c.Workloads = d.workloads(val)
 		case "exclude":
 			list, ok := val.([]any)
 			if !ok {
@@ -332,6 +343,7 @@ func (d *decoder) decode(raw map[string]any) (*Config, error) {
 		}
 	}
 	d.limits(c)
+	d.checkSources(c)
 	d.overlaps(c)
 	if err := d.result(); err != nil {
 		return nil, err
@@ -426,7 +438,7 @@ func (d *decoder) contradictions(path string, m map[string]any, o *Options) {
 	}
 }
 
-var targetKeys = map[string]bool{"match": true, "scope": true, "max_ejection_percent": true, "state": true}
+var targetKeys = map[string]bool{"match": true, "scope": true, "max_ejection_percent": true, "state": true, "source": true}
 
 func (d *decoder) target(name string, val any) *Target {
 	path := "targets." + name
@@ -472,6 +484,9 @@ func (d *decoder) target(name string, val any) *Target {
 		if err := setInt(&t.MaxEjectionPercent, v, 1, 100); err != nil {
 			d.add(path+".max_ejection_percent", "%v (one endpoint may always be ejected; to never reject, use state: forced_closed or disabled)", err)
 		}
+	}
+	if v, ok := m["source"]; ok && v != nil {
+		t.Source = d.source(path+".source", v)
 	}
 	if v, ok := m["state"]; ok && v != nil {
 		s, _ := asString(v)

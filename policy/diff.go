@@ -11,18 +11,22 @@ type Change struct {
 	AllChanged bool
 	// ModeChanged: enforce/shadow switched.
 	ModeChanged bool
+	// WorkloadsChanged: the workloads (names, order, patterns or
+	// isolation) differ.
+	WorkloadsChanged bool
 	// Added, Removed, Changed and Unchanged are target names.
 	Added, Removed, Changed, Unchanged []string
 }
 
 // Empty reports whether the reload changes nothing that circuits see.
 func (c Change) Empty() bool {
-	return !c.AllChanged && !c.ModeChanged && len(c.Added)+len(c.Removed)+len(c.Changed) == 0
+	return !c.AllChanged && !c.ModeChanged && !c.WorkloadsChanged && len(c.Added)+len(c.Removed)+len(c.Changed) == 0
 }
 
 // Diff computes what changes from old to next.
 func Diff(old, next *Config) Change {
-	ch := Change{AllChanged: old.All != next.All, ModeChanged: old.Mode != next.Mode}
+	ch := Change{AllChanged: old.All != next.All, ModeChanged: old.Mode != next.Mode,
+		WorkloadsChanged: !reflect.DeepEqual(old.Workloads, next.Workloads)}
 	for _, name := range sortedTargetNames(next) {
 		o, ok := old.Targets[name]
 		switch {

@@ -143,8 +143,9 @@ func (x *prefixIndex) lookup(a netip.Addr, port uint16, proto string) (entry, bo
 	return entry{}, false
 }
 
-// NewMatcher builds the matcher of c, with the addresses that the host
-// names of targets and excludes currently resolve to (by host name).
+// NewMatcher builds the matcher of c for the shared class (targets
+// without a source), with the addresses that the host names of targets and
+// excludes currently resolve to (by host name).
 func NewMatcher(c *Config, resolved map[string][]netip.Addr) *Matcher {
 	return NewMatcherWithServices(c, resolved, nil)
 }
@@ -170,20 +171,39 @@ func serviceEntries(name string, dests []ServiceDest) []entry {
 // target currently resolves to (by target name): exact address and port
 // entries, as specific as a single address with an exact port.
 func NewMatcherWithServices(c *Config, resolved map[string][]netip.Addr, services map[string][]ServiceDest) *Matcher {
+	return NewWorkloadMatcher(c, "", resolved, services)
+}
+
+// NewWorkloadMatcher builds the matcher of c for the workload named w (""
+// for the shared class): the targets whose source names w, then those
+// without a source. At equal specificity a target with a source wins.
+func NewWorkloadMatcher(c *Config, w string, resolved map[string][]netip.Addr, services map[string][]ServiceDest) *Matcher {
 	m := &Matcher{}
 	for _, ex := range c.Exclude {
 		for _, e := range entries("", ex, resolved) {
 			m.exclude.add(e)
 		}
 	}
-	for _, name := range sortedTargetNames(c) {
-		for _, e := range entries(name, c.Targets[name].Match, resolved) {
+	add := func(name string, t *Target) {
+		for _, e := range entries(name, t.Match, resolved) {
 			m.targets.add(e)
 		}
-		if c.Targets[name].Match.Service != "" {
+		if t.Match.Service != "" {
 			for _, e := range serviceEntries(name, services[name]) {
 				m.targets.add(e)
 			}
+		}
+	}
+	if w != "" {
+		for _, name := range sortedTargetNames(c) {
+			if t := c.Targets[name]; len(t.Source) > 0 && t.appliesTo(w) {
+				add(name, t)
+			}
+		}
+	}
+	for _, name := range sortedTargetNames(c) {
+		if t := c.Targets[name]; len(t.Source) == 0 {
+			add(name, t)
 		}
 	}
 	m.exclude.finish()
@@ -223,12 +243,44 @@ func portsOverlap(a, b PortRange) bool {
 func protosOverlap(a, b string) bool { return a == "any" || b == "any" || a == b }
 
 // overlaps reports two targets that match some destination equally
-// specifically, and host names claimed by two targets. Entries of equal
+// specifically for one workload, and host names claimed by two such
+// targets. Targets without a source are checked together; so are, for each
+// workload, the targets whose source names it (they win over those without
+// for that workload, so the two sets never conflict). Entries of equal
 // specificity overlap only at the same masked prefix, so entries are
 // grouped by prefix and port rank, and each group is checked in one sweep
 // over its ports: O(n log n) in the number of entries, not quadratic.
 func (d *decoder) overlaps(c *Config) {
-	names := sortedTargetNames(c)
+	seen := map[[2]string]bool{}
+	var shared []string
+	bySource := map[string][]string{}
+	for _, name := range sortedTargetNames(c) {
+		src := c.Targets[name].Source
+		if len(src) == 0 {
+			shared = append(shared, name)
+		}
+		for _, w := range src {
+			if !contains(bySource[w], name) {
+				bySource[w] = append(bySource[w], name)
+			}
+		}
+	}
+	d.overlapsAmong(c, shared, seen)
+	for _, w := range c.Workloads {
+		d.overlapsAmong(c, bySource[w.Name], seen)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, e := range list {
+		if e == s {
+			return true
+		}
+	}
+	return false
+}
+
+func (d *decoder) overlapsAmong(c *Config, names []string, seen map[[2]string]bool) {
 	hostOwner := map[string]string{}
 	serviceOwner := map[string]string{}
 	type groupKey struct {
@@ -238,7 +290,8 @@ func (d *decoder) overlaps(c *Config) {
 	groups := map[groupKey][]entry{}
 	for _, a := range names {
 		for _, h := range c.Targets[a].Match.Hosts {
-			if o, ok := hostOwner[h]; ok && o != a {
+			if o, ok := hostOwner[h]; ok && o != a && !seen[[2]string{o, a}] {
+				seen[[2]string{o, a}] = true
 				d.add("targets."+a+".match.hosts", "host %s is also matched by targets.%s", h, o)
 			}
 			hostOwner[h] = a
@@ -254,7 +307,6 @@ func (d *decoder) overlaps(c *Config) {
 			groups[k] = append(groups[k], e)
 		}
 	}
-	seen := map[[2]string]bool{}
 	report := func(x, y entry) {
 		a, b := x.target, y.target
 		if b < a {

@@ -118,7 +118,7 @@ func run(args []string, out io.Writer) error {
 			return writeJSON(out, cs)
 		}
 		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tTARGET\tSTATE\tFAILURE\tSLOW\tCALLS\tOPEN FOR\tREJECTED\tCONNS\tBULKHEAD REJECTED")
+		fmt.Fprintln(tw, "NAME\tTARGET\tWORKLOAD\tSTATE\tFAILURE\tSLOW\tCALLS\tOPEN FOR\tREJECTED\tCONNS\tBULKHEAD REJECTED")
 		for _, ci := range cs {
 			open := "-"
 			if !ci.OpenUntil.IsZero() {
@@ -128,7 +128,7 @@ func run(args []string, out io.Writer) error {
 			if mc, _ := ci.Options["max_connections"].(float64); mc > 0 {
 				conns = fmt.Sprintf("%d/%d", ci.Connections, int(mc))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f%%\t%.0f%%\t%d\t%s\t%d\t%s\t%d\n", ci.Name, ci.Target, ci.State, 100*ci.FailureRate, 100*ci.SlowRate, ci.Calls, open, ci.Rejected, conns, ci.BulkheadRejected)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\t%d\t%s\t%d\t%s\t%d\n", ci.Name, ci.Target, ci.Workload, ci.State, 100*ci.FailureRate, 100*ci.SlowRate, ci.Calls, open, ci.Rejected, conns, ci.BulkheadRejected)
 		}
 		return tw.Flush()
 	case "events":
@@ -195,7 +195,7 @@ func validate(path string, out io.Writer) error {
 		}
 		return err
 	}
-	fmt.Fprintf(out, "%s: valid (mode %s, %d targets, %d excludes)\n", path, cfg.Mode, len(cfg.Targets), len(cfg.Exclude))
+	fmt.Fprintf(out, "%s: valid (mode %s, %d targets, %d excludes, %d workloads)\n", path, cfg.Mode, len(cfg.Targets), len(cfg.Exclude), len(cfg.Workloads))
 	return nil
 }
 

@@ -30,3 +30,27 @@ func Mount() (string, error) {
 	}
 	return "", errors.New("no cgroup v2 mount in /proc/mounts")
 }
+
+// MountOf returns the cgroup v2 mount point that holds path: the longest
+// cgroup2 mount in /proc/mounts that is path or a directory above it.
+func MountOf(path string) (string, error) {
+	data, err := os.ReadFile("/proc/mounts")
+	if err != nil {
+		return "", fmt.Errorf("reading mounts: %w", err)
+	}
+	best := ""
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 3 || fields[2] != "cgroup2" {
+			continue
+		}
+		m := fields[1]
+		if (path == m || strings.HasPrefix(path, strings.TrimSuffix(m, "/")+"/")) && len(m) > len(best) {
+			best = m
+		}
+	}
+	if best == "" {
+		return "", fmt.Errorf("%s is on no cgroup v2 mount in /proc/mounts", path)
+	}
+	return best, nil
+}

@@ -42,6 +42,23 @@ func NewCgroup(tb testing.TB) *Cgroup {
 	return cg
 }
 
+// Child makes a child cgroup named name below c (a sibling of c's other
+// children) and removes it when the test ends, before c.
+func (c *Cgroup) Child(tb testing.TB, name string) *Cgroup {
+	tb.Helper()
+	path := filepath.Join(c.Path, name)
+	if err := os.Mkdir(path, 0o755); err != nil {
+		tb.Fatalf("making cgroup: %v", err)
+	}
+	cg := &Cgroup{Path: path, root: c.root}
+	tb.Cleanup(func() {
+		if err := cg.remove(); err != nil {
+			tb.Errorf("removing cgroup %s: %v", path, err)
+		}
+	})
+	return cg
+}
+
 // Open returns a read-only descriptor of the cgroup directory, as
 // SysProcAttr.CgroupFD and link.AttachCgroup want it. The caller closes it.
 func (c *Cgroup) Open() (*os.File, error) {

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/maps"
+)
+
+// The lifecycle invariants with workloads selected: a selected process is
+// never rejected on its healthy destination and always on the open
+// circuit; an unselected sibling is never rejected at all and never counted
+// in a bulkhead; the workloads map holds exactly the selected cgroup. Checked
+// across a SIGTERM restart, reloads, a SIGKILL and a second start on the
+// same pins.
+const scopedLifecycleConfig = lifecycleConfig + `
+workloads:
+  - name: sel
+    cgroups: [CGROUP/sel]
+`
+
+type scopedLoop struct {
+	healthyRejected, openAdmitted, unselRejected, rounds atomic.Int64
+	stop                                                 atomic.Bool
+	wg                                                   sync.WaitGroup
+}
+
+func TestLifecycleScoped(t *testing.T) {
+	l := newLifecycle(t)
+	root, err := kerneltest.CgroupV2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, _ := filepath.Rel(root, l.cg.Path)
+	cfg := strings.ReplaceAll(scopedLifecycleConfig, "CGROUP", rel)
+	l.writeConfig(cfg)
+	sel, unsel := l.cg.Child(t, "sel"), l.cg.Child(t, "unsel")
+	selID, err := sel.ID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := l.start()
+
+	var lp scopedLoop
+	lp.wg.Go(func() {
+		for !lp.stop.Load() {
+			for _, r := range l.topo.Client.Dial(t, sel, kerneltest.DialSpec{Network: "tcp4", Addr: l.web.Addr, Count: 10}) {
+				if r.Errno != 0 {
+					lp.healthyRejected.Add(1)
+				}
+			}
+			for _, r := range l.topo.Client.Dial(t, sel, kerneltest.DialSpec{Network: "tcp4", Addr: l.down.Addr, Count: 10}) {
+				if r.Errno != unix.EHOSTUNREACH {
+					lp.openAdmitted.Add(1)
+				}
+			}
+			for _, r := range l.topo.Client.Dial(t, unsel, kerneltest.DialSpec{Network: "tcp4", Addr: l.down.Addr, Count: 10}) {
+				if r.Errno != 0 {
+					lp.unselRejected.Add(1)
+				}
+			}
+			lp.rounds.Add(1)
+		}
+	})
+	t.Cleanup(func() { lp.stop.Store(true); lp.wg.Wait() })
+
+	// The unselected sibling holds 5 connections to the limited pool (3):
+	// none is counted, so the selected process still gets its 3.
+	uholder := l.topo.Client.StartDial(t, unsel, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr, Count: 5, Parallel: 5, Hold: time.Minute})
+	holder := l.topo.Client.StartDial(t, sel, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr, Count: 3, Parallel: 3, Hold: time.Minute})
+	t.Cleanup(func() {
+		for _, h := range []*kerneltest.Process{uholder, holder} {
+			h.Cmd.Process.Kill()
+			h.Cmd.Wait()
+		}
+	})
+
+	check := func(step string) {
+		t.Helper()
+		before := lp.rounds.Load()
+		if !kerneltest.WaitFor(15*time.Second, func() bool { return lp.rounds.Load() >= before+2 }) {
+			t.Fatalf("%s: the client loop made no progress", step)
+		}
+		if n := lp.healthyRejected.Load(); n != 0 {
+			t.Fatalf("%s: %d connects of the selected process to the healthy destination were rejected", step, n)
+		}
+		if n := lp.openAdmitted.Load(); n != 0 {
+			t.Fatalf("%s: %d connects of the selected process to the open circuit got through", step, n)
+		}
+		if n := lp.unselRejected.Load(); n != 0 {
+			t.Fatalf("%s: %d connects of the unselected process were rejected", step, n)
+		}
+		v, err := maps.OpenPinned(l.bpffs)
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		defer v.Close()
+		w, err := v.Workloads()
+		if err != nil || len(w) != 1 || w[selID] != 0 {
+			t.Fatalf("%s: workloads map %v (%v), want exactly the selected cgroup %d", step, w, err, selID)
+		}
+		if _, in := w[selID]; !in {
+			t.Fatalf("%s: the selected cgroup is not in the workloads map", step)
+		}
+		all, err := v.AllLimits()
+		lim, ok := all[l.pool]
+		if err != nil || !ok || len(all) != 1 {
+			t.Fatalf("%s: pinned limits %v (%v), want the pool's only", step, all, err)
+		}
+		var got maps.BulkCount
+		if !kerneltest.WaitFor(3*time.Second, func() bool { got, _ = v.BulkCount(lim.Slot); return got.Connections == 3 }) {
+			t.Fatalf("%s: the pool's slot counts %+v; the selected process holds 3 (the unselected one's 5 must not count)", step, got)
+		}
+	}
+	check("start")
+	if got := errnos(l.topo.Client.Dial(t, sel, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr})); got[unix.EAGAIN] != 1 {
+		t.Fatalf("the selected process over the pool's limit: %v, want EAGAIN", got)
+	}
+
+	l.sigterm(p)
+	p = l.start()
+	check("SIGTERM restart")
+
+	for range 6 {
+		l.writeConfig(cfg)
+		p.cmd.Process.Signal(syscall.SIGHUP)
+		time.Sleep(50 * time.Millisecond)
+	}
+	check("reloads")
+
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	p.cmd.Wait()
+	check("SIGKILL (pins enforce on their own)")
+	p = l.start()
+	check("start after SIGKILL")
+
+	if out, err := l.run(l.args...); err == nil || !strings.Contains(out, "another breakerd") {
+		t.Fatalf("a second breakerd on the same pins: %v\n%s", err, out)
+	}
+	check("second start refused")
+
+	// A cgroup removed while the daemon is down leaves no entry once a
+	// new daemon starts.
+	gone := l.cg.Child(t, "sel-gone")
+	cfg2 := strings.Replace(scopedLifecycleConfig, "[CGROUP/sel]", "[CGROUP/sel, CGROUP/sel-gone]", 1)
+	cfg2 = strings.ReplaceAll(cfg2, "CGROUP", rel)
+	l.writeConfig(cfg2)
+	p.cmd.Process.Signal(syscall.SIGHUP)
+	goneID, _ := gone.ID()
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		v, err := maps.OpenPinned(l.bpffs)
+		if err != nil {
+			return false
+		}
+		defer v.Close()
+		w, _ := v.Workloads()
+		_, in := w[goneID]
+		return in
+	}) {
+		t.Fatalf("a reload did not add the newly selected cgroup:\n%s", p.logs.String())
+	}
+	l.sigterm(p)
+	if err := os.Remove(gone.Path); err != nil {
+		t.Fatal(err)
+	}
+	p = l.start()
+	check("cgroup removed while the daemon was down")
+	// End the loop before the test's clean-up kills helpers under it.
+	lp.stop.Store(true)
+	lp.wg.Wait()
+	l.sigterm(p)
+}

@@ -1,0 +1,295 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/breakerd/breakerd/internal/cgroup2"
+	"github.com/breakerd/breakerd/maps"
+	"github.com/breakerd/breakerd/policy"
+)
+
+// cgroupWatch keeps the kernel's workloads map (cgroup id → class) equal to
+// the workloads of the cgroups below the attach point, as cgroups come and
+// go.
+//
+// Why an inotify watch on the cgroup tree and not a cgroup_mkdir tracepoint
+// program: the selector is a glob over cgroup paths, which only the daemon
+// can match, so a tracepoint would only have woken the daemon, as inotify
+// does, at the cost of another program run on every cgroup made anywhere on
+// the node and another record type. inotify on cgroupfs reports a mkdir
+// when it happens, on every kernel breakerd supports, needs no capability
+// beyond reading the tree, and its one weakness (a queue overflow, or a
+// child made before the watch on its new parent was added) is covered: a new
+// directory's subtree is walked once its watch is in place, an overflow
+// triggers a full rescan, and a full rescan also runs every rescanInterval
+// as a safety net. Every scan also deletes map entries of cgroups that no
+// longer exist, so no entry outlives its cgroup by more than a rescan.
+//
+// It has its own lock and never takes Daemon.mu, so a busy event loop
+// never delays protecting a new cgroup.
+type cgroupWatch struct {
+	k      *maps.Kernel
+	log    *slog.Logger
+	root   string // patterns are relative to this (the cgroup v2 mount)
+	attach string // the attach point: only cgroups below it are looked at
+
+	mu      sync.Mutex
+	w       *fsnotify.Watcher
+	cfg     *policy.Config
+	classes policy.Classes
+	paths   map[string]uint64 // every cgroup below attach, watched: path → id
+	written map[uint64]entry  // entries this daemon knows are in the map
+}
+
+// entry is one cgroup's workload as written to the map.
+type entry struct {
+	workload string
+	class    uint8
+}
+
+// rescanInterval is how often the whole tree is scanned again.
+const rescanInterval = 10 * time.Second
+
+func newCgroupWatch(k *maps.Kernel, log *slog.Logger, attach string) (*cgroupWatch, error) {
+	attach = filepath.Clean(attach)
+	root, err := cgroup2.MountOf(attach)
+	if err != nil {
+		return nil, err
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, err
+	}
+	return &cgroupWatch{k: k, log: log, root: root, attach: attach, w: w,
+		paths: map[string]uint64{}, written: map[uint64]entry{}}, nil
+}
+
+// apply takes cfg's workloads and brings the map in line with them at
+// once (every cgroup classified again).
+func (cw *cgroupWatch) apply(cfg *policy.Config) {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	cw.cfg, cw.classes = cfg, cfg.Classes()
+	cw.scanLocked()
+}
+
+// classOf returns the workload and class of the cgroup at path, ok false
+// when it belongs to no workload (or scoping is off).
+func (cw *cgroupWatch) classOf(path string) (name string, class uint8, ok bool) {
+	if cw.cfg == nil || !cw.cfg.Scoped() {
+		return "", 0, false
+	}
+	rel, err := filepath.Rel(cw.root, path)
+	if err != nil {
+		return "", 0, false
+	}
+	if rel == "." {
+		rel = ""
+	}
+	w, ok := cw.cfg.WorkloadOf(filepath.ToSlash(rel))
+	if !ok {
+		return "", 0, false
+	}
+	return w.Name, uint8(cw.classes.Of(w.Name)), true
+}
+
+func cgroupID(path string) (uint64, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, errors.New("no inode number")
+	}
+	return st.Ino, nil
+}
+
+// addLocked watches one cgroup directory and writes its entry.
+func (cw *cgroupWatch) addLocked(path string) {
+	id, err := cgroupID(path)
+	if err != nil {
+		return // gone already
+	}
+	if old, ok := cw.paths[path]; ok && old != id {
+		cw.forgetLocked(path) // removed and made again between two events
+	}
+	if _, ok := cw.paths[path]; !ok {
+		if err := cw.w.Add(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			cw.log.Warn("watching a cgroup for children (a rescan will find them)", "cgroup", path, "err", err)
+		}
+		cw.paths[path] = id
+	}
+	name, class, ok := cw.classOf(path)
+	if !ok {
+		if _, was := cw.written[id]; was {
+			cw.deleteLocked(id)
+		}
+		return
+	}
+	if e, ok := cw.written[id]; ok && e == (entry{name, class}) {
+		return
+	}
+	if err := cw.k.PutWorkload(id, class); err != nil {
+		cw.log.Error("cgroup not protected: writing its workload", "cgroup", path, "workload", name, "err", err)
+		return
+	}
+	cw.written[id] = entry{name, class}
+}
+
+// addTreeLocked adds path and every cgroup below it.
+func (cw *cgroupWatch) addTreeLocked(path string) {
+	_ = filepath.WalkDir(path, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // removed while walking
+		}
+		if e.IsDir() {
+			cw.addLocked(p)
+		}
+		return nil
+	})
+}
+
+func (cw *cgroupWatch) deleteLocked(id uint64) {
+	if err := cw.k.DeleteWorkload(id); err != nil {
+		cw.log.Warn("deleting the workload of a removed cgroup (the next rescan retries)", "cgroup_id", id, "err", err)
+		return
+	}
+	delete(cw.written, id)
+}
+
+// forgetLocked drops path and everything below it: watches, paths and
+// map entries.
+func (cw *cgroupWatch) forgetLocked(path string) {
+	for p, id := range cw.paths {
+		if p == path || strings.HasPrefix(p, path+"/") {
+			_ = cw.w.Remove(p)
+			delete(cw.paths, p)
+			if _, ok := cw.written[id]; ok {
+				cw.deleteLocked(id)
+			}
+		}
+	}
+}
+
+// scanLocked walks the whole tree below the attach point, writes what is
+// missing and deletes every map entry whose cgroup is gone, also entries a
+// previous daemon left.
+func (cw *cgroupWatch) scanLocked() {
+	seen := map[string]bool{}
+	_ = filepath.WalkDir(cw.attach, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if e.IsDir() {
+			seen[p] = true
+			cw.addLocked(p)
+		}
+		return nil
+	})
+	for p := range cw.paths {
+		if !seen[p] {
+			cw.forgetLocked(p)
+		}
+	}
+	live := map[uint64]bool{}
+	for _, id := range cw.paths {
+		live[id] = true
+	}
+	entries, err := cw.k.Workloads()
+	if err != nil {
+		cw.log.Warn("reading the workloads map", "err", err)
+		return
+	}
+	for id := range entries {
+		if _, ok := cw.written[id]; !live[id] || !ok {
+			cw.deleteLocked(id)
+		}
+	}
+}
+
+// counts returns how many cgroups each workload has in the map.
+func (cw *cgroupWatch) counts() map[string]int {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	out := map[string]int{}
+	for _, e := range cw.written {
+		out[e.workload]++
+	}
+	return out
+}
+
+// run follows the tree until ctx ends.
+func (cw *cgroupWatch) run(ctx context.Context) {
+	defer cw.w.Close()
+	t := time.NewTicker(rescanInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-cw.w.Events:
+			if !ok {
+				return
+			}
+			cw.mu.Lock()
+			switch {
+			case ev.Has(fsnotify.Create):
+				if fi, err := os.Lstat(ev.Name); err == nil && fi.IsDir() {
+					cw.addTreeLocked(ev.Name)
+				}
+			case ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename):
+				cw.forgetLocked(ev.Name)
+			}
+			cw.mu.Unlock()
+		case err, ok := <-cw.w.Errors:
+			if !ok {
+				return
+			}
+			cw.log.Warn("watching the cgroup tree; rescanning", "err", err)
+			cw.mu.Lock()
+			cw.scanLocked()
+			cw.mu.Unlock()
+		case <-t.C:
+			cw.mu.Lock()
+			cw.scanLocked()
+			cw.mu.Unlock()
+		}
+	}
+}
+
+// workloadCollector reports how many cgroups of each workload the kernel
+// protects (label values: the configured workload names).
+type workloadCollector struct{ d *Daemon }
+
+var descWorkloadCgroups = prometheus.NewDesc("breakerd_workload_cgroups", "Cgroups in the kernel's workloads map, by workload (the configured names).", []string{"workload"}, nil)
+
+// Describe sends the collector's descriptor.
+func (w *workloadCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descWorkloadCgroups }
+
+// Collect reports every configured workload, 0 when it has no cgroup.
+func (w *workloadCollector) Collect(ch chan<- prometheus.Metric) {
+	d := w.d
+	d.mu.Lock()
+	cfg, cw := d.cfg, d.scope
+	d.mu.Unlock()
+	if cfg == nil || cw == nil {
+		return
+	}
+	counts := cw.counts()
+	for _, wl := range cfg.Workloads {
+		ch <- prometheus.MustNewConstMetric(descWorkloadCgroups, prometheus.GaugeValue, float64(counts[wl.Name]), wl.Name)
+	}
+}

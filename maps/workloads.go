@@ -1,0 +1,48 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/breakerd/breakerd/bpf"
+)
+
+// MaxWorkloadCgroups is the capacity of the workloads map: how many
+// cgroups of protected workloads the kernel can know (MAX_WORKLOAD_CGROUPS
+// in bpf/breaker.c). A cgroup past it is not protected.
+const MaxWorkloadCgroups = 1 << 16
+
+// PutWorkload records that processes in the cgroup with id cgroupID
+// belong to a protected workload whose connections are keyed by class.
+func (k *Kernel) PutWorkload(cgroupID uint64, class uint8) error {
+	v := bpf.BreakerWorkload{Class: uint32(class)}
+	if err := k.objs.Workloads.Put(cgroupID, &v); err != nil {
+		return fmt.Errorf("writing workload of cgroup %d: %w", cgroupID, err)
+	}
+	return nil
+}
+
+// DeleteWorkload forgets a cgroup; a missing entry is not an error.
+func (k *Kernel) DeleteWorkload(cgroupID uint64) error {
+	if err := k.objs.Workloads.Delete(cgroupID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("deleting workload of cgroup %d: %w", cgroupID, err)
+	}
+	return nil
+}
+
+// Workloads returns every entry of the workloads map: cgroup id to class.
+func (v *View) Workloads() (map[uint64]uint8, error) {
+	out := map[uint64]uint8{}
+	var id uint64
+	var w bpf.BreakerWorkload
+	it := v.workloads.Iterate()
+	for it.Next(&id, &w) {
+		out[id] = uint8(w.Class)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading the workloads map: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,303 @@
+package policy
+
+import (
+	"fmt"
+	"path"
+	"strings"
+)
+
+// MaxWorkloads bounds the workloads of a configuration. A workload's
+// class travels in one byte of the kernel's destination key (class 0 is
+// the shared one), and class names are metric label values, so the set
+// stays small.
+const MaxWorkloads = 64
+
+// MaxCgroupPatterns bounds the cgroup patterns of one workload.
+const MaxCgroupPatterns = 64
+
+// SharedWorkload is the workload label of circuits shared by every
+// protected workload that is not isolated (and of every circuit when no
+// workload is configured). It is reserved as a workload name.
+const SharedWorkload = "shared"
+
+// Workload is one entry of the top-level `workloads` list: the protected
+// processes of some cgroups.
+type Workload struct {
+	// Name labels the workload's circuits.
+	Name string
+	// Cgroups are glob patterns of cgroup paths relative to the cgroup
+	// v2 mount (see MatchCgroup).
+	Cgroups []string
+	// Isolate gives the workload circuits and bulkheads of its own for
+	// every destination, apart from every other workload's.
+	Isolate bool
+}
+
+// Class is a workload's class in the kernel's destination key: 0 when its
+// circuits are the shared ones, else its position in the list plus one.
+// A workload is isolated when it says so or when a target's `source`
+// names it (a workload with options of its own has circuits of its own).
+type Class uint8
+
+// Classes says, for every configured workload, the class its connections
+// are keyed by in the kernel, and the workload label of each class.
+type Classes struct {
+	byName map[string]Class
+	names  map[Class]string
+}
+
+// Classes computes the classes of c's workloads.
+func (c *Config) Classes() Classes {
+	cl := Classes{byName: map[string]Class{}, names: map[Class]string{0: SharedWorkload}}
+	sourced := map[string]bool{}
+	for _, t := range c.Targets {
+		for _, s := range t.Source {
+			sourced[s] = true
+		}
+	}
+	for i, w := range c.Workloads {
+		k := Class(0)
+		if w.Isolate || sourced[w.Name] {
+			k = Class(i + 1)
+			cl.names[k] = w.Name
+		}
+		cl.byName[w.Name] = k
+	}
+	return cl
+}
+
+// Of returns the class of the named workload.
+func (cl Classes) Of(workload string) Class { return cl.byName[workload] }
+
+// Name returns the workload label of class k: SharedWorkload for 0, the
+// isolated workload's name otherwise, and "" for a class no workload has.
+func (cl Classes) Name(k Class) string { return cl.names[k] }
+
+// Scoped reports whether c selects protected workloads: with no
+// workloads, every process below the attach point is protected (class 0).
+func (c *Config) Scoped() bool { return len(c.Workloads) > 0 }
+
+// WorkloadOf returns the first workload (in the list's order) one of whose
+// patterns matches the cgroup path rel (relative to the cgroup v2 mount,
+// without a leading slash), and whether there is one.
+func (c *Config) WorkloadOf(rel string) (*Workload, bool) {
+	for i := range c.Workloads {
+		for _, p := range c.Workloads[i].Cgroups {
+			if MatchCgroup(p, rel) {
+				return &c.Workloads[i], true
+			}
+		}
+	}
+	return nil, false
+}
+
+// MatchCgroup reports whether the cgroup path rel matches pattern. Both are
+// slash-separated and relative to the cgroup v2 mount. Within one path
+// element, `*`, `?` and `[…]` work as in path.Match; an element `**`
+// matches any number of elements, none included, so `kubepods.slice/**`
+// selects that cgroup and everything below it. A pattern without `**`
+// selects exactly the cgroups it names, not their children.
+func MatchCgroup(pattern, rel string) bool {
+	return matchElems(strings.Split(pattern, "/"), splitPath(rel))
+}
+
+func splitPath(rel string) []string {
+	if rel == "" || rel == "." {
+		return nil
+	}
+	return strings.Split(rel, "/")
+}
+
+func matchElems(pat, name []string) bool {
+	for len(pat) > 0 {
+		if pat[0] == "**" {
+			for len(pat) > 0 && pat[0] == "**" {
+				pat = pat[1:]
+			}
+			if len(pat) == 0 {
+				return true
+			}
+			for i := range name {
+				if matchElems(pat, name[i:]) {
+					return true
+				}
+			}
+			return false
+		}
+		if len(name) == 0 {
+			return false
+		}
+		if ok, _ := path.Match(pat[0], name[0]); !ok {
+			return false
+		}
+		pat, name = pat[1:], name[1:]
+	}
+	return len(name) == 0
+}
+
+// checkPattern says what is wrong with a cgroup pattern, or "".
+func checkPattern(p string) string {
+	switch {
+	case p == "":
+		return "empty pattern"
+	case strings.HasPrefix(p, "/"):
+		return fmt.Sprintf("%q starts with /: patterns are relative to the cgroup v2 mount (system.slice/legacy-*.service)", p)
+	case len(p) > 4096:
+		return fmt.Sprintf("pattern of %d bytes; the limit is 4096", len(p))
+	}
+	for _, e := range strings.Split(p, "/") {
+		switch {
+		case e == "":
+			return fmt.Sprintf("%q has an empty path element (//, or a trailing /)", p)
+		case e == "." || e == "..":
+			return fmt.Sprintf("%q has a %s element; write the path out", p, e)
+		case e != "**" && strings.Contains(e, "**"):
+			return fmt.Sprintf("%q: ** must be a whole path element (a/**/b)", p)
+		}
+		if _, err := path.Match(e, ""); err != nil {
+			return fmt.Sprintf("%q is not a valid glob: %v", p, err)
+		}
+	}
+	return ""
+}
+
+var workloadKeys = []string{"name", "cgroups", "isolate"}
+
+// workloads decodes the top-level `workloads` list.
+func (d *decoder) workloads(val any) []Workload {
+	list, ok := val.([]any)
+	if !ok {
+		d.add("workloads", "must be a list of workloads (name, cgroups, isolate)")
+		return nil
+	}
+	if len(list) > MaxWorkloads {
+		d.add("workloads", "%d workloads; the limit is %d", len(list), MaxWorkloads)
+		return nil
+	}
+	var out []Workload
+	seen := map[string]int{}
+	for i, e := range list {
+		p := fmt.Sprintf("workloads[%d]", i)
+		if e == nil {
+			continue // reported as an empty entry
+		}
+		m, ok := asMap(e)
+		if !ok {
+			d.add(p, "must be a mapping (name, cgroups, isolate)")
+			continue
+		}
+		w := Workload{}
+		for _, k := range sortedKeys(m) {
+			v := m[k]
+			if v == nil {
+				continue // reported as a null value
+			}
+			switch k {
+			case "name":
+				s, _ := v.(string)
+				switch {
+				case !nameRE.MatchString(s):
+					d.add(p+".name", "workload names must match [a-z0-9_-]+")
+				case s == SharedWorkload:
+					d.add(p+".name", "%q is reserved: it labels the circuits shared by every workload that is not isolated", s)
+				default:
+					w.Name = s
+				}
+			case "cgroups":
+				patterns := d.strings(p+".cgroups", v)
+				if _, isList := v.([]any); isList && len(patterns) == 0 {
+					d.add(p+".cgroups", "empty: a workload needs at least one cgroup pattern")
+				}
+				for j, s := range patterns {
+					if msg := checkPattern(s); msg != "" {
+						d.add(fmt.Sprintf("%s.cgroups[%d]", p, j), "%s", msg)
+						continue
+					}
+					w.Cgroups = append(w.Cgroups, s)
+				}
+				if len(w.Cgroups) > MaxCgroupPatterns {
+					d.add(p+".cgroups", "%d patterns; the limit is %d", len(w.Cgroups), MaxCgroupPatterns)
+				}
+			case "isolate":
+				b, ok := asBool(v)
+				if !ok {
+					d.add(p+".isolate", "%v is not true or false", v)
+				}
+				w.Isolate = b
+			default:
+				d.add(p+"."+k, "unknown key%s", d.suggest(k, workloadKeys))
+			}
+		}
+		if _, ok := m["name"]; !ok {
+			d.add(p+".name", "missing: every workload needs a name")
+		}
+		if _, ok := m["cgroups"]; !ok {
+			d.add(p+".cgroups", "missing: a workload needs at least one cgroup pattern")
+		}
+		if w.Name != "" {
+			if j, dup := seen[w.Name]; dup {
+				d.add(p+".name", "%q is also the name of workloads[%d]", w.Name, j)
+				continue
+			}
+			seen[w.Name] = i
+		}
+		out = append(out, w)
+	}
+	return out
+}
+
+func asBool(v any) (bool, bool) {
+	switch b := v.(type) {
+	case bool:
+		return b, true
+	case string: // from an environment variable
+		switch strings.ToLower(b) {
+		case "true":
+			return true, true
+		case "false":
+			return false, true
+		}
+	}
+	return false, false
+}
+
+// source decodes a target's `source`: names of workloads.
+func (d *decoder) source(path string, v any) []string {
+	names := d.strings(path, v)
+	if len(names) == 0 {
+		d.add(path, "empty: name the workloads the target applies to, or remove source")
+	}
+	return names
+}
+
+// checkSources checks that every target's source names configured
+// workloads.
+func (d *decoder) checkSources(c *Config) {
+	known := map[string]bool{}
+	var names []string
+	for _, w := range c.Workloads {
+		known[w.Name] = true
+		names = append(names, w.Name)
+	}
+	for _, tn := range sortedTargetNames(c) {
+		for i, s := range c.Targets[tn].Source {
+			if !known[s] {
+				d.add(fmt.Sprintf("targets.%s.source[%d]", tn, i), "%q is not a workload%s", s, d.suggest(s, names))
+			}
+		}
+	}
+}
+
+// appliesTo reports whether t applies to the workload named w ("" for the
+// shared class, which only targets without a source apply to).
+func (t *Target) appliesTo(w string) bool {
+	if len(t.Source) == 0 {
+		return true
+	}
+	for _, s := range t.Source {
+		if s == w {
+			return true
+		}
+	}
+	return false
+}
