@@ -21,7 +21,9 @@ import (
 // socket is created before the clock starts and closed after it stops) from
 // a client namespace to a listener on a test host, side by side in one run
 // with interleaved rounds: no program; breakerd attached with an (almost)
-// empty verdict map, with 100,000 entries and with a full one (MaxDestinations); a connect
+// empty verdict map, with 100,000 entries and with a full one (MaxDestinations);
+// with workloads selected, from a process of no workload and from a
+// selected one (its cgroup in the workloads map); a connect
 // rejected by breakerd; and one rejected by an nftables `reject with tcp
 // reset` rule in the client's output hook. It reports medians and p99 and
 // each connect4 program's own run time per call (kernel BPF stats). A
@@ -110,12 +112,37 @@ func BenchmarkConnectCost(b *testing.B) {
 	if err := kRej.PutVerdict(d, Verdict{State: ForcedOpen}); err != nil {
 		b.Fatal(err)
 	}
+	// Workloads selected (#21): the programs at a parent cgroup, one
+	// child in the workloads map and a sibling that is not. One kernel
+	// side per line, so each line's program statistics are its own.
+	scopedLoad := func(measureSelected bool) (*kerneltest.Cgroup, *Kernel) {
+		parent, k := load(0)
+		sel, unsel := parent.Child(b, "sel"), parent.Child(b, "unsel")
+		id, err := sel.ID()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := k.PutWorkload(id, 0); err != nil {
+			b.Fatal(err)
+		}
+		if err := k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, Scoped: true}); err != nil {
+			b.Fatal(err)
+		}
+		if measureSelected {
+			return sel, k
+		}
+		return unsel, k
+	}
+	cgUnsel, kUnsel := scopedLoad(false)
+	cgSel, kSel := scopedLoad(true)
 	configs := []*config{
 		{name: "no program", cg: none, port: healthy},
 		{name: "breakerd, empty map", cg: cgEmpty, k: kEmpty, port: healthy},
 		{name: "breakerd, 100k entries", cg: cg100k, k: k100k, port: healthy, entries: 100_000},
 		{name: "breakerd, full map (262,144 entries)", cg: cg1M, k: k1M, port: healthy, entries: MaxDestinations},
 		{name: "breakerd, bulkhead set, not reached", cg: cgBulk, k: kBulk, port: healthy},
+		{name: "breakerd, workloads: unselected process", cg: cgUnsel, k: kUnsel, port: healthy},
+		{name: "breakerd, workloads: selected process", cg: cgSel, k: kSel, port: healthy},
 		{name: "rejected by breakerd", cg: cgRej, k: kRej, port: breakerRejected, want: unix.ECONNREFUSED},
 		{name: "rejected by nftables", cg: none, port: nftRejected, want: unix.ECONNREFUSED},
 	}
