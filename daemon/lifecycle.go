@@ -217,6 +217,10 @@ func (d *Daemon) checkGround(ctx context.Context) {
 		if err := d.k.Repair(); err != nil {
 			d.log.Error("repairing protection", "err", err)
 		}
+		if _, ok := p[maps.CgroupRecreated]; ok {
+			// A new directory: its children are new cgroups to watch.
+			d.scope.rescan()
+		}
 		p = d.k.Check()
 	}
 	d.mu.Lock()

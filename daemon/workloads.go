@@ -85,6 +85,13 @@ func (cw *cgroupWatch) apply(cfg *policy.Config) {
 	cw.scanLocked()
 }
 
+// rescan scans the whole tree now (the attach point was made again, say).
+func (cw *cgroupWatch) rescan() {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	cw.scanLocked()
+}
+
 // classOf returns the workload and class of the cgroup at path, ok false
 // when it belongs to no workload (or scoping is off).
 func (cw *cgroupWatch) classOf(path string) (name string, class uint8, ok bool) {

@@ -125,12 +125,20 @@ func TestScopingNewCgroupsAndNoLeak(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Polled every 200 µs (one map lookup), so the figure is the
+		// daemon's latency, not the poll's.
 		var took time.Duration
-		ok := kerneltest.WaitFor(time.Second, func() bool {
-			_, in := f.workloadEntries()[id]
-			took = time.Since(start)
-			return in
-		})
+		ok := false
+		for time.Since(start) < time.Second {
+			if _, in, err := f.d.k.Workload(id); err != nil {
+				t.Fatal(err)
+			} else if in {
+				ok = true
+				took = time.Since(start)
+				break
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
 		if !ok {
 			os.Remove(path)
 			t.Fatalf("cgroup %s not in the workloads map a second after its creation", path)
@@ -150,7 +158,7 @@ func TestScopingNewCgroupsAndNoLeak(t *testing.T) {
 			t.Fatalf("removed cgroup %s still in the workloads map", path)
 		}
 	}
-	t.Logf("new cgroups protected within %v of their creation (worst of 20)", worst)
+	t.Logf("new cgroups in the workloads map within %v of their mkdir (worst of 20; 200 µs polls)", worst)
 	bound := 100 * time.Millisecond
 	if kerneltest.Emulated() {
 		bound = time.Second
@@ -251,5 +259,75 @@ func TestScopingPerWorkloadPolicies(t *testing.T) {
 	}
 	if c, ok := f.circuit("svc-a"); ok {
 		t.Fatalf("a shared circuit exists for a sourced target: %+v", c)
+	}
+}
+
+const sharedTwoConfig = `
+failsafe_timeout: 5s
+workloads:
+  - name: a
+    cgroups: [CGROUP/a]
+  - name: b
+    cgroups: [CGROUP/b]
+targets:
+  svc:
+    match: {cidrs: [SRV], ports: ["8420"]}
+    consecutive_failures: 2
+    open_duration: 1m
+`
+
+// A reload that isolates a workload gives it its own circuits at once (its
+// cgroup's class in the kernel map changes first), leaves the shared one
+// to the others, and one that stops isolating it drops them again.
+func TestScopingReloadIsolates(t *testing.T) {
+	f := newScopedFixture(t, sharedTwoConfig)
+	a, b := f.cg.Child(t, "a"), f.cg.Child(t, "b")
+	aID, _ := a.ID()
+	bID, _ := b.ID()
+	f.start()
+	if got := f.dialFrom(a, 8420, 2); got[unix.ECONNREFUSED] != 2 {
+		t.Fatalf("a: %v", got)
+	}
+	f.waitState("svc", "open", 2*time.Second)
+	syns := f.srv.SYNs(t)
+	if got := f.dialFrom(b, 8420, 2); got[unix.ECONNREFUSED] != 2 || f.srv.SYNs(t) != syns {
+		t.Fatalf("b, shared circuit open: %v (SYNs %d → %d), want rejected by the kernel", got, syns, f.srv.SYNs(t))
+	}
+
+	isolated := strings.Replace(sharedTwoConfig, "cgroups: [CGROUP/a]", "cgroups: [CGROUP/a]\n    isolate: true", 1)
+	f.writeConfig(strings.ReplaceAll(isolated, "CGROUP", f.cgroupRel()))
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if m := f.workloadEntries(); m[aID] != 1 || m[bID] != 0 || len(m) != 2 {
+		t.Fatalf("workloads map after isolating a: %v, want a→1, b→0", m)
+	}
+	if c, ok := f.circuit("svc@a"); !ok || c.State != "closed" || c.Workload != "a" {
+		t.Fatalf("a's own circuit after the reload: %+v (%v)", c, ok)
+	}
+	syns = f.srv.SYNs(t)
+	if got := f.dialFrom(a, 8420, 1); got[unix.ECONNREFUSED] != 1 || f.srv.SYNs(t) == syns {
+		t.Fatalf("a, isolated with a closed circuit: %v, want its SYN sent (refused by the server)", got)
+	}
+	if got := f.dialFrom(b, 8420, 1); got[unix.ECONNREFUSED] != 1 {
+		t.Fatalf("b: %v", got)
+	}
+	if c, _ := f.circuit("svc"); c.State != "open" {
+		t.Fatalf("the shared circuit after the reload: %+v, want still open", c)
+	}
+
+	f.writeConfig(strings.ReplaceAll(sharedTwoConfig, "CGROUP", f.cgroupRel()))
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := f.circuit("svc@a"); ok {
+		t.Fatal("a's own circuit outlived its isolation")
+	}
+	if m := f.workloadEntries(); m[aID] != 0 || len(m) != 2 {
+		t.Fatalf("workloads map after the second reload: %v, want a→0", m)
+	}
+	syns = f.srv.SYNs(t)
+	if got := f.dialFrom(a, 8420, 2); got[unix.ECONNREFUSED] != 2 || f.srv.SYNs(t) != syns {
+		t.Fatalf("a, shared again with the shared circuit open: %v, want rejected by the kernel", got)
 	}
 }

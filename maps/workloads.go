@@ -46,3 +46,15 @@ func (v *View) Workloads() (map[uint64]uint8, error) {
 	}
 	return out, nil
 }
+
+// Workload returns the class of one cgroup, and whether it is in the map.
+func (v *View) Workload(cgroupID uint64) (class uint8, ok bool, err error) {
+	var w bpf.BreakerWorkload
+	switch err := v.workloads.Lookup(cgroupID, &w); {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("reading the workload of cgroup %d: %w", cgroupID, err)
+	}
+	return uint8(w.Class), true, nil
+}
