@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -123,7 +125,7 @@ func TestStatusPageShowsATrip(t *testing.T) {
 	}
 	v, err := chromedp.Run(ctx, chromedp.Evaluate[view](`(() => {
 		const chart = document.querySelector('.chart[data-name="web"]');
-		const ev = [...document.querySelectorAll("#event-rows tr")].find((tr) => tr.children[1].textContent === "web");
+		const ev = [...document.querySelectorAll("#event-rows tr")].find((tr) => tr.children[1].firstChild?.textContent === "web");
 		return {
 			Summary: document.getElementById("summary").textContent,
 			Events: ev ? [...ev.children].map((td) => td.textContent).join("|") : "",
@@ -145,8 +147,13 @@ func TestStatusPageShowsATrip(t *testing.T) {
 		t.Errorf("summary %q does not count one open circuit", v.Summary)
 	}
 	// The page agrees with the API.
-	if c := w.circuits()["web"]; c.State != "open" || int(c.Rejected) < second {
+	c := w.circuits()["web"]
+	if c.State != "open" || int(c.Rejected) < second {
 		t.Errorf("API: %+v; page showed %d rejections", c, second)
+	}
+	wl, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('`+row+` td.workloads').textContent`))
+	if want := cmp.Or(c.Workload, "-"); err != nil || wl != want {
+		t.Errorf("web's workload on the page %q, the API says %q (%v)", wl, want, err)
 	}
 	t.Logf("web: %d then %d rejections, %s/s on the page; screenshot %s", first, second, v.Rate, shot)
 
@@ -282,13 +289,19 @@ func TestTopShowsATrip(t *testing.T) {
 
 	w.trip()
 	s := tm.waitFor("web open with rejections", 20*time.Second, func(s string) bool {
+		rej := -1 // the REJECTED column, from the header (WORKLOAD comes and goes)
 		for _, l := range strings.Split(s, "\n") {
-			if f := strings.Fields(l); len(f) > 8 && f[0] == "open" && f[1] == "web" && f[7] != "0" {
+			f := strings.Fields(l)
+			if len(f) > 0 && f[0] == "STATE" {
+				rej = slices.Index(f, "REJECTED")
+			}
+			if rej > 0 && len(f) > rej && f[0] == "open" && f[1] == "web" && f[rej] != "0" {
 				return true
 			}
 		}
 		return false
 	})
+	t.Logf("top after the trip:\n%s", s)
 	if o := rowOrder(s); o[0] != "web" {
 		t.Errorf("sorted by state, the open web is not first: %v\n%s", o, s)
 	}

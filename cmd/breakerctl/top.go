@@ -236,10 +236,27 @@ func (m *topModel) View() string {
 	}
 	b.WriteString(fit(status, w) + "\n")
 
-	// Columns: fixed widths, the name takes what is left.
-	const fixed = 13 + 1 + 14 + 1 + 6 + 1 + 6 + 1 + 6 + 1 + 7 + 1 + 10 + 1 + 8 + 1 + 11 + 1
+	// Columns: fixed widths, the name takes what is left; WORKLOAD only
+	// when some circuit has one.
+	workloadW := 0
+	for _, ci := range m.circuits {
+		if ci.Workload != "" {
+			workloadW = 12
+			break
+		}
+	}
+	fixed := 13 + 1 + 14 + 1 + 6 + 1 + 6 + 1 + 6 + 1 + 7 + 1 + 10 + 1 + 8 + 1 + 11 + 1
+	if workloadW > 0 {
+		fixed += workloadW + 1
+	}
 	nameW := max(16, w-fixed)
-	b.WriteString(fit(fmt.Sprintf("%-13s %-*s %-14s %6s %6s %6s %7s %10s %8s %-11s", "STATE", nameW, "CIRCUIT", "TARGET", "FAIL", "SLOW", "CALLS", "OPEN", "REJECTED", "REJ/S", "BULKHEAD"), w) + "\n")
+	column := func(s string) string {
+		if workloadW == 0 {
+			return ""
+		}
+		return " " + pad(clean(s), workloadW)
+	}
+	b.WriteString(fit(fmt.Sprintf("%-13s %-*s %-14s%s %6s %6s %6s %7s %10s %8s %-11s", "STATE", nameW, "CIRCUIT", "TARGET", column("WORKLOAD"), "FAIL", "SLOW", "CALLS", "OPEN", "REJECTED", "REJ/S", "BULKHEAD"), w) + "\n")
 	n := m.rows()
 	end := min(len(m.circuits), m.offset+n)
 	for _, ci := range m.circuits[m.offset:end] {
@@ -257,7 +274,7 @@ func (m *topModel) View() string {
 		if col, ok := stateColour[ci.State]; ok {
 			state = "\x1b[" + col + "m" + state + "\x1b[0m"
 		}
-		rest := fmt.Sprintf(" %s %s %6s %6s %6d %7s %10d %8.1f %-11s", pad(clean(ci.Name), nameW), pad(clean(ci.Target), 14),
+		rest := fmt.Sprintf(" %s %s%s %6s %6s %6d %7s %10d %8.1f %-11s", pad(clean(ci.Name), nameW), pad(clean(ci.Target), 14), column(ci.Workload),
 			pct(ci.FailureRate), pct(ci.SlowRate), ci.Calls, open, ci.Rejected, m.rate[ci.Name], bulk)
 		b.WriteString(state + fit(rest, w-13) + "\n")
 	}

@@ -17,7 +17,7 @@ func TestTopModel(t *testing.T) {
 	t0 := time.Now()
 	read := func(at time.Time, rejected uint64) {
 		m.Update(dataMsg{at: at, circuits: []daemon.CircuitInfo{
-			{Name: "b-open", State: "open", FailureRate: 0.5, Rejected: rejected},
+			{Name: "b-open", State: "open", FailureRate: 0.5, Rejected: rejected, Workload: "tenant-a"},
 			{Name: "a-closed", State: "closed", FailureRate: 0.9},
 			{Name: "c-\x1b[2Jevil\x07", State: "half_open", FailureRate: 0.1, Rejected: 1},
 		}})
@@ -46,6 +46,9 @@ func TestTopModel(t *testing.T) {
 	view := m.View()
 	if strings.Contains(view, "\x1b[2J") || strings.Contains(view, "\x07") || !strings.Contains(view, "c-?[2Jevil?") {
 		t.Errorf("a name's control characters reached the terminal:\n%q", view)
+	}
+	if !strings.Contains(view, "WORKLOAD") || !strings.Contains(view, "tenant-a") {
+		t.Errorf("no workload column:\n%s", view)
 	}
 	if !strings.Contains(view, "\x1b[41;97mopen") {
 		t.Errorf("open is not drawn in red:\n%q", view)

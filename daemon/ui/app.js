@@ -345,7 +345,7 @@ async function pollDetail() {
   if (name !== ui.selected) return;
   document.getElementById("detail-name").textContent = c.name;
   const items = [
-    ["state", c.state], ["target", c.target], ["scope", c.scope], ["workloads", workloads(c).join(", ") || "-"],
+    ["state", c.state], ["target", c.target], ["scope", c.scope], ["workload", workloads(c).join(", ") || "-"],
     ["failure ratio", pct(c.failure_rate) + " (" + c.failures + " of " + c.calls + ")"],
     ["slow ratio", pct(c.slow_rate) + " (" + c.slow + " of " + c.calls + ")"],
     ["consecutive failures", c.consecutive_failures], ["trip", c.trip],
