@@ -793,9 +793,16 @@ static __always_inline void report(struct bpf_sock_ops *ops, struct sock_state *
 static __always_inline void on_established(struct bpf_sock_ops *ops, __u64 now)
 {
 	/* Called for every socket, callback flags or not. */
-	if (!observed(ops))
-		return;
 	struct sock_state *st = ops->sk ? bpf_sk_storage_get(&socks, ops->sk, 0, 0) : 0;
+	if (!observed(ops)) {
+		/* Not followed (sockops judged the connect unprotected: only
+		 * when the handoff was lost and the socket's own cgroup is of
+		 * no workload). A count connect took is still given back; the
+		 * rest is released when the socket is. */
+		if (st)
+			bulk_release(st, BULK_CONNECTING);
+		return;
+	}
 	struct sock *sk = full_sock(ops);
 	__u64 took;
 	if (st && (st->flags & SOCK_TRACKED) && st->start_ns)
