@@ -83,6 +83,7 @@ type Client struct {
 
 	mu         sync.Mutex
 	namespaces map[string]*namespaceWatch
+	pods       *podWatch
 	missing    map[string]bool // Services reported missing, until they appear
 	lastErr    map[string]time.Time
 
@@ -101,11 +102,11 @@ func newMetrics() metrics {
 		reachable: prometheus.NewGauge(prometheus.GaugeOpts{Name: "breakerd_kubernetes_api_reachable",
 			Help: "1 while the Kubernetes API server answers; 0 while it does not (Service targets keep their last known addresses)."}),
 		watchErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_kubernetes_watch_errors_total",
-			Help: "Failed lists and watches of the Kubernetes API, by resource and reason (forbidden: RBAC denies it; other: unreachable or failing)."}, []string{"resource", "reason"}),
+			Help: "Failed lists and watches of the Kubernetes API, by resource (services, endpointslices, pods) and reason (forbidden: RBAC denies it; other: unreachable or failing)."}, []string{"resource", "reason"}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_kubernetes_events_total",
 			Help: "Kubernetes Events breakerd queued, by reason (client-go's spam filter may still drop some)."}, []string{"reason"}),
 	}
-	for _, r := range []string{"services", "endpointslices"} {
+	for _, r := range []string{"services", "endpointslices", "pods"} {
 		for _, why := range []string{"forbidden", "other"} {
 			m.watchErrors.WithLabelValues(r, why)
 		}
@@ -159,11 +160,19 @@ func New(opts Options) (*Client, error) {
 // be lost).
 func (c *Client) Close() {
 	c.cancel()
+	// Shut the informers down outside c.mu: their error handlers take it.
 	c.mu.Lock()
+	var fs []informers.SharedInformerFactory
 	for _, w := range c.namespaces {
-		w.factory.Shutdown()
+		fs = append(fs, w.factory)
+	}
+	if c.pods != nil {
+		fs = append(fs, c.pods.factory)
 	}
 	c.mu.Unlock()
+	for _, f := range fs {
+		f.Shutdown()
+	}
 	c.broadcaster.Shutdown()
 	c.wg.Wait()
 }
