@@ -78,6 +78,13 @@ type CircuitInfo struct {
 	Connections       int64          `json:"connections"`
 	Connecting        int64          `json:"connecting"`
 	Options           map[string]any `json:"options"`
+	// FailedPods are the pods ("namespace/name") whose connections to the
+	// circuit failed most recently (at most 8), where breakerd knows the
+	// cgroup's pod (Kubernetes API access, the kubelet's cgroup layout,
+	// and a kernel that reports the cgroup in outcome records: 6.12 yes,
+	// 6.1 no). The kernel does not report which cgroup a rejection was
+	// for, so rejected pods are not listed.
+	FailedPods []string `json:"failed_pods,omitempty"`
 }
 
 // circuitSnap is what is copied of a circuit under the lock; complete
@@ -87,6 +94,8 @@ type circuitSnap struct {
 	opts  *policy.Options // from the loaded configuration: never changed after load
 	dests []maps.Dest
 	round uint32 // the half-open round the circuit's verdict admits probes of
+	// cgroups whose connections failed, named as pods by complete.
+	cgroups []uint64
 }
 
 // snap copies what the API shows of c. Called under d.mu; no kernel reads.
@@ -101,9 +110,10 @@ func snap(c *circuit, now time.Time) circuitSnap {
 			FailureRate: st.FailureRate, SlowRate: st.SlowRate, Calls: st.Calls, Failures: st.Failures, Slow: st.Slow,
 			ConsecutiveFailures: st.ConsecutiveFailures, OpenUntil: st.OpenUntil, Trip: st.Trip, CircuitID: c.id,
 			DestinationsTotal: len(c.dests)},
-		opts:  c.c.Options(),
-		dests: slices.Clone(c.dests[:min(len(c.dests), listedDests)]),
-		round: st.Round,
+		opts:    c.c.Options(),
+		dests:   slices.Clone(c.dests[:min(len(c.dests), listedDests)]),
+		round:   st.Round,
+		cgroups: slices.Clone(c.failedCgroups),
 	}
 }
 
@@ -112,6 +122,7 @@ func snap(c *circuit, now time.Time) circuitSnap {
 func (d *Daemon) complete(s circuitSnap) CircuitInfo {
 	ci := s.info
 	ci.Options = optionsMap(s.opts)
+	ci.FailedPods = d.podNames(s.cgroups)
 	ci.Destinations = make([]string, 0, len(s.dests))
 	for _, dst := range s.dests {
 		ci.Destinations = append(ci.Destinations, dst.String())

@@ -34,6 +34,9 @@ type circuit struct {
 	// enumerated: a destination of it is enumerated from the target's
 	// match (it stays in its endpoint group while configured).
 	enumerated bool
+	// failedCgroups are the cgroups whose connections to it failed last
+	// (at most maxFailedCgroups, most recent last; kube.go).
+	failedCgroups []uint64
 }
 
 // endpointIdle is how long a closed endpoint circuit seen only in traffic

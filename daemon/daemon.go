@@ -381,6 +381,9 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time) {
 	default:
 		return
 	}
+	if r.Kind == policy.Failure {
+		c.noteFailedCgroup(ev.CgroupID) // kube.go: the pods that saw failures
+	}
 	if t, moved := c.c.Record(now, r); moved {
 		d.apply(c, t)
 	} else if c.inIdle {
@@ -670,6 +673,10 @@ func contains(list []string, s string) bool {
 // nothing; the error names every offending key.
 func (d *Daemon) Reload() error {
 	cfg, err := policy.LoadFile(d.opts.ConfigPath)
+	var pods map[string]map[string]bool
+	if err == nil {
+		pods = d.lookupPods(cfg) // the informer's cache, outside the lock
+	}
 	d.mu.Lock()
 	if err != nil {
 		d.metrics.reloadOK.Set(0)
@@ -677,6 +684,7 @@ func (d *Daemon) Reload() error {
 		d.mu.Unlock()
 		return err
 	}
+	d.scope.presetPods(pods)
 	d.applyConfig(cfg)
 	if err := d.reconcileLimits(); err != nil {
 		d.log.Error("after the reload", "err", err)

@@ -144,6 +144,7 @@ func (d *Daemon) kubeLoop(ctx context.Context) {
 			return
 		case <-cl.Changed():
 			d.resolveServices()
+			d.resolvePods()
 		}
 	}
 }
@@ -179,7 +180,10 @@ func (d *Daemon) kubeEvent(c *circuit, t policy.Transition) {
 		return
 	}
 	ev := kube.Transition{Circuit: c.name, Target: c.target, Opened: opened, Reason: string(t.Reason),
-		FailureRatio: t.FailureRate, SlowRatio: t.SlowRate, Calls: t.Calls}
+		FailureRatio: t.FailureRate, SlowRatio: t.SlowRate, Calls: t.Calls, Workload: c.workload}
+	if opened {
+		ev.Pods = d.podNames(c.failedCgroups)
+	}
 	if tg := d.cfg.Targets[c.target]; tg != nil {
 		ev.Service = tg.Match.Service
 	}
@@ -204,4 +208,120 @@ func (d *Daemon) detach(c *circuit, gone []maps.Dest) {
 		delete(d.reg.byDest, dst)
 		c.dests = slices.DeleteFunc(c.dests, func(x maps.Dest) bool { return x == dst })
 	}
+}
+
+// podWorkloads returns cfg's workloads that select pods.
+func podWorkloads(cfg *policy.Config) []policy.Workload {
+	var out []policy.Workload
+	for _, w := range cfg.Workloads {
+		if w.Kubernetes() {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// lookupPods returns the UIDs of this node's pods each pod-selecting
+// workload of cfg selects, from the pod informer's cache (started here
+// when needed). The caller must not hold d.mu.
+func (d *Daemon) lookupPods(cfg *policy.Config) map[string]map[string]bool {
+	ws := podWorkloads(cfg)
+	cl := d.opts.Cluster
+	if len(ws) == 0 || cl == nil {
+		return nil
+	}
+	cl.WatchPods()
+	out := make(map[string]map[string]bool, len(ws))
+	for _, w := range ws {
+		sel := cl.SelectPods(kube.PodSelector{Namespaces: w.Namespaces, Labels: w.PodLabels})
+		set := make(map[string]bool, len(sel))
+		for uid := range sel {
+			set[uid] = true
+		}
+		out[w.Name] = set
+	}
+	return out
+}
+
+// lookupPodsKeepingAlive waits (bounded) for the pod informer's first
+// list at start-up, keeping a previous daemon's fresh heartbeat fresh.
+func (d *Daemon) lookupPodsKeepingAlive(cfg *policy.Config) map[string]map[string]bool {
+	ws := podWorkloads(cfg)
+	if len(ws) == 0 {
+		return nil
+	}
+	if d.opts.Cluster == nil {
+		for _, w := range ws {
+			d.log.Warn("a workload that selects pods needs Kubernetes API access (in a pod, or --kubeconfig); it selects no pod", "workload", w.Name)
+		}
+		return nil
+	}
+	var res map[string]map[string]bool
+	d.keepingAlive(func() {
+		d.opts.Cluster.WatchPods()
+		ctx, cancel := context.WithTimeout(context.Background(), serviceSyncTimeout)
+		defer cancel()
+		if !d.opts.Cluster.WaitPodsSynced(ctx) {
+			d.log.Error("this node's pods were not listed in time (the API server unreachable, or RBAC denies it: see the errors logged); pod workloads select nothing until they are", "waited", serviceSyncTimeout.String())
+		}
+		res = d.lookupPods(cfg)
+	})
+	for name, set := range res {
+		if len(set) == 0 {
+			d.log.Warn("a workload's namespaces and pod labels select no pod on this node (yet)", "workload", name)
+		}
+	}
+	return res
+}
+
+// resolvePods brings the workloads map in line with the pods selected now.
+// The caller must not hold d.mu.
+func (d *Daemon) resolvePods() {
+	d.mu.Lock()
+	cfg := d.cfg
+	d.mu.Unlock()
+	if len(podWorkloads(cfg)) == 0 {
+		return
+	}
+	d.scope.setPods(d.lookupPods(cfg))
+}
+
+// maxFailedCgroups bounds the cgroups a circuit remembers failures of.
+const maxFailedCgroups = 8
+
+// noteFailedCgroup remembers that a connection of cgroup id to c failed
+// (0: the kernel did not say). Under d.mu; no lookup here.
+func (c *circuit) noteFailedCgroup(id uint64) {
+	if id == 0 {
+		return
+	}
+	if i := slices.Index(c.failedCgroups, id); i >= 0 {
+		c.failedCgroups = slices.Delete(c.failedCgroups, i, i+1)
+	} else if len(c.failedCgroups) >= maxFailedCgroups {
+		c.failedCgroups = slices.Delete(c.failedCgroups, 0, 1)
+	}
+	c.failedCgroups = append(c.failedCgroups, id)
+}
+
+// podNames names the pods of cgroup ids, where known: the cgroup watch
+// knows which cgroups are pods' (their path), the pod informer their
+// names. Cheap (two in-memory lookups per id), so Events use it under
+// d.mu too.
+func (d *Daemon) podNames(ids []uint64) []string {
+	cl := d.opts.Cluster
+	if cl == nil || d.scope == nil {
+		return nil
+	}
+	var out []string
+	for _, id := range ids {
+		uid, ok := d.scope.podUID(id)
+		if !ok {
+			continue
+		}
+		if name, ok := cl.PodName(uid); ok && !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

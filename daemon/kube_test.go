@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
@@ -464,5 +465,158 @@ targets:
 	vs := kf.verdictDests(t)
 	if !kerneltest.WaitFor(10*time.Second, func() bool { vs = kf.verdictDests(t); return slices.Contains(vs, createSvc.Spec.ClusterIP+":81") }) {
 		t.Fatalf("verdicts %v lack the reloaded target's cluster IP %s", vs, createSvc.Spec.ClusterIP)
+	}
+}
+
+// cgroupTree makes cgroups below a root by relative path, each level once
+// (removed when the test ends, children first).
+type cgroupTree struct {
+	t    *testing.T
+	root *kerneltest.Cgroup
+	made map[string]*kerneltest.Cgroup
+}
+
+func (ct *cgroupTree) at(rel string) *kerneltest.Cgroup {
+	ct.t.Helper()
+	cg, path := ct.root, ""
+	for _, e := range strings.Split(rel, "/") {
+		path += "/" + e
+		next, ok := ct.made[path]
+		if !ok {
+			next = cg.Child(ct.t, e)
+			ct.made[path] = next
+		}
+		cg = next
+	}
+	return cg
+}
+
+func (kf *kubeFixture) createPod(t *testing.T, name, node string, labels map[string]string) *corev1.Pod {
+	t.Helper()
+	p, err := kf.cs.CoreV1().Pods(kf.ns).Create(context.Background(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating pod: %v", err)
+	}
+	return p
+}
+
+const containerID = "4b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c"
+
+// systemdPod and cgroupfsPod make a pod's cgroup and one container's in
+// the kubelet's two layouts, below the attach point.
+func (ct *cgroupTree) systemdPod(p *corev1.Pod, qos string) (pod, ctr *kerneltest.Cgroup) {
+	uid := strings.ReplaceAll(string(p.UID), "-", "_")
+	rel := "kubepods.slice/kubepods-" + qos + ".slice/kubepods-" + qos + "-pod" + uid + ".slice"
+	return ct.at(rel), ct.at(rel + "/cri-containerd-" + containerID + ".scope")
+}
+
+func (ct *cgroupTree) cgroupfsPod(p *corev1.Pod, qos string) (pod, ctr *kerneltest.Cgroup) {
+	rel := "kubepods/" + qos + "/pod" + string(p.UID)
+	return ct.at(rel), ct.at(rel + "/" + containerID)
+}
+
+// TestPodWorkloads selects the protected processes by namespace and pod
+// labels through a real kube-apiserver: the cgroups of this node's
+// selected pods, made here in both kubelet layouts (systemd and cgroupfs)
+// with real processes in their container cgroups, are protected; a pod
+// that does not match, or of another node, is not; a container started
+// after its pod is; a pod whose labels change to match becomes protected,
+// and a deleted pod stops being protected. The circuit names the pod that
+// saw the failures.
+func TestPodWorkloads(t *testing.T) {
+	kf := newKubeFixture(t, `
+workloads:
+  - name: shop
+    namespaces: [NS]
+    pod_labels: ["app=web"]
+targets:
+  svc:
+    source: [shop]
+    match: {cidrs: [SRV], ports: ["8400"]}
+    consecutive_failures: 3
+    open_duration: 1m
+    reject_errno: EHOSTUNREACH
+`)
+	web1 := kf.createPod(t, "web-1", kf.node, map[string]string{"app": "web"})
+	web2 := kf.createPod(t, "web-2", kf.node, map[string]string{"app": "web"})
+	db := kf.createPod(t, "db-1", kf.node, map[string]string{"app": "db"})
+	far := kf.createPod(t, "web-far", "another-node", map[string]string{"app": "web"})
+	tree := &cgroupTree{t: t, root: kf.cg, made: map[string]*kerneltest.Cgroup{}}
+	_, web1Ctr := tree.systemdPod(web1, "burstable")
+	web2Pod, web2Ctr := tree.cgroupfsPod(web2, "besteffort")
+	_, dbCtr := tree.cgroupfsPod(db, "burstable")
+	_, farCtr := tree.systemdPod(far, "besteffort")
+	kf.start()
+	entries := func() int { return len(kf.workloadEntries()) }
+	// web-1 and web-2: each pod's cgroup and its container's.
+	if !kerneltest.WaitFor(10*time.Second, func() bool { return entries() == 4 }) {
+		t.Fatalf("workloads map has %d entries, want 4:\n%s", entries(), kf.logs.String())
+	}
+	if got := kf.dialFrom(dbCtr, 8400, 5); got[unix.ECONNREFUSED] != 5 {
+		t.Fatalf("unselected pod: %v", got)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if c, _ := kf.circuit("svc@shop"); c.Calls != 0 {
+		t.Fatalf("an unselected pod's failures counted: %+v", c)
+	}
+	if got := kf.dialFrom(web1Ctr, 8400, 3); got[unix.ECONNREFUSED] != 3 {
+		t.Fatalf("selected pod (systemd layout): %v", got)
+	}
+	// The target's source is the pod workload: its circuit is the
+	// workload's own.
+	kf.waitState("svc@shop", "open", 5*time.Second)
+	c, _ := kf.circuit("svc@shop")
+	if c.Workload != "shop" {
+		t.Errorf("circuit workload %q, want shop", c.Workload)
+	}
+	if !slices.Contains(c.FailedPods, kf.ns+"/web-1") {
+		t.Errorf("circuit's failed pods %v lack %s/web-1", c.FailedPods, kf.ns)
+	}
+	syns := kf.srv.SYNs(t)
+	for name, cg := range map[string]*kerneltest.Cgroup{"web-1 (systemd)": web1Ctr, "web-2 (cgroupfs)": web2Ctr} {
+		if got := kf.dialFrom(cg, 8400, 3); got[unix.EHOSTUNREACH] != 3 {
+			t.Fatalf("%s with the circuit open: %v, want 3 rejected", name, got)
+		}
+	}
+	if n := kf.srv.SYNs(t) - syns; n != 0 {
+		t.Fatalf("%d SYNs of selected pods reached an open circuit's host", n)
+	}
+	for name, cg := range map[string]*kerneltest.Cgroup{"db-1": dbCtr, "web-far (another node)": farCtr} {
+		if got := kf.dialFrom(cg, 8400, 2); got[unix.ECONNREFUSED] != 2 {
+			t.Fatalf("%s with the circuit open: %v, want 2 refused by the server (never rejected)", name, got)
+		}
+	}
+
+	// A container started after its pod.
+	late := web2Pod.Child(t, "5c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d")
+	if !kerneltest.WaitFor(5*time.Second, func() bool { return entries() == 5 }) {
+		t.Fatalf("the late container's cgroup is not in the map (%d entries)", entries())
+	}
+	if got := kf.dialFrom(late, 8400, 2); got[unix.EHOSTUNREACH] != 2 {
+		t.Fatalf("container started after its pod: %v, want rejected", got)
+	}
+	// db-1's labels change to match: protected.
+	ctx := context.Background()
+	if _, err := kf.cs.CoreV1().Pods(kf.ns).Patch(ctx, "db-1", types.MergePatchType, []byte(`{"metadata":{"labels":{"app":"web"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !kerneltest.WaitFor(10*time.Second, func() bool { return kf.dialFrom(dbCtr, 8400, 1)[unix.EHOSTUNREACH] == 1 }) {
+		t.Fatalf("a pod relabelled to match is not protected (%d entries)", entries())
+	}
+	// web-1 is deleted (at once: no kubelet runs to finish a graceful
+	// deletion; a terminating pod stays protected until it is gone): its
+	// cgroups leave the workload.
+	zero := int64(0)
+	if err := kf.cs.CoreV1().Pods(kf.ns).Delete(ctx, "web-1", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	if !kerneltest.WaitFor(10*time.Second, func() bool { return kf.dialFrom(web1Ctr, 8400, 1)[unix.ECONNREFUSED] == 1 }) {
+		t.Fatalf("a deleted pod's processes are still protected")
+	}
+	if n := entries(); n != 5 {
+		t.Fatalf("%d entries after the deletion, want 5 (web-2's three, db-1's two)", n)
 	}
 }

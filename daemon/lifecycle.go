@@ -46,9 +46,13 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	// keeping a fresh previous heartbeat fresh meanwhile.
 	resolved := d.lookupHostsKeepingAlive(hostNamesOf(cfg))
 	services := d.lookupServicesKeepingAlive(cfg)
+	pods := d.lookupPodsKeepingAlive(cfg)
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	// The selected pods before the first classification, so their cgroups'
+	// entries a previous daemon left stay in the workloads map.
+	d.scope.presetPods(pods)
 	d.applyConfig(cfg)
 	d.applyResolved(resolved)
 	d.applyServices(services)

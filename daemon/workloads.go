@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"log/slog"
+	stdmaps "maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/breakerd/breakerd/internal/cgroup2"
+	"github.com/breakerd/breakerd/kube"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
@@ -51,6 +53,11 @@ type cgroupWatch struct {
 	classes policy.Classes
 	paths   map[string]uint64 // every cgroup below attach, watched: path → id
 	written map[uint64]entry  // entries this daemon knows are in the map
+	// pods are the pod UIDs each pod-selecting workload selects (kube.go).
+	pods map[string]map[string]bool
+	// podOf maps the cgroup ids of pods' cgroups (and their containers')
+	// to the pod UID; read without mu (handle, the admin API).
+	podOf sync.Map
 }
 
 // entry is one cgroup's workload as written to the map.
@@ -105,7 +112,8 @@ func (cw *cgroupWatch) classOf(path string) (name string, class uint8, ok bool) 
 	if rel == "." {
 		rel = ""
 	}
-	w, ok := cw.cfg.WorkloadOf(filepath.ToSlash(rel))
+	uid, _, inPod := kube.PodOfCgroup(filepath.ToSlash(rel))
+	w, ok := cw.cfg.WorkloadOfPod(filepath.ToSlash(rel), func(workload string) bool { return inPod && cw.pods[workload][uid] })
 	if !ok {
 		return "", 0, false
 	}
@@ -138,6 +146,11 @@ func (cw *cgroupWatch) addLocked(path string) {
 			cw.log.Warn("watching a cgroup for children (a rescan will find them)", "cgroup", path, "err", err)
 		}
 		cw.paths[path] = id
+	}
+	if rel, err := filepath.Rel(cw.root, path); err == nil {
+		if uid, _, ok := kube.PodOfCgroup(filepath.ToSlash(rel)); ok {
+			cw.podOf.Store(id, uid)
+		}
 	}
 	name, class, ok := cw.classOf(path)
 	if !ok {
@@ -184,6 +197,7 @@ func (cw *cgroupWatch) forgetLocked(path string) {
 		if p == path || strings.HasPrefix(p, path+"/") {
 			_ = cw.w.Remove(p)
 			delete(cw.paths, p)
+			cw.podOf.Delete(id)
 			if _, ok := cw.written[id]; ok {
 				cw.deleteLocked(id)
 			}
@@ -225,6 +239,35 @@ func (cw *cgroupWatch) scanLocked() {
 			cw.deleteLocked(id)
 		}
 	}
+}
+
+// setPods takes the pods each pod-selecting workload selects now and, when
+// that changed, classifies every cgroup again.
+func (cw *cgroupWatch) setPods(pods map[string]map[string]bool) {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	if stdmaps.EqualFunc(pods, cw.pods, stdmaps.Equal) {
+		return
+	}
+	cw.pods = pods
+	cw.scanLocked()
+}
+
+// presetPods takes the selected pods without classifying again (the
+// caller's apply does).
+func (cw *cgroupWatch) presetPods(pods map[string]map[string]bool) {
+	cw.mu.Lock()
+	cw.pods = pods
+	cw.mu.Unlock()
+}
+
+// podUID returns the pod of a cgroup id, if the cgroup is a pod's.
+func (cw *cgroupWatch) podUID(id uint64) (string, bool) {
+	v, ok := cw.podOf.Load(id)
+	if !ok {
+		return "", false
+	}
+	return v.(string), true
 }
 
 // counts returns how many cgroups each workload has in the map.

@@ -145,11 +145,10 @@ func TestShippedRBACAgainstAPIServer(t *testing.T) {
 			_, err := cs.DiscoveryV1().EndpointSlices("shop").Create(ctx, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "x"}, AddressType: "IPv4"}, metav1.CreateOptions{})
 			return err
 		},
-		"list pods":       func() error { _, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err },
 		"list configmaps": func() error { _, err := cs.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{}); return err },
 		"get nodes":       func() error { _, err := cs.CoreV1().Nodes().Get(ctx, "n", metav1.GetOptions{}); return err },
 		"delete events":   func() error { return cs.CoreV1().Events("shop").Delete(ctx, "breakerd-test", metav1.DeleteOptions{}) },
-		"create pods/exec-like": func() error {
+		"create pods": func() error {
 			_, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})
 			return err
 		},

@@ -452,9 +452,11 @@ type Transition struct {
 	// FailureRatio, SlowRatio and Calls are the window's at the transition.
 	FailureRatio, SlowRatio float64
 	Calls                   int
-	// Workloads names the pods that saw failures or were rejected, where
-	// known.
-	Workloads []string
+	// Workload is the circuit's workload (shared, or an isolated one).
+	Workload string
+	// Pods names the pods ("namespace/name") whose connections failed,
+	// where known.
+	Pods []string
 }
 
 // CircuitEvent queues an Event for a transition; it never blocks (the
@@ -466,8 +468,11 @@ func (c *Client) CircuitEvent(t Transition) {
 	}
 	msg := fmt.Sprintf("breakerd on %s: circuit %s (target %s) %s (%s): failure ratio %s, slow ratio %s over %d calls",
 		c.opts.NodeName, t.Circuit, t.Target, verb, t.Reason, ratio(t.FailureRatio), ratio(t.SlowRatio), t.Calls)
-	if len(t.Workloads) > 0 {
-		msg += "; workloads affected: " + strings.Join(t.Workloads, ", ")
+	if t.Workload != "" {
+		msg += "; workload " + t.Workload
+	}
+	if len(t.Pods) > 0 {
+		msg += "; pods that saw failures: " + strings.Join(t.Pods, ", ")
 	}
 	ref := c.nodeRef()
 	if t.Service != "" {

@@ -85,3 +85,51 @@ targets:
 		t.Errorf("unresolved Service matched %q", got)
 	}
 }
+
+func TestPodWorkloadsParse(t *testing.T) {
+	c, err := Parse([]byte(`
+workloads:
+  - name: shop
+    namespaces: [shop, shop-canary]
+    pod_labels: ["app.kubernetes.io/name=web", "tier=front"]
+  - name: legacy
+    cgroups: [system.slice/legacy.service]
+`), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := c.Workloads[0]
+	if !w.Kubernetes() || !slices.Equal(w.Namespaces, []string{"shop", "shop-canary"}) || w.PodLabels["app.kubernetes.io/name"] != "web" || w.PodLabels["tier"] != "front" {
+		t.Fatalf("workload %+v", w)
+	}
+	if c.Workloads[1].Kubernetes() {
+		t.Fatal("a cgroup workload selects pods")
+	}
+	// Order: the first workload whose pattern or pod selection matches.
+	if got, _ := c.WorkloadOfPod("system.slice/legacy.service", func(string) bool { return true }); got.Name != "shop" {
+		t.Fatalf("first match %s, want shop (selected pod)", got.Name)
+	}
+	if got, _ := c.WorkloadOfPod("system.slice/legacy.service", func(string) bool { return false }); got.Name != "legacy" {
+		t.Fatalf("pattern match %s, want legacy", got.Name)
+	}
+	if _, ok := c.WorkloadOfPod("user.slice", func(string) bool { return false }); ok {
+		t.Fatal("matched nothing's cgroup")
+	}
+}
+
+func TestPodWorkloadsRefusals(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"bad namespace", "workloads:\n  - {name: a, namespaces: [Shop]}\n", `workloads[0].namespaces[0]: "Shop" is not a namespace name (a DNS-1123 label)`},
+		{"not key=value", "workloads:\n  - {name: a, pod_labels: [web]}\n", `workloads[0].pod_labels[0]: "web" is not KEY=VALUE`},
+		{"bad key", "workloads:\n  - {name: a, pod_labels: [\"-x=1\"]}\n", `workloads[0].pod_labels[0]: label key "-x" is not a label name (alphanumerics, '-', '_', '.', at most 63)`},
+		{"bad value", "workloads:\n  - {name: a, pod_labels: [\"app=we b\"]}\n", `workloads[0].pod_labels[0]: label value "we b" is not a label value (alphanumerics, '-', '_', '.', at most 63)`},
+		{"bad prefix", "workloads:\n  - {name: a, pod_labels: [\"Ex.com/app=web\"]}\n", `workloads[0].pod_labels[0]: label key prefix "Ex.com" is not a DNS subdomain`},
+		{"nothing selects", "workloads:\n  - {name: a}\n", `workloads[0].cgroups: missing: a workload needs at least one cgroup pattern, or namespaces or pod_labels`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := problems(t, tc.yaml); !slices.Contains(got, tc.want) {
+				t.Fatalf("problems %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"path"
+	"regexp"
 	"strings"
 )
 
@@ -31,6 +32,34 @@ type Workload struct {
 	// Isolate gives the workload circuits and bulkheads of its own for
 	// every destination, apart from every other workload's.
 	Isolate bool
+	// Namespaces and PodLabels select Kubernetes pods of this node (a
+	// namespace in the list, when there is one, and every label of
+	// PodLabels): the cgroups of the selected pods, and of their
+	// containers, belong to the workload. They need Kubernetes API access.
+	Namespaces []string
+	PodLabels  map[string]string
+}
+
+// Kubernetes reports whether the workload selects pods.
+func (w *Workload) Kubernetes() bool { return len(w.Namespaces) > 0 || len(w.PodLabels) > 0 }
+
+// WorkloadOfPod is WorkloadOf for a cgroup that may be a pod's: in the
+// list's order, the first workload one of whose patterns matches rel, or
+// that selects pods and for which selected(name) reports the cgroup's pod
+// selected.
+func (c *Config) WorkloadOfPod(rel string, selected func(workload string) bool) (*Workload, bool) {
+	for i := range c.Workloads {
+		w := &c.Workloads[i]
+		for _, p := range w.Cgroups {
+			if MatchCgroup(p, rel) {
+				return w, true
+			}
+		}
+		if w.Kubernetes() && selected != nil && selected(w.Name) {
+			return w, true
+		}
+	}
+	return nil, false
 }
 
 // Class is a workload's class in the kernel's destination key: 0 when its
@@ -135,6 +164,31 @@ func matchElems(pat, name []string) bool {
 	return len(name) == 0
 }
 
+var (
+	labelNameRE   = regexp.MustCompile(`^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$`)
+	labelValueRE  = regexp.MustCompile(`^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$`)
+	labelPrefixRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
+)
+
+// checkLabel says what is wrong with a Kubernetes label key and value, or
+// "".
+func checkLabel(key, value string) string {
+	name := key
+	if prefix, n, ok := strings.Cut(key, "/"); ok {
+		if !labelPrefixRE.MatchString(prefix) {
+			return fmt.Sprintf("label key prefix %q is not a DNS subdomain", quoteShort(prefix))
+		}
+		name = n
+	}
+	if !labelNameRE.MatchString(name) {
+		return fmt.Sprintf("label key %q is not a label name (alphanumerics, '-', '_', '.', at most 63)", quoteShort(key))
+	}
+	if !labelValueRE.MatchString(value) {
+		return fmt.Sprintf("label value %q is not a label value (alphanumerics, '-', '_', '.', at most 63)", quoteShort(value))
+	}
+	return ""
+}
+
 // checkPattern says what is wrong with a cgroup pattern, or "".
 func checkPattern(p string) string {
 	switch {
@@ -161,7 +215,7 @@ func checkPattern(p string) string {
 	return ""
 }
 
-var workloadKeys = []string{"name", "cgroups", "isolate"}
+var workloadKeys = []string{"name", "cgroups", "isolate", "namespaces", "pod_labels"}
 
 // workloads decodes the top-level `workloads` list.
 func (d *decoder) workloads(val any) []Workload {
@@ -218,6 +272,28 @@ func (d *decoder) workloads(val any) []Workload {
 				if len(w.Cgroups) > MaxCgroupPatterns {
 					d.add(p+".cgroups", "%d patterns; the limit is %d", len(w.Cgroups), MaxCgroupPatterns)
 				}
+			case "namespaces":
+				for j, ns := range d.strings(p+".namespaces", v) {
+					if !dnsLabelRE.MatchString(ns) {
+						d.add(fmt.Sprintf("%s.namespaces[%d]", p, j), "%q is not a namespace name (a DNS-1123 label)", quoteShort(ns))
+						continue
+					}
+					w.Namespaces = append(w.Namespaces, ns)
+				}
+			case "pod_labels":
+				w.PodLabels = map[string]string{}
+				for j, kv := range d.strings(p+".pod_labels", v) {
+					lk, lv, ok := strings.Cut(kv, "=")
+					msg := fmt.Sprintf("%q is not KEY=VALUE", quoteShort(kv))
+					if ok {
+						msg = checkLabel(lk, lv)
+					}
+					if msg != "" {
+						d.add(fmt.Sprintf("%s.pod_labels[%d]", p, j), "%s", msg)
+						continue
+					}
+					w.PodLabels[lk] = lv
+				}
 			case "isolate":
 				b, ok := asBool(v)
 				if !ok {
@@ -231,8 +307,10 @@ func (d *decoder) workloads(val any) []Workload {
 		if _, ok := m["name"]; !ok {
 			d.add(p+".name", "missing: every workload needs a name")
 		}
-		if _, ok := m["cgroups"]; !ok {
-			d.add(p+".cgroups", "missing: a workload needs at least one cgroup pattern")
+		_, hasNS := m["namespaces"]
+		_, hasLabels := m["pod_labels"]
+		if _, ok := m["cgroups"]; !ok && !hasNS && !hasLabels {
+			d.add(p+".cgroups", "missing: a workload needs at least one cgroup pattern, or namespaces or pod_labels")
 		}
 		if w.Name != "" {
 			if j, dup := seen[w.Name]; dup {

@@ -25,6 +25,7 @@ type fakeDaemon struct {
 	names []string
 	auth  []string // Authorization headers of GET requests
 	sock  string
+	pods  []string // the failed pods of the first circuit
 }
 
 func newFakeDaemon(t *testing.T, circuits int) *fakeDaemon {
@@ -56,7 +57,13 @@ func newFakeDaemon(t *testing.T, circuits int) *fakeDaemon {
 		}
 		page := []daemon.CircuitInfo{}
 		for i := after + 1; i < circuits && len(page) < 3; i++ {
-			page = append(page, daemon.CircuitInfo{Name: fmt.Sprintf("c%06d", i), State: "closed"})
+			ci := daemon.CircuitInfo{Name: fmt.Sprintf("c%06d", i), State: "closed"}
+			if i == 0 {
+				f.mu.Lock()
+				ci.FailedPods = f.pods
+				f.mu.Unlock()
+			}
+			page = append(page, ci)
 		}
 		if n := len(page); n > 0 && page[n-1].Name != fmt.Sprintf("c%06d", circuits-1) {
 			w.Header().Set("Link", fmt.Sprintf(`</v1/circuits?after=%s&limit=3>; rel="next"`, page[n-1].Name))
@@ -160,5 +167,21 @@ func TestExitCodes(t *testing.T) {
 		if c.code == 0 && (!strings.Contains(stdout.String(), "usage: breakerctl") || strings.Contains(stdout.String()+stderr.String(), "pflag")) {
 			t.Errorf("breakerctl %q: stdout %q stderr %q", c.args, stdout.String(), stderr.String())
 		}
+	}
+}
+
+// TestStatusNamesFailedPods: status shows the pods that saw failures,
+// and "-" where none are known.
+func TestStatusNamesFailedPods(t *testing.T) {
+	f := newFakeDaemon(t, 2)
+	f.pods = []string{"shop/web-1", "shop/web-2"}
+	var out bytes.Buffer
+	if err := run([]string{"status", "--socket", f.sock}, &out); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.HasSuffix(lines[0], "FAILED PODS") ||
+		!strings.HasSuffix(lines[1], "shop/web-1,shop/web-2") || !strings.HasSuffix(lines[2], " -") {
+		t.Fatalf("status:\n%s", out.String())
 	}
 }

@@ -118,7 +118,7 @@ func run(args []string, out io.Writer) error {
 			return writeJSON(out, cs)
 		}
 		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tTARGET\tWORKLOAD\tSTATE\tFAILURE\tSLOW\tCALLS\tOPEN FOR\tREJECTED\tCONNS\tBULKHEAD REJECTED")
+		fmt.Fprintln(tw, "NAME\tTARGET\tWORKLOAD\tSTATE\tFAILURE\tSLOW\tCALLS\tOPEN FOR\tREJECTED\tCONNS\tBULKHEAD REJECTED\tFAILED PODS")
 		for _, ci := range cs {
 			open := "-"
 			if !ci.OpenUntil.IsZero() {
@@ -128,7 +128,11 @@ func run(args []string, out io.Writer) error {
 			if mc, _ := ci.Options["max_connections"].(float64); mc > 0 {
 				conns = fmt.Sprintf("%d/%d", ci.Connections, int(mc))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\t%d\t%s\t%d\t%s\t%d\n", ci.Name, ci.Target, ci.Workload, ci.State, 100*ci.FailureRate, 100*ci.SlowRate, ci.Calls, open, ci.Rejected, conns, ci.BulkheadRejected)
+			pods := "-"
+			if len(ci.FailedPods) > 0 {
+				pods = strings.Join(ci.FailedPods, ",")
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\t%d\t%s\t%d\t%s\t%d\t%s\n", ci.Name, ci.Target, ci.Workload, ci.State, 100*ci.FailureRate, 100*ci.SlowRate, ci.Calls, open, ci.Rejected, conns, ci.BulkheadRejected, pods)
 		}
 		return tw.Flush()
 	case "events":
