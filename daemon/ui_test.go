@@ -67,10 +67,10 @@ func TestUIServesStaticFiles(t *testing.T) {
 const hostile = `x<img src=x onerror="window.__pwned=1"></td><script>window.__pwned=2</script>`
 
 // stubAPI serves the page and a fake /v1 API whose names, targets,
-// workloads and reasons are all hostile. The daemon's loader does not
-// accept such target names today; the stub shows what the page does with
-// whatever reaches it (workload names of #21 are cgroup paths, which may
-// hold any character but '/').
+// workloads, failed pods and reasons are all hostile. breakerd's own
+// names cannot carry markup today (target and workload names match
+// [a-z0-9_-]+, circuit names add addresses, pods are Kubernetes names):
+// the stub shows what the page does with whatever reaches it.
 type stubAPI struct {
 	token    string
 	rejected atomic.Uint64
@@ -114,12 +114,13 @@ func (s *stubAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// withWorkloads adds the field #21 may add, as JSON.
+// withWorkloads adds a hostile workload and failed pod, as JSON.
 func withWorkloads(ci CircuitInfo) map[string]any {
 	b, _ := json.Marshal(ci)
 	var m map[string]any
 	_ = json.Unmarshal(b, &m)
-	m["workloads"] = []string{"kubepods.slice/" + hostile}
+	m["workload"] = "kubepods.slice/" + hostile
+	m["failed_pods"] = []string{"ns/" + hostile}
 	return m
 }
 
@@ -153,6 +154,7 @@ func TestUIHostileNamesAreText(t *testing.T) {
 		Names, Targets, Work   []string
 		Events, Reasons        []string
 		EventWork              []string
+		Pods                   []string
 		Rows                   int
 		Rate                   string
 	}
@@ -165,7 +167,8 @@ func TestUIHostileNamesAreText(t *testing.T) {
 			Pwned: window.__pwned || 0,
 			Names: texts("#rows td.name"),
 			Targets: [...document.querySelectorAll("#rows tr")].map((tr) => tr.children[2] ? tr.children[2].textContent : ""),
-			Work: texts("#rows td.workloads"),
+			Work: [...document.querySelectorAll("#rows td.workloads")].map((td) => td.firstChild.textContent),
+			Pods: texts("#rows td.workloads .pods"),
 			Events: [...document.querySelectorAll("#event-rows td.name")].map((td) => td.firstChild.textContent),
 			EventWork: texts("#event-rows td.name .hint"),
 			Reasons: [...document.querySelectorAll("#event-rows tr")].map((tr) => tr.children[4].textContent),
@@ -184,7 +187,8 @@ func TestUIHostileNamesAreText(t *testing.T) {
 	}
 	want := hostile + "/198.18.0.2:80"
 	if !slices.Contains(st.Names, want) || !slices.Contains(st.Targets, hostile) || !slices.Contains(st.Work, "kubepods.slice/"+hostile) ||
-		!slices.Contains(st.Events, want) || !slices.Contains(st.Reasons, hostile) || !slices.Contains(st.EventWork, " (w/"+hostile+")") {
+		!slices.Contains(st.Events, want) || !slices.Contains(st.Reasons, hostile) || !slices.Contains(st.EventWork, " (w/"+hostile+")") ||
+		!slices.Contains(st.Pods, "pods with failures: ns/"+hostile) {
 		t.Fatalf("the literal text is not shown: %+v", st)
 	}
 	if st.Rate == "0.0" || st.Rate == "" {

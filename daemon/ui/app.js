@@ -70,6 +70,19 @@ function workloads(c) {
   return list.map((w) => (typeof w === "object" && w !== null ? (w.name ?? JSON.stringify(w)) : String(w)));
 }
 
+// pods returns the pods ("namespace/name") whose connections to the
+// circuit failed most recently, where the daemon knows them.
+function pods(c) {
+  return Array.isArray(c.failed_pods) ? c.failed_pods.map(String) : [];
+}
+
+function workloadCell(c) {
+  const td = el("td", "wrap workloads", workloads(c).join(", ") || "-");
+  const p = pods(c);
+  if (p.length) td.append(el("div", "hint pods", "pods with failures: " + p.join(", ")));
+  return td;
+}
+
 function bulkhead(c) {
   const o = c.options || {};
   const parts = [];
@@ -177,7 +190,7 @@ function filters() {
 function matches(c, f) {
   if (f.state === "!closed" ? c.state === "closed" : f.state && c.state !== f.state) return false;
   if (!f.q) return true;
-  return [c.name, c.target, c.scope, ...workloads(c)].some((s) => String(s).toLowerCase().includes(f.q));
+  return [c.name, c.target, c.scope, ...workloads(c), ...pods(c)].some((s) => String(s).toLowerCase().includes(f.q));
 }
 
 const sorters = {
@@ -244,7 +257,7 @@ function renderTable() {
       el("td", "num rejected", c.rejected),
       el("td", "num rate", (ui.rate.get(c.name) || 0).toFixed(1)),
       bulkheadCell(c),
-      el("td", "wrap workloads", workloads(c).join(", ") || "-"));
+      workloadCell(c));
     tr.dataset.name = c.name; // a dataset value is an attribute's text, never markup
     if (c.name === ui.selected) tr.classList.add("selected");
     tr.addEventListener("click", () => select(c.name));
@@ -345,7 +358,7 @@ async function pollDetail() {
   if (name !== ui.selected) return;
   document.getElementById("detail-name").textContent = c.name;
   const items = [
-    ["state", c.state], ["target", c.target], ["scope", c.scope], ["workload", workloads(c).join(", ") || "-"],
+    ["state", c.state], ["target", c.target], ["scope", c.scope], ["workload", workloads(c).join(", ") || "-"], ["pods with failures", pods(c).join(", ") || "-"],
     ["failure ratio", pct(c.failure_rate) + " (" + c.failures + " of " + c.calls + ")"],
     ["slow ratio", pct(c.slow_rate) + " (" + c.slow + " of " + c.calls + ")"],
     ["consecutive failures", c.consecutive_failures], ["trip", c.trip],
