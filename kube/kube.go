@@ -4,8 +4,9 @@
 // circuits open and close. Nothing here blocks the daemon: the informers
 // have their own goroutines, resolution reads only their caches, and
 // Events are queued to client-go's broadcaster, which drops when its queue
-// is full and rate-limits per object with its spam filter (a burst of 25,
-// then one every 5 minutes).
+// is full, combines similar Events (same object and reason) past the tenth
+// in 10 minutes into one, and rate-limits per object with its spam filter
+// (a burst of 25, then one every 5 minutes).
 //
 // What counts as an endpoint of a Service: an EndpointSlice endpoint whose
 // `serving` condition is true (ready, or terminating and still serving:
