@@ -620,3 +620,52 @@ targets:
 		t.Fatalf("%d entries after the deletion, want 5 (web-2's three, db-1's two)", n)
 	}
 }
+
+// TestPodWorkloadsAcrossRestartAndReload: a selected pod's processes stay
+// protected, with no connect to a forced-open destination let through,
+// across a SIGTERM restart (the new daemon lists the pods before it
+// classifies, so the pod's entries in the workloads map stay) and a reload
+// that adds a workload.
+func TestPodWorkloadsAcrossRestartAndReload(t *testing.T) {
+	const conf = `
+workloads:
+  - name: shop
+    namespaces: [NS]
+targets:
+  down:
+    source: [shop]
+    match: {cidrs: [SRV], ports: ["8401"]}
+    state: forced_open
+    reject_errno: EHOSTUNREACH
+`
+	kf := newKubeFixture(t, conf)
+	web := kf.createPod(t, "web-1", kf.node, nil)
+	tree := &cgroupTree{t: t, root: kf.cg, made: map[string]*kerneltest.Cgroup{}}
+	_, ctr := tree.cgroupfsPod(web, "burstable")
+	kf.srv.Listen(t, "tcp4", 8401) // healthy: only the verdict rejects
+	kf.start()
+	if !kerneltest.WaitFor(10*time.Second, func() bool { return kf.dialFrom(ctr, 8401, 1)[unix.EHOSTUNREACH] == 1 }) {
+		t.Fatalf("the pod is not protected:\n%s", kf.logs.String())
+	}
+	syns := kf.srv.SYNs(t)
+	done := make(chan []kerneltest.DialResult, 1)
+	go func() {
+		done <- kf.topo.Client.Dial(t, ctr, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(kf.srv.IPv4, 8401), Op: "rate", Rate: 200, For: 4 * time.Second, Timeout: time.Second})
+	}()
+	time.Sleep(500 * time.Millisecond)
+	kf.restart()
+	kf.writeConfig(strings.ReplaceAll(strings.Replace(conf, "workloads:\n", "workloads:\n  - name: other\n    namespaces: [elsewhere]\n", 1), "NS", kf.ns))
+	if err := kf.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	counts := map[unix.Errno]int64{}
+	for _, r := range <-done {
+		counts[r.Errno] += r.Nanos
+	}
+	if len(counts) != 1 || counts[unix.EHOSTUNREACH] < 300 {
+		t.Fatalf("connects from the pod across a restart and a reload: %v, want only EHOSTUNREACH\n%s", counts, kf.logs.String())
+	}
+	if n := kf.srv.SYNs(t) - syns; n != 0 {
+		t.Fatalf("%d SYNs let through from a protected pod", n)
+	}
+}
