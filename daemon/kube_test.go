@@ -669,3 +669,39 @@ targets:
 		t.Fatalf("%d SYNs let through from a protected pod", n)
 	}
 }
+
+// TestKubernetesSelectorsWithoutAPI: without API access the daemon runs;
+// a Service target and a pod workload say they need it and match nothing,
+// while cgroup and address selection work as before.
+func TestKubernetesSelectorsWithoutAPI(t *testing.T) {
+	f := newScopedFixture(t, `
+workloads:
+  - name: shop
+    namespaces: [shop]
+  - name: legacy
+    cgroups: [CGROUP/legacy]
+targets:
+  pay:
+    match: {service: shop/pay}
+    state: forced_open
+  down:
+    match: {cidrs: [SRV], ports: ["8402"]}
+    state: forced_open
+`)
+	legacy := f.cg.Child(t, "legacy")
+	f.start()
+	for _, want := range []string{"a Service target needs Kubernetes API access", "a workload that selects pods needs Kubernetes API access"} {
+		if !strings.Contains(f.logs.String(), want) {
+			t.Errorf("no warning %q:\n%s", want, f.logs.String())
+		}
+	}
+	if n := len(f.workloadEntries()); n != 1 {
+		t.Fatalf("workloads map has %d entries, want 1 (legacy)", n)
+	}
+	if got := f.dialFrom(legacy, 8402, 2); got[unix.ECONNREFUSED] != 2 {
+		t.Fatalf("cgroup workload, forced-open address target: %v", got)
+	}
+	if n := f.srv.SYNs(t); n != 0 {
+		t.Fatalf("%d SYNs reached a forced-open destination", n)
+	}
+}
