@@ -100,20 +100,20 @@ type circuitSnap struct {
 
 // snap copies what the API shows of c. Called under d.mu; no kernel reads.
 func snap(c *circuit, now time.Time) circuitSnap {
-	st := c.c.Status(now)
-	scope := string(c.scope)
-	if c.target == allTarget {
+	st := c.machine.Status(now)
+	scope := string(c.scope())
+	if c.target() == allTarget {
 		scope = "dynamic"
 	}
 	return circuitSnap{
-		info: CircuitInfo{Name: c.name, Target: c.target, Workload: c.workload, Scope: scope, State: st.State.String(),
+		info: CircuitInfo{Name: c.name(), Target: c.target(), Workload: c.workload(), Scope: scope, State: st.State.String(),
 			FailureRate: st.FailureRate, SlowRate: st.SlowRate, Calls: st.Calls, Failures: st.Failures, Slow: st.Slow,
 			ConsecutiveFailures: st.ConsecutiveFailures, OpenUntil: st.OpenUntil, Trip: st.Trip, CircuitID: c.id,
-			DestinationsTotal: len(c.dests)},
-		opts:    c.c.Options(),
-		dests:   slices.Clone(c.dests[:min(len(c.dests), listedDests)]),
+			DestinationsTotal: len(c.dests())},
+		opts:    c.machine.Options(),
+		dests:   slices.Clone(c.dests()[:min(len(c.dests()), listedDests)]),
 		round:   st.Round,
-		cgroups: slices.Clone(c.failedCgroups),
+		cgroups: c.failedCgroups(),
 	}
 }
 
@@ -167,14 +167,35 @@ func (d *Daemon) CircuitsPage(after string, limit int) (_ []CircuitInfo, more bo
 	if limit <= 0 || limit > PageSize {
 		limit = PageSize
 	}
+	// Under the lock only copies: a named circuit's name, a dynamic one's
+	// destination (its name is made outside).
 	d.mu.Lock()
-	names := make([]string, 0, len(d.reg.byName))
+	named := make([]string, 0, len(d.reg.byName))
 	for name := range d.reg.byName {
+		named = append(named, name)
+	}
+	type dyn struct {
+		dst      maps.Dest
+		workload string
+	}
+	dynamic := make([]dyn, 0, d.reg.dynamic)
+	for c := range d.reg.all() {
+		if !c.isNamed() {
+			dynamic = append(dynamic, dyn{c.first[0], c.workload()})
+		}
+	}
+	d.mu.Unlock()
+	names := make([]string, 0, len(named)+len(dynamic))
+	for _, name := range named {
 		if name > after {
 			names = append(names, name)
 		}
 	}
-	d.mu.Unlock()
+	for _, x := range dynamic {
+		if name := classed(dynamicName(x.dst), x.workload); name > after {
+			names = append(names, name)
+		}
+	}
 	slices.Sort(names)
 	if len(names) > limit {
 		names, more = names[:limit], true
@@ -183,7 +204,7 @@ func (d *Daemon) CircuitsPage(after string, limit int) (_ []CircuitInfo, more bo
 	d.mu.Lock()
 	now := d.now()
 	for _, name := range names {
-		if c, ok := d.reg.byName[name]; ok { // it may have gone in between
+		if c, ok := d.reg.get(name); ok { // it may have gone in between
 			snaps = append(snaps, snap(c, now))
 		}
 	}
@@ -212,7 +233,7 @@ func (d *Daemon) Circuits() []CircuitInfo {
 // Circuit returns one circuit's state.
 func (d *Daemon) Circuit(name string) (CircuitInfo, bool) {
 	d.mu.Lock()
-	c, ok := d.reg.byName[name]
+	c, ok := d.reg.get(name)
 	var s circuitSnap
 	if ok {
 		s = snap(c, d.now())
@@ -238,7 +259,7 @@ var ErrNoCircuit = errors.New("no such circuit")
 // "release" (back to the configured behaviour) or "reset".
 func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	d.mu.Lock()
-	c, ok := d.reg.byName[name]
+	c, ok := d.reg.get(name)
 	if !ok {
 		d.mu.Unlock()
 		return CircuitInfo{}, fmt.Errorf("%w: %s", ErrNoCircuit, quote(name))
@@ -247,25 +268,25 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	var t policy.Transition
 	switch action {
 	case "open":
-		t = c.c.Override(now, policy.ForceOpen)
+		t = c.machine.Override(now, policy.ForceOpen)
 		d.keepOverride(c, policy.ForceOpen)
 	case "close":
-		t = c.c.Override(now, policy.ForceClosed)
+		t = c.machine.Override(now, policy.ForceClosed)
 		d.keepOverride(c, policy.ForceClosed)
 	case "release":
-		t = c.c.Override(now, policy.NoOverride)
+		t = c.machine.Override(now, policy.NoOverride)
 		d.keepOverride(c, policy.NoOverride)
 	case "reset":
-		t = c.c.Reset(now)
+		t = c.machine.Reset(now)
 	default:
 		d.mu.Unlock()
 		return CircuitInfo{}, fmt.Errorf("unknown action %s (open, close, release, reset)", quote(action))
 	}
 	d.reg.track(c)
 	d.writeVerdicts(c, t)
-	d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.workload).Inc()
-	d.log.Info("circuit changed by hand", "circuit", c.name, "action", action, "from", t.From.String(), "to", t.To.String())
-	d.events.add(TransitionEvent{Time: now, Circuit: c.name, Target: c.target, Workload: c.workload, From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})
+	d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.workload()).Inc()
+	d.log.Info("circuit changed by hand", "circuit", c.name(), "action", action, "from", t.From.String(), "to", t.To.String())
+	d.events.add(TransitionEvent{Time: now, Circuit: c.name(), Target: c.target(), Workload: c.workload(), From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})
 	s := snap(c, now)
 	d.mu.Unlock()
 	return d.complete(s), nil

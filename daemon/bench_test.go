@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"flag"
 	"net/netip"
 	"runtime"
 	"strconv"
@@ -17,26 +18,53 @@ func dynamicDest(i int) maps.Dest {
 
 // BenchmarkHandleOutcome is the daemon's cost per kernel record on one
 // goroutine: decode is measured in maps; this is record → circuit lookup
-// → state machine (and a verdict write when it transitions), over 1,000
-// destinations, with every 50th record a failure.
+// → state machine (and a verdict write when it transitions), with every
+// 50th record a failure, over 1,000 destinations (the default run) and,
+// with -bench.circuits, 1,000, 100,000 and 131,072 (max_circuits' largest
+// value) existing circuits visited in a scattered order, so the larger
+// ones miss the CPU caches as a node's daemon would.
 func BenchmarkHandleOutcome(b *testing.B) {
-	f := newFixture(b, "all:\n  consecutive_failures: 0\n  min_requests: 1000\n  window_size: 1000\n")
-	d := f.start()
-	ev := maps.Event{Outcome: maps.Established, Duration: 50 * time.Microsecond}
-	now := time.Now()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	b.ReportAllocs()
-	for i := 0; b.Loop(); i++ {
-		ev.Dest = dynamicDest(i % 1000)
-		ev.Outcome = maps.Established
-		if i%50 == 0 {
-			ev.Outcome = maps.Refused
-		}
-		d.handle(&ev, now)
+	sizes := []int{1000}
+	if *benchCircuits {
+		sizes = []int{1000, 100_000, 131_072}
 	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
+	for _, n := range sizes {
+		name := ""
+		if *benchCircuits {
+			name = strconv.Itoa(n)
+		}
+		run := func(b *testing.B) {
+			f := newFixture(b, "max_circuits: 131072\nall:\n  consecutive_failures: 0\n  min_requests: 1000\n  window_size: 1000\n")
+			d := f.start()
+			ev := maps.Event{Outcome: maps.Established, Duration: 50 * time.Microsecond}
+			now := time.Now()
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			for i := range n {
+				ev.Dest = dynamicDest(i)
+				d.handle(&ev, now)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				ev.Dest = dynamicDest(int(uint32(i) * 2654435761 % uint32(n)))
+				ev.Outcome = maps.Established
+				if i%50 == 0 {
+					ev.Outcome = maps.Refused
+				}
+				d.handle(&ev, now)
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
+		}
+		if name == "" {
+			run(b)
+			continue
+		}
+		b.Run(name, run)
+	}
 }
+
+var benchCircuits = flag.Bool("bench.circuits", false, "BenchmarkHandleOutcome and BenchmarkIdleCPU at 1k, 100k and 131k circuits")
 
 // BenchmarkCircuitFootprint measures the daemon's heap per dynamic
 // circuit (the kernel map's memory comes on top, and only for open ones).
@@ -65,11 +93,29 @@ func BenchmarkCircuitFootprint(b *testing.B) {
 }
 
 // BenchmarkIdleCPU runs a daemon with nothing to do for a few seconds and
-// reports the CPU it used (this whole process; nothing else runs).
+// reports the CPU it used (this whole process; nothing else runs); with
+// -bench.circuits also holding 100,000 closed circuits, which the idle
+// work must not visit.
 func BenchmarkIdleCPU(b *testing.B) {
-	f := newFixture(b, "mode: enforce\n")
+	sizes := []int{0}
+	if *benchCircuits {
+		sizes = []int{0, 100_000}
+	}
+	for _, n := range sizes {
+		b.Run(strconv.Itoa(n)+"-circuits", func(b *testing.B) { idleCPU(b, n) })
+	}
+}
+
+func idleCPU(b *testing.B, circuits int) {
+	f := newFixture(b, "max_circuits: 131072\n")
 	f.tick = 0 // the product's default tick
-	f.start()
+	d := f.start()
+	d.mu.Lock()
+	for i := range circuits {
+		d.lookup(dynamicDest(i), time.Now())
+	}
+	d.mu.Unlock()
+	runtime.GC()
 	for b.Loop() {
 		var r0, r1 syscall.Rusage
 		syscall.Getrusage(syscall.RUSAGE_SELF, &r0)

@@ -2,8 +2,11 @@ package daemon
 
 import (
 	"fmt"
+	"iter"
 	"net/netip"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/breakerd/breakerd/maps"
@@ -15,28 +18,94 @@ const allTarget = "all"
 
 // circuit is one circuit with what the daemon knows around it: its name,
 // target, the destinations its verdict covers and its counter slot.
+//
+// A node may hold a hundred thousand dynamic circuits, so one takes a
+// single allocation of 192 bytes: its state machine is held by value, its
+// only destination inline, and its name (its destination's) is made when
+// asked for; what only a named target's circuit has is apart (named).
 type circuit struct {
-	name   string
-	target string // allTarget for dynamic circuits
-	// workload is policy.SharedWorkload, or the isolated workload whose
-	// circuit it is.
-	workload string
-	scope    policy.Scope
-	id       uint32
-	c        *policy.Circuit
-	dests    []maps.Dest // destinations whose verdict this circuit writes (registry.byDest maps back)
-	// metrics are its target's outcome series.
+	// What a record touches comes first (see policy.Circuit).
+	// metrics are its target's outcome series (and name its target:
+	// allTarget for a dynamic circuit).
 	metrics *targetMetrics
-	// prev and next link it into registry.idle while it is a closed
-	// dynamic circuit (inIdle).
-	prev, next *circuit
-	inIdle     bool
+	id      uint32
+	inIdle  bool
+	// referenced: it recorded a call since it was last queued in
+	// registry.idle (eviction gives it a second chance).
+	referenced bool
+	// endpoint: one circuit of an endpoint-scoped target (see scope).
+	endpoint bool
 	// enumerated: a destination of it is enumerated from the target's
 	// match (it stays in its endpoint group while configured).
 	enumerated bool
+	// machine is its state machine.
+	machine policy.Circuit
+	// first is its first destination: a dynamic circuit's only one.
+	first [1]maps.Dest
+	// extra is nil for a dynamic circuit without failures.
+	extra *circuitExtra
+	// prev and next link it into registry.idle while it is a closed
+	// dynamic circuit (inIdle).
+	prev, next *circuit
+}
+
+// circuitExtra is what a circuit of a named target has beyond a dynamic
+// one, a name of its own and any number of destinations, and what only a
+// circuit that saw failures needs: the cgroups they came from. A dynamic
+// circuit gets one at its first failure.
+type circuitExtra struct {
+	name  string      // "" for a dynamic circuit
+	dests []maps.Dest // every destination, first included (named circuits)
 	// failedCgroups are the cgroups whose connections to it failed last
 	// (at most maxFailedCgroups, most recent last; kube.go).
 	failedCgroups []uint64
+}
+
+// isNamed reports whether c is a named target's circuit.
+func (c *circuit) isNamed() bool { return c.extra != nil && c.extra.name != "" }
+
+// failedCgroups are the cgroups its failed connections came from (a copy).
+func (c *circuit) failedCgroups() []uint64 {
+	if c.extra == nil {
+		return nil
+	}
+	return slices.Clone(c.extra.failedCgroups)
+}
+
+// target is the name of the circuit's target (allTarget for a dynamic
+// circuit).
+func (c *circuit) target() string { return c.metrics.target }
+
+// removeDest forgets one destination of a named circuit that keeps others
+// (the caller has removed its verdict, limit and registry entry).
+func (c *circuit) removeDest(dst maps.Dest) {
+	if !c.isNamed() {
+		return
+	}
+	c.extra.dests = slices.DeleteFunc(c.extra.dests, func(x maps.Dest) bool { return x == dst })
+}
+
+// name is the circuit's name: its target's (service scope),
+// target/address (endpoint scope) or its destination's (dynamic).
+func (c *circuit) name() string {
+	if c.isNamed() {
+		return c.extra.name
+	}
+	return classed(dynamicName(c.first[0]), c.workload())
+}
+
+// workload is policy.SharedWorkload, or the isolated workload whose
+// circuit it is.
+func (c *circuit) workload() string { return c.metrics.workload }
+
+// dests are the destinations whose verdicts the circuit writes
+// (registry.byDest maps back). The slice is the circuit's own: do not
+// keep it past a change of the circuit's destinations.
+func (c *circuit) dests() []maps.Dest {
+	if c.isNamed() {
+		return c.extra.dests
+	}
+	return c.first[:]
 }
 
 // endpointIdle is how long a closed endpoint circuit seen only in traffic
@@ -49,33 +118,37 @@ const endpointIdle = 10 * time.Minute
 func (d *Daemon) sweepDepartedEndpoints(now time.Time) {
 	var gone []*circuit
 	for c := range d.reg.endpoints {
-		if !c.enumerated && c.c.State() == policy.Closed && now.Sub(c.c.LastActivity()) >= d.endpointIdle {
+		if !c.enumerated && c.machine.State() == policy.Closed && now.Sub(c.machine.LastActivity()) >= d.endpointIdle {
 			gone = append(gone, c)
 		}
 	}
-	sort.Slice(gone, func(i, j int) bool { return gone[i].name < gone[j].name })
+	sort.Slice(gone, func(i, j int) bool { return gone[i].name() < gone[j].name() })
 	for _, c := range gone {
-		d.log.Debug("endpoint departed (idle)", "circuit", c.name)
+		d.log.Debug("endpoint departed (idle)", "circuit", c.name())
 		d.drop(c)
 	}
 }
 
-// registry holds every circuit. It is used under Daemon.mu.
+// registry holds every circuit: dynamic ones by destination only, named
+// ones also by name. It is used under Daemon.mu.
 //
 // Besides the indexes by name and destination it keeps the few circuits
 // periodic work visits, so that this work does not grow with the number of
 // closed circuits: active (open, half-open or forced open: the tick and
 // the reconciliation after lost records), endpoints (the departed-endpoint
-// sweep), and idle, the closed dynamic circuits least recently active
-// first, from whose front eviction takes its victim in O(1).
+// sweep), and idle, the closed dynamic circuits in the order they were
+// queued, from whose front eviction takes its victim (second chance, see
+// evictIdle).
 type registry struct {
-	byName    map[string]*circuit
-	byDest    map[maps.Dest]*circuit
+	byName    map[string]*circuit       // named circuits only: use get and all
+	byDest    map[maps.DestKey]*circuit // use at() to look up
 	active    map[*circuit]struct{}
 	endpoints map[*circuit]struct{}
 	idle      idleList
 	groups    map[string]*policy.Group
 	ids       *ids
+	classes   *policy.Classes // the daemon's, for the names of isolated workloads' circuits
+	made      uint64          // circuits made so far
 	dynamic   int
 	// adopting is set while start-up rebuilds the circuits of the pinned
 	// verdicts: max_circuits does not refuse those (an open verdict is
@@ -84,21 +157,75 @@ type registry struct {
 }
 
 func newRegistry(k *maps.Kernel) *registry {
-	return &registry{byName: map[string]*circuit{}, byDest: map[maps.Dest]*circuit{}, groups: map[string]*policy.Group{},
+	return &registry{byName: map[string]*circuit{}, byDest: map[maps.DestKey]*circuit{}, groups: map[string]*policy.Group{},
 		active: map[*circuit]struct{}{}, endpoints: map[*circuit]struct{}{}, ids: newIDs(k)}
+}
+
+// get returns the circuit named name.
+func (r *registry) get(name string) (*circuit, bool) {
+	if c, ok := r.byName[name]; ok {
+		return c, true
+	}
+	// A dynamic circuit: its destination's name, and @workload for an
+	// isolated workload's (see classed).
+	base, class := name, policy.Class(0)
+	if i := strings.LastIndexByte(name, '@'); i >= 0 && r.classes != nil {
+		w := name[i+1:]
+		class = r.classes.Of(w)
+		if class == 0 || r.classes.Name(class) != w {
+			return nil, false
+		}
+		base = name[:i]
+	}
+	if dst, ok := parseDynamicName(base); ok {
+		dst.Class = uint8(class)
+		if c, ok := r.at(dst); ok && !c.isNamed() {
+			return c, true
+		}
+	}
+	return nil, false
+}
+
+// all yields every circuit once, in no order.
+func (r *registry) all() iter.Seq[*circuit] {
+	return func(yield func(*circuit) bool) {
+		for _, c := range r.byName {
+			if !yield(c) {
+				return
+			}
+		}
+		for _, c := range r.byDest {
+			if !c.isNamed() && !yield(c) {
+				return
+			}
+		}
+	}
+}
+
+// count is the number of circuits.
+func (r *registry) count() int { return len(r.byName) + r.dynamic }
+
+// at returns the circuit of destination dst.
+func (r *registry) at(dst maps.Dest) (*circuit, bool) {
+	c, ok := r.byDest[dst.Compact()]
+	return c, ok
 }
 
 // track files c under the sets its state puts it in; call it whenever c's
 // state may have changed.
 func (r *registry) track(c *circuit) {
-	s := c.c.State()
+	s := c.machine.State()
 	if s.Rejects() {
 		r.active[c] = struct{}{}
 	} else {
 		delete(r.active, c)
 	}
-	if c.target == allTarget && s == policy.Closed {
-		r.idle.touch(c)
+	if c.target() == allTarget && s == policy.Closed {
+		if c.inIdle {
+			c.referenced = true
+		} else {
+			r.idle.touch(c)
+		}
 	} else {
 		r.idle.remove(c)
 	}
@@ -115,8 +242,10 @@ func (r *registry) untrack(c *circuit) {
 // touched first.
 type idleList struct{ head, tail *circuit }
 
-// touch moves c to the back (most recent), adding it if needed.
+// touch moves c to the back (most recent), adding it if needed, and
+// clears its referenced flag.
 func (l *idleList) touch(c *circuit) {
+	c.referenced = false
 	if c.inIdle {
 		if l.tail == c {
 			return
@@ -150,6 +279,29 @@ func (l *idleList) remove(c *circuit) {
 }
 
 func dynamicName(d maps.Dest) string { return d.Shared().String() }
+
+// parseDynamicName reads a dynamic circuit's name (tcp/addr:port,
+// udp/addr:port) back into its destination.
+func parseDynamicName(name string) (maps.Dest, bool) {
+	proto, addr, ok := strings.Cut(name, "/")
+	if !ok {
+		return maps.Dest{}, false
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return maps.Dest{}, false
+	}
+	d := maps.Dest{Addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())}
+	switch proto {
+	case "tcp":
+		d.Proto = maps.TCP
+	case "udp":
+		d.Proto = maps.UDP
+	default:
+		return maps.Dest{}, false
+	}
+	return d, dynamicName(d) == name
+}
 
 func endpointName(target string, d maps.Dest) string { return target + "/" + d.Addr.String() }
 
@@ -186,7 +338,7 @@ func (d *Daemon) matcherOf(class uint8) (*policy.Matcher, string) {
 // of a target) when no idle closed dynamic circuit can be evicted, or when
 // no circuit id is free.
 func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
-	if c, ok := d.reg.byDest[dst]; ok {
+	if c, ok := d.reg.at(dst); ok {
 		return c
 	}
 	cfg := d.cfg
@@ -207,7 +359,7 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
 		return nil
 	}
 	if target == "" {
-		c := d.newCircuit(classed(dynamicName(dst), workload), allTarget, "", &cfg.All, policy.NoOverride, nil, dst, now)
+		c := d.newCircuit("", allTarget, "", &cfg.All, policy.NoOverride, nil, dst, now)
 		if c == nil {
 			return nil
 		}
@@ -249,9 +401,14 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
 	}
 }
 
-// newCircuit makes a circuit whose first destination is dst; nil when no
-// circuit id is free.
+// newCircuit makes a circuit whose first destination is dst (named name;
+// "" for a dynamic circuit, named by dst); nil when no circuit id is free.
 func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.Options, ov policy.Override, g *policy.Group, dst maps.Dest, now time.Time) *circuit {
+	workload := d.classes.Name(policy.Class(dst.Class))
+	dynamic := name == ""
+	if dynamic {
+		name = classed(dynamicName(dst), workload)
+	}
 	id, inherited, ok := d.reg.ids.alloc(name, dst)
 	if !ok {
 		d.metrics.circuitsRefused.WithLabelValues(target).Inc()
@@ -265,9 +422,13 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 	} else if ok {
 		ov = policyOverride(kept)
 	}
-	workload := d.classes.Name(policy.Class(dst.Class))
-	c := &circuit{name: name, target: target, workload: workload, scope: scope, id: id,
-		c: policy.NewCircuit(o, ov, g, now, d.rand), metrics: d.metrics.forTarget(target, workload)}
+	c := &circuit{endpoint: scope == policy.EndpointScope, id: id, metrics: d.metrics.forTarget(target, workload)}
+	c.first[0] = dst
+	d.reg.made++
+	if !dynamic {
+		c.extra = &circuitExtra{name: name}
+	}
+	c.machine.Init(o, ov, g, now, d.rand)
 	if !inherited {
 		if err := d.k.ResetCounters(c.id); err != nil {
 			d.log.Warn("resetting counters", "circuit", name, "err", err)
@@ -276,9 +437,11 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 	// Continue the rounds of the slot's probe budget, so the first open
 	// verdict begins a new round there.
 	if b, err := d.k.Budget(c.id); err == nil {
-		c.c.SeedRound(b.Round)
+		c.machine.SeedRound(b.Round)
 	}
-	d.reg.byName[name] = c
+	if !dynamic {
+		d.reg.byName[name] = c
+	}
 	if scope == policy.EndpointScope {
 		d.reg.endpoints[c] = struct{}{}
 	}
@@ -308,28 +471,30 @@ func policyOverride(s maps.OverrideState) policy.Override {
 func (d *Daemon) keepOverride(c *circuit, o policy.Override) {
 	var err error
 	if k, ok := keptOverrides[o]; ok {
-		err = d.k.PutOverride(c.name, k)
+		err = d.k.PutOverride(c.name(), k)
 	} else {
-		err = d.k.DeleteOverride(c.name)
+		err = d.k.DeleteOverride(c.name())
 	}
 	if err != nil {
-		d.log.Warn("the override will not survive a restart", "circuit", c.name, "err", err)
+		d.log.Warn("the override will not survive a restart", "circuit", c.name(), "err", err)
 	}
 }
 
 // attach adds dst to c; if c already rejects, the new destination's
 // verdict is written at once.
 func (d *Daemon) attach(c *circuit, dst maps.Dest) {
-	if d.reg.byDest[dst] == c {
+	if cur, _ := d.reg.at(dst); cur == c {
 		return
 	}
-	c.dests = append(c.dests, dst)
-	d.reg.byDest[dst] = c
-	if o := c.c.Options(); o.HasLimits() {
+	if c.isNamed() {
+		c.extra.dests = append(c.extra.dests, dst)
+	}
+	d.reg.byDest[dst.Compact()] = c
+	if o := c.machine.Options(); o.HasLimits() {
 		d.writeLimit(c, dst)
 	}
-	if s := c.c.State(); s.Rejects() {
-		d.writeVerdict(c, dst, s, c.c.Status(d.now()).OpenUntil, c.c.Round())
+	if s := c.machine.State(); s.Rejects() {
+		d.writeVerdict(c, dst, s, c.machine.Status(d.now()).OpenUntil, c.machine.Round())
 	}
 }
 
@@ -339,17 +504,17 @@ func (d *Daemon) writeLimit(c *circuit, dst maps.Dest) {
 	if dst.Proto != maps.TCP {
 		return
 	}
-	o := c.c.Options()
+	o := c.machine.Options()
 	if !o.HasLimits() {
 		if err := d.k.DeleteLimit(dst); err != nil {
-			d.log.Warn("deleting bulkhead limits", "circuit", c.name, "dest", dst, "err", err)
+			d.log.Warn("deleting bulkhead limits", "circuit", c.name(), "dest", dst, "err", err)
 		}
 		return
 	}
 	l := maps.Limit{Slot: c.id, MaxConnections: uint32(o.MaxConnections), MaxConnecting: uint32(o.MaxConnecting), Errno: o.BulkheadRejectErrno}
 	if err := d.k.PutLimit(dst, l); err != nil {
 		d.metrics.verdictWriteErrors.Inc()
-		d.log.Error("writing bulkhead limits (not enforced for this destination)", "circuit", c.name, "dest", dst, "err", err)
+		d.log.Error("writing bulkhead limits (not enforced for this destination)", "circuit", c.name(), "dest", dst, "err", err)
 	}
 }
 
@@ -397,9 +562,20 @@ func staticDests(t *policy.Target, resolved map[string][]netip.Addr) []maps.Dest
 }
 
 // evictIdle drops the least recently active closed dynamic circuit, in
-// O(1): the front of the registry's idle list.
+// amortized O(1), by second chance (the CLOCK algorithm): the idle list is
+// in the order circuits were queued; a circuit that recorded a call since
+// (referenced) is queued again at the back instead of dropped, so a record
+// costs one flag, not a move in the list that touches two other circuits'
+// memory. Every circuit passed over loses its flag, so the loop ends within
+// one pass.
 func (d *Daemon) evictIdle() bool {
-	victim := d.reg.idle.head
+	l := &d.reg.idle
+	victim := l.head
+	for victim != nil && victim.referenced {
+		victim.referenced = false
+		l.touch(victim)
+		victim = l.head
+	}
 	if victim == nil {
 		return false
 	}
@@ -410,40 +586,42 @@ func (d *Daemon) evictIdle() bool {
 
 // drop forgets a circuit and removes its verdicts.
 func (d *Daemon) drop(c *circuit) {
-	for _, dst := range c.dests {
+	for _, dst := range c.dests() {
 		if err := d.k.DeleteVerdict(dst); err != nil {
 			d.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
 		if err := d.k.DeleteLimit(dst); err != nil {
 			d.log.Warn("deleting bulkhead limits", "dest", dst, "err", err)
 		}
-		delete(d.reg.byDest, dst)
+		delete(d.reg.byDest, dst.Compact())
 	}
 	// Keep its kernel counts so the per-target counters never go down.
 	if cnt, err := d.k.Counters(c.id); err == nil {
-		r := d.retired[c.target]
+		r := d.retired[c.target()]
 		r.Rejected += cnt.Rejected
 		r.ShadowRejected += cnt.ShadowRejected
 		r.Probes += cnt.Probes
 		r.BulkheadRejected += cnt.BulkheadRejected
-		d.retired[c.target] = r
+		d.retired[c.target()] = r
 	}
-	c.c.Release()
-	if s := c.c.State(); s == policy.ForcedOpen || s == policy.ForcedClosed || s == policy.Disabled {
+	c.machine.Release()
+	if s := c.machine.State(); s == policy.ForcedOpen || s == policy.ForcedClosed || s == policy.Disabled {
 		d.keepOverride(c, policy.NoOverride)
 	}
-	delete(d.reg.byName, c.name)
+	if c.isNamed() {
+		delete(d.reg.byName, c.extra.name)
+	}
 	d.reg.untrack(c)
-	if c.target == allTarget {
+	if c.target() == allTarget {
 		d.reg.dynamic--
 	}
-	d.reg.ids.release(c.id, c.name)
+	d.reg.ids.release(c.id, c.name())
 }
 
 // writeVerdicts makes the kernel enforce what a transition says, for every
 // destination of the circuit.
 func (d *Daemon) writeVerdicts(c *circuit, t policy.Transition) {
-	for _, dst := range c.dests {
+	for _, dst := range c.dests() {
 		d.writeVerdict(c, dst, t.To, t.OpenUntil, t.Round)
 	}
 }
@@ -452,7 +630,7 @@ func (d *Daemon) writeVerdicts(c *circuit, t policy.Transition) {
 // both an open verdict, due at openUntil (half-open: now), admitting the
 // probes of round from the circuit's one probe budget.
 func (d *Daemon) writeVerdict(c *circuit, dst maps.Dest, s policy.State, openUntil time.Time, round uint32) {
-	o := c.c.Options()
+	o := c.machine.Options()
 	var err error
 	switch s {
 	case policy.Open, policy.HalfOpen:
@@ -468,18 +646,37 @@ func (d *Daemon) writeVerdict(c *circuit, dst maps.Dest, s policy.State, openUnt
 	}
 	if err != nil {
 		d.metrics.verdictWriteErrors.Inc()
-		d.log.Error("writing verdict (the kernel fails open for this destination)", "circuit", c.name, "dest", dst, "err", err)
+		d.log.Error("writing verdict (the kernel fails open for this destination)", "circuit", c.name(), "dest", dst, "err", err)
 	}
 }
 
 // sortedCircuits returns the circuits by name.
 func (d *Daemon) sortedCircuits() []*circuit {
-	out := make([]*circuit, 0, len(d.reg.byName))
-	for _, c := range d.reg.byName {
-		out = append(out, c)
+	type named struct {
+		name string
+		c    *circuit
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	byName := make([]named, 0, d.reg.count())
+	for c := range d.reg.all() {
+		byName = append(byName, named{c.name(), c})
+	}
+	sort.Slice(byName, func(i, j int) bool { return byName[i].name < byName[j].name })
+	out := make([]*circuit, len(byName))
+	for i, n := range byName {
+		out[i] = n.c
+	}
 	return out
 }
 
-func (c *circuit) String() string { return fmt.Sprintf("%s(%s)", c.name, c.c.State()) }
+// scope is the circuit's target's scope ("" for a dynamic circuit).
+func (c *circuit) scope() policy.Scope {
+	switch {
+	case c.target() == allTarget:
+		return ""
+	case c.endpoint:
+		return policy.EndpointScope
+	}
+	return policy.ServiceScope
+}
+
+func (c *circuit) String() string { return fmt.Sprintf("%s(%s)", c.name(), c.machine.State()) }

@@ -204,6 +204,7 @@ func New(opts Options) (*Daemon, error) {
 		return nil, fmt.Errorf("loading the kernel side: %w", err)
 	}
 	d.k, d.reg, d.servers = k, newRegistry(k), srv
+	d.reg.classes = &d.classes
 	if d.scope, err = newCgroupWatch(k, opts.Logger, opts.Cgroup); err == nil {
 		err = d.start(cfg)
 	}
@@ -316,17 +317,19 @@ func (d *Daemon) readEvents(rd *maps.EventReader) {
 // handle feeds one kernel record to its circuit.
 func (d *Daemon) handle(ev *maps.Event, now time.Time) {
 	if ev.Outcome == maps.ProbeRound {
-		if c, ok := d.reg.byDest[ev.Dest]; ok {
-			if t, moved := c.c.BeginHalfOpen(now, ev.Round); moved {
+		if c, ok := d.reg.at(ev.Dest); ok {
+			if t, moved := c.machine.BeginHalfOpen(now, ev.Round); moved {
 				d.apply(c, t)
 			}
 		}
 		return
 	}
+	made := d.reg.made
 	c := d.lookup(ev.Dest, now)
 	if c == nil {
 		return
 	}
+	known := d.reg.made == made // not made by this record
 	tm := c.metrics
 	tm.outcome(ev.Outcome).Inc()
 	if ev.Outcome == maps.SYNRetrans {
@@ -346,12 +349,12 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time) {
 	case maps.Established:
 		r = policy.Result{Kind: policy.Success, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
 		tm.handshake.Observe(ev.Duration.Seconds())
-		if c.c.Options().ResetFailureWindow > 0 {
+		if c.machine.Options().ResetFailureWindow > 0 {
 			d.recent.add(ev.Cookie, ev.Time)
 		}
 	case maps.Abandoned:
 		r = policy.Result{Kind: policy.Abandoned, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
-		if ev.Duration >= c.c.Options().ConnectTimeout {
+		if ev.Duration >= c.machine.Options().ConnectTimeout {
 			// The client gave up no earlier than connect_timeout: the
 			// destination did not answer in time, which is a timeout
 			// whoever noticed first (clients often give up at about
@@ -372,7 +375,7 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time) {
 			}
 			age = ev.Time - at
 		}
-		if w := c.c.Options().ResetFailureWindow; age > w || w == 0 {
+		if w := c.machine.Options().ResetFailureWindow; age > w || w == 0 {
 			return
 		}
 		r = policy.Result{Kind: policy.Failure, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
@@ -384,10 +387,10 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time) {
 	if r.Kind == policy.Failure {
 		c.noteFailedCgroup(ev.CgroupID) // kube.go: the pods that saw failures
 	}
-	if t, moved := c.c.Record(now, r); moved {
+	if t, moved := c.machine.Record(now, r); moved {
 		d.apply(c, t)
-	} else if c.inIdle {
-		d.reg.idle.touch(c)
+	} else if c.inIdle && known {
+		c.referenced = true // see evictIdle
 	}
 }
 
@@ -399,12 +402,12 @@ func (d *Daemon) apply(c *circuit, t policy.Transition) {
 		if t.To != policy.HalfOpen { // the kernel began the round itself
 			d.writeVerdicts(c, t)
 		}
-		d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.workload).Inc()
+		d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.workload()).Inc()
 	} else if t.Reason == policy.ReasonNewRound {
 		d.writeVerdicts(c, t)
 	}
-	attrs := []any{"circuit", c.name, "target", c.target, "from", t.From.String(), "to", t.To.String(),
-		"reason", string(t.Reason), "failure_ratio", round3(t.FailureRate), "slow_ratio", round3(t.SlowRate), "calls", t.Calls, "workload", c.workload}
+	attrs := []any{"circuit", c.name(), "target", c.target(), "from", t.From.String(), "to", t.To.String(),
+		"reason", string(t.Reason), "failure_ratio", round3(t.FailureRate), "slow_ratio", round3(t.SlowRate), "calls", t.Calls, "workload", c.workload()}
 	if !t.OpenUntil.IsZero() {
 		attrs = append(attrs, "open_until", t.OpenUntil.UTC().Format(time.RFC3339Nano), "trip", t.Trip)
 	}
@@ -417,7 +420,7 @@ func (d *Daemon) apply(c *circuit, t policy.Transition) {
 	}
 	d.log.Info(msg, attrs...)
 	d.kubeEvent(c, t)
-	ev := TransitionEvent{Time: t.At, Circuit: c.name, Target: c.target, Workload: c.workload, From: t.From.String(), To: t.To.String(),
+	ev := TransitionEvent{Time: t.At, Circuit: c.name(), Target: c.target(), Workload: c.workload(), From: t.From.String(), To: t.To.String(),
 		Reason: string(t.Reason), FailureRate: t.FailureRate, SlowRate: t.SlowRate, Calls: t.Calls, OpenUntil: t.OpenUntil, Trip: t.Trip}
 	d.events.add(ev)
 }
@@ -443,18 +446,18 @@ func (d *Daemon) tickLoop(ctx context.Context) {
 // has its own goroutine: heartbeat.go).
 func (d *Daemon) tick(now time.Time) {
 	for cookie, p := range d.pending {
-		c := d.reg.byDest[p.dest]
+		c, _ := d.reg.at(p.dest)
 		if c == nil {
 			delete(d.pending, cookie)
 			continue
 		}
-		if now.Sub(p.start) < c.c.Options().ConnectTimeout {
+		if now.Sub(p.start) < c.machine.Options().ConnectTimeout {
 			continue
 		}
 		delete(d.pending, cookie)
 		d.counted[cookie] = true
-		d.metrics.outcomes.WithLabelValues("connect_timeout", c.target, c.workload).Inc()
-		if t, moved := c.c.Record(now, policy.Result{Kind: policy.Failure, Duration: now.Sub(p.start), Probe: p.probe, Round: p.round}); moved {
+		d.metrics.outcomes.WithLabelValues("connect_timeout", c.target(), c.workload()).Inc()
+		if t, moved := c.machine.Record(now, policy.Result{Kind: policy.Failure, Duration: now.Sub(p.start), Probe: p.probe, Round: p.round}); moved {
 			d.apply(c, t)
 		}
 	}
@@ -462,7 +465,7 @@ func (d *Daemon) tick(now time.Time) {
 		clear(d.counted) // final records of those sockets were lost
 	}
 	for c := range d.reg.active { // only a half-open circuit has timers
-		if t, moved := c.c.Tick(now); moved {
+		if t, moved := c.machine.Tick(now); moved {
 			d.apply(c, t)
 		}
 	}
@@ -487,14 +490,14 @@ func (d *Daemon) tick(now time.Time) {
 // here, so probe_timeout applies to it.
 func (d *Daemon) reconcileRounds(now time.Time) {
 	for c := range d.reg.active {
-		if s := c.c.State(); s != policy.Open && s != policy.HalfOpen {
+		if s := c.machine.State(); s != policy.Open && s != policy.HalfOpen {
 			continue
 		}
 		b, err := d.k.Budget(c.id)
-		if err != nil || b.Round != c.c.Round() {
+		if err != nil || b.Round != c.machine.Round() {
 			continue
 		}
-		if t, moved := c.c.BeginHalfOpen(now, b.Round); moved {
+		if t, moved := c.machine.BeginHalfOpen(now, b.Round); moved {
 			d.apply(c, t)
 		}
 	}
@@ -521,16 +524,16 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 		now := d.now()
 		ch := policy.Diff(old, cfg)
 		for _, c := range d.sortedCircuits() {
-			if c.target == allTarget {
+			if c.target() == allTarget {
 				if ch.AllChanged {
 					d.setOptions(c, &cfg.All, now)
 				}
 				continue
 			}
-			if !contains(ch.Changed, c.target) && !contains(ch.Removed, c.target) {
+			if !contains(ch.Changed, c.target()) && !contains(ch.Removed, c.target()) {
 				continue
 			}
-			nt, ot := cfg.Targets[c.target], old.Targets[c.target]
+			nt, ot := cfg.Targets[c.target()], old.Targets[c.target()]
 			if nt == nil || nt.Scope != ot.Scope {
 				d.drop(c)
 				continue
@@ -539,7 +542,7 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 			if nt.State != ot.State {
 				// The configuration's new state wins over one set
 				// through the API.
-				d.apply(c, c.c.Override(now, nt.State))
+				d.apply(c, c.machine.Override(now, nt.State))
 				d.keepOverride(c, policy.NoOverride)
 			}
 		}
@@ -561,8 +564,8 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 // setOptions gives a kept circuit its reloaded options and rewrites its
 // bulkhead limits.
 func (d *Daemon) setOptions(c *circuit, o *policy.Options, now time.Time) {
-	c.c.SetOptions(o, now)
-	for _, dst := range c.dests {
+	c.machine.SetOptions(o, now)
+	for _, dst := range c.dests() {
 		d.writeLimit(c, dst)
 	}
 }
@@ -576,25 +579,25 @@ func (d *Daemon) rematch() {
 	now := d.now()
 	for _, c := range d.sortedCircuits() {
 		var stale []maps.Dest
-		for _, dst := range c.dests {
+		for _, dst := range c.dests() {
 			// A circuit of a class that now names another workload
 			// (or none) goes too.
 			m, workload := d.matcherOf(dst.Class)
-			if m == nil || workload != c.workload {
-				stale = c.dests
+			if m == nil || workload != c.workload() {
+				stale = c.dests()
 				break
 			}
 			target, excluded := m.Match(dst.Addr.Addr(), dst.Addr.Port(), dst.Proto.String())
 			if target == "" {
 				target = allTarget
 			}
-			if excluded || target != c.target {
+			if excluded || target != c.target() {
 				stale = append(stale, dst)
 			}
 		}
 		switch {
 		case len(stale) == 0:
-		case len(stale) < len(c.dests) && isServiceTarget(d.cfg, c.target):
+		case len(stale) < len(c.dests()) && isServiceTarget(d.cfg, c.target()):
 			// A Service's endpoints come and go: the circuit keeps its
 			// state; only the departed destinations leave it.
 			d.detach(c, stale)

@@ -328,7 +328,7 @@ func TestLostRoundRecordsAreReconciled(t *testing.T) {
 	}
 	defer budgets.Close()
 	f.d.mu.Lock()
-	round := f.d.reg.byName["svc"].c.Round()
+	round := f.d.reg.byName["svc"].machine.Round()
 	if err := budgets.Put(c.CircuitID, uint64(round)<<32); err != nil {
 		f.d.mu.Unlock()
 		t.Fatal(err)

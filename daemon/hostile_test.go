@@ -90,7 +90,7 @@ targets:
 	makeCircuits(t, d, n-1) // and guard
 	d.mu.Lock()
 	addr := d.admin.String()
-	total := len(d.reg.byName)
+	total := d.reg.count()
 	d.mu.Unlock()
 	if total != n {
 		t.Fatalf("%d circuits, want %d", total, n)

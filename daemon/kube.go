@@ -179,12 +179,12 @@ func (d *Daemon) kubeEvent(c *circuit, t policy.Transition) {
 	if !opened && !closed {
 		return
 	}
-	ev := kube.Transition{Circuit: c.name, Target: c.target, Opened: opened, Reason: string(t.Reason),
-		FailureRatio: t.FailureRate, SlowRatio: t.SlowRate, Calls: t.Calls, Workload: c.workload}
+	ev := kube.Transition{Circuit: c.name(), Target: c.target(), Opened: opened, Reason: string(t.Reason),
+		FailureRatio: t.FailureRate, SlowRatio: t.SlowRate, Calls: t.Calls, Workload: c.workload()}
 	if opened {
-		ev.Pods = d.podNames(c.failedCgroups)
+		ev.Pods = d.podNames(c.failedCgroups())
 	}
-	if tg := d.cfg.Targets[c.target]; tg != nil {
+	if tg := d.cfg.Targets[c.target()]; tg != nil {
 		ev.Service = tg.Match.Service
 	}
 	cl.CircuitEvent(ev)
@@ -205,8 +205,8 @@ func (d *Daemon) detach(c *circuit, gone []maps.Dest) {
 		if err := d.k.DeleteLimit(dst); err != nil {
 			d.log.Warn("deleting bulkhead limits", "dest", dst, "err", err)
 		}
-		delete(d.reg.byDest, dst)
-		c.dests = slices.DeleteFunc(c.dests, func(x maps.Dest) bool { return x == dst })
+		delete(d.reg.byDest, dst.Compact())
+		c.removeDest(dst)
 	}
 }
 
@@ -295,12 +295,16 @@ func (c *circuit) noteFailedCgroup(id uint64) {
 	if id == 0 {
 		return
 	}
-	if i := slices.Index(c.failedCgroups, id); i >= 0 {
-		c.failedCgroups = slices.Delete(c.failedCgroups, i, i+1)
-	} else if len(c.failedCgroups) >= maxFailedCgroups {
-		c.failedCgroups = slices.Delete(c.failedCgroups, 0, 1)
+	if c.extra == nil {
+		c.extra = &circuitExtra{}
 	}
-	c.failedCgroups = append(c.failedCgroups, id)
+	x := c.extra
+	if i := slices.Index(x.failedCgroups, id); i >= 0 {
+		x.failedCgroups = slices.Delete(x.failedCgroups, i, i+1)
+	} else if len(x.failedCgroups) >= maxFailedCgroups {
+		x.failedCgroups = slices.Delete(x.failedCgroups, 0, 1)
+	}
+	x.failedCgroups = append(x.failedCgroups, id)
 }
 
 // podNames names the pods of cgroup ids, where known: the cgroup watch

@@ -87,7 +87,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 		}
 		switch v.State {
 		case maps.Open:
-			if c.c.State() == policy.Closed {
+			if c.machine.State() == policy.Closed {
 				round, begun := v.Round, false
 				if b, err := d.k.Budget(v.CircuitID); err == nil && b.Round == v.Round {
 					begun = true
@@ -95,25 +95,25 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 				if v.CircuitID != c.id {
 					// Another slot: continue its rounds, from a round
 					// not begun there.
-					c.c.SeedRound(v.Round)
+					c.machine.SeedRound(v.Round)
 					if b, err := d.k.Budget(c.id); err == nil {
-						c.c.SeedRound(b.Round)
+						c.machine.SeedRound(b.Round)
 					}
-					round, begun = c.c.Round()+1, false
+					round, begun = c.machine.Round()+1, false
 				}
-				c.c.Restore(now, now.Add(v.Due-mono), round, begun)
+				c.machine.Restore(now, now.Add(v.Due-mono), round, begun)
 				d.reg.track(c)
-				d.log.Debug("adopted open circuit", "circuit", c.name, "dest", dst, "round", round, "half_open", begun, "due_in", (v.Due - mono).String())
+				d.log.Debug("adopted open circuit", "circuit", c.name(), "dest", dst, "round", round, "half_open", begun, "due_in", (v.Due - mono).String())
 				adopted++
 			}
-			if v.CircuitID != c.id || v.Round != c.c.Round() {
+			if v.CircuitID != c.id || v.Round != c.machine.Round() {
 				// Re-point counters and the probe budget to the circuit's
 				// slot, in its round; the due time stays.
-				v.CircuitID, v.Round = c.id, c.c.Round()
+				v.CircuitID, v.Round = c.id, c.machine.Round()
 				_ = d.k.PutVerdict(dst, v)
 			}
 		case maps.ForcedOpen:
-			if c.c.State() != policy.ForcedOpen {
+			if c.machine.State() != policy.ForcedOpen {
 				// The override was not in the new configuration.
 				_ = d.k.DeleteVerdict(dst)
 			}
@@ -145,12 +145,12 @@ func (d *Daemon) keepAlive() {
 // removed; sockets it counted still release into their slot.
 func (d *Daemon) reconcileLimits() error {
 	want := map[maps.Dest]maps.Limit{}
-	for _, c := range d.reg.byName {
-		o := c.c.Options()
+	for c := range d.reg.all() {
+		o := c.machine.Options()
 		if !o.HasLimits() {
 			continue
 		}
-		for _, dst := range c.dests {
+		for _, dst := range c.dests() {
 			if dst.Proto == maps.TCP {
 				want[dst] = maps.Limit{Slot: c.id, MaxConnections: uint32(o.MaxConnections), MaxConnecting: uint32(o.MaxConnecting), Errno: o.BulkheadRejectErrno}
 			}

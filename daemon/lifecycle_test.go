@@ -237,7 +237,7 @@ all:
 		t.Fatalf("%d verdicts after adoption, want all %d", cnt, n)
 	}
 	f.d.mu.Lock()
-	circuits := len(f.d.reg.byName)
+	circuits := f.d.reg.count()
 	f.d.mu.Unlock()
 	if circuits != n {
 		t.Fatalf("%d circuits adopted, want %d", circuits, n)
@@ -386,14 +386,14 @@ all:
 		}
 	}
 	ids := map[uint32]string{}
-	for _, c := range f.d.reg.byName {
+	for c := range f.d.reg.all() {
 		if c.id == 0 {
-			t.Errorf("circuit %s has id 0", c.name)
+			t.Errorf("circuit %s has id 0", c.name())
 		}
 		if other, dup := ids[c.id]; dup {
-			t.Errorf("circuits %s and %s share id %d", c.name, other, c.id)
+			t.Errorf("circuits %s and %s share id %d", c.name(), other, c.id)
 		}
-		ids[c.id] = c.name
+		ids[c.id] = c.name()
 	}
 	f.d.mu.Unlock()
 	if len(ids) != n {
@@ -408,7 +408,7 @@ all:
 	if !kerneltest.WaitFor(3*time.Second, func() bool {
 		f.d.mu.Lock()
 		defer f.d.mu.Unlock()
-		if c := f.d.reg.byName[name]; c != nil {
+		if c, _ := f.d.reg.get(name); c != nil {
 			id = c.id
 		}
 		return id != 0
@@ -459,7 +459,7 @@ targets:
 			f.d.lookup(maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, net, 0, byte(i)}), 443)}, now)
 		}
 	}
-	dests, circuits := len(f.d.reg.byDest), len(f.d.reg.byName)
+	dests, circuits := len(f.d.reg.byDest), f.d.reg.count()
 	f.d.mu.Unlock()
 	if dests != 10 {
 		t.Fatalf("%d destinations tracked (%d circuits), want max_circuits = 10", dests, circuits)

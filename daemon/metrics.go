@@ -157,16 +157,16 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	maxID := d.reg.ids.next
-	slots := make([]slot, 0, len(d.reg.byName))
-	for _, c := range d.reg.byName {
-		st := c.c.State()
-		if c.target == allTarget {
+	slots := make([]slot, 0, d.reg.count())
+	for c := range d.reg.all() {
+		st := c.machine.State()
+		if c.target() == allTarget {
 			dynamic[st]++
-		} else if m := states[c.target]; m != nil {
+		} else if m := states[c.target()]; m != nil {
 			m[st]++
 		}
-		if perTarget[c.target] != nil {
-			slots = append(slots, slot{target: c.target, id: c.id, limits: c.c.Options().HasLimits()})
+		if perTarget[c.target()] != nil {
+			slots = append(slots, slot{target: c.target(), id: c.id, limits: c.machine.Options().HasLimits()})
 		}
 	}
 	d.mu.Unlock()

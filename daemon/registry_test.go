@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
@@ -16,21 +17,21 @@ import (
 func checkRegistry(t *testing.T, r *registry) {
 	t.Helper()
 	active, idle, endpoints := 0, 0, 0
-	for _, c := range r.byName {
-		s := c.c.State()
+	for c := range r.all() {
+		s := c.machine.State()
 		if _, in := r.active[c]; in != s.Rejects() {
-			t.Errorf("%s (%s): in active %v", c.name, s, in)
+			t.Errorf("%s (%s): in active %v", c.name(), s, in)
 		}
 		if s.Rejects() {
 			active++
 		}
-		if want := c.target == allTarget && s == policy.Closed; c.inIdle != want {
-			t.Errorf("%s (%s): in idle %v", c.name, s, c.inIdle)
+		if want := c.target() == allTarget && s == policy.Closed; c.inIdle != want {
+			t.Errorf("%s (%s): in idle %v", c.name(), s, c.inIdle)
 		} else if want {
 			idle++
 		}
-		if _, in := r.endpoints[c]; in != (c.scope == policy.EndpointScope) {
-			t.Errorf("%s: in endpoints %v", c.name, in)
+		if _, in := r.endpoints[c]; in != (c.scope() == policy.EndpointScope) {
+			t.Errorf("%s: in endpoints %v", c.name(), in)
 		} else if in {
 			endpoints++
 		}
@@ -39,7 +40,7 @@ func checkRegistry(t *testing.T, r *registry) {
 	for c := r.idle.head; c != nil; c = c.next {
 		n++
 		if c.next != nil && c.next.prev != c {
-			t.Fatalf("idle list broken at %s", c.name)
+			t.Fatalf("idle list broken at %s", c.name())
 		}
 	}
 	if n != idle || len(r.active) != active || len(r.endpoints) != endpoints {
@@ -85,30 +86,30 @@ targets:
 	rec(7, maps.Established) // a 7th destination evicts the least recently active closed dynamic one: 1
 	d.mu.Lock()
 	checkRegistry(t, d.reg)
-	if _, ok := d.reg.byDest[dynamicDest(1)]; ok {
+	if _, ok := d.reg.at(dynamicDest(1)); ok {
 		t.Errorf("circuit 1 not evicted")
 	}
-	if _, ok := d.reg.byDest[dynamicDest(2)]; !ok {
+	if _, ok := d.reg.at(dynamicDest(2)); !ok {
 		t.Errorf("the open circuit was evicted")
 	}
-	if _, ok := d.reg.byDest[dynamicDest(0)]; !ok {
+	if _, ok := d.reg.at(dynamicDest(0)); !ok {
 		t.Errorf("the most recently active circuit was evicted")
 	}
 	d.mu.Unlock()
 	// Half-open (the tick), then closed by its probe.
 	time.Sleep(60 * time.Millisecond)
 	d.mu.Lock()
-	c := d.reg.byDest[dynamicDest(2)]
-	if tr, moved := c.c.BeginHalfOpen(time.Now(), c.c.Round()); moved {
+	c, _ := d.reg.at(dynamicDest(2))
+	if tr, moved := c.machine.BeginHalfOpen(time.Now(), c.machine.Round()); moved {
 		d.apply(c, tr)
 	}
 	checkRegistry(t, d.reg)
-	d.handle(&maps.Event{Dest: dynamicDest(2), Outcome: maps.Established, Probe: true, Round: c.c.Round()}, time.Now())
-	if s := c.c.State(); s != policy.Closed {
+	d.handle(&maps.Event{Dest: dynamicDest(2), Outcome: maps.Established, Probe: true, Round: c.machine.Round()}, time.Now())
+	if s := c.machine.State(); s != policy.Closed {
 		t.Fatalf("after the probe: %s", s)
 	}
 	checkRegistry(t, d.reg)
-	name := c.name
+	name := c.name()
 	d.mu.Unlock()
 	if _, err := d.Force(name, "open"); err != nil {
 		t.Fatal(err)
@@ -133,3 +134,12 @@ func endpointDest(i int) maps.Dest {
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// A dynamic circuit is one allocation of this size (plus its 8-byte
+// window ring and its registry entry): BenchmarkCircuitFootprint measures
+// the whole; this keeps a new field from growing it unnoticed.
+func TestCircuitSize(t *testing.T) {
+	if s := unsafe.Sizeof(circuit{}); s > 192 {
+		t.Fatalf("a circuit takes %d bytes, more than 192 (the footprint goal is ≤ 300 bytes per dynamic circuit)", s)
+	}
+}

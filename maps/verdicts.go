@@ -58,6 +58,22 @@ func (d Dest) String() string {
 // Shared returns d in the shared class (Class 0).
 func (d Dest) Shared() Dest { d.Class = 0; return d }
 
+// DestKey is a Dest in 20 bytes with no pointer in it, for maps keyed by
+// destination: cheaper to hash and to hold than a Dest, whose
+// netip.AddrPort carries a zone pointer. Two Dests are equal exactly when
+// their DestKeys are.
+type DestKey struct {
+	addr  [16]byte
+	port  uint16
+	proto Proto
+	class uint8
+}
+
+// Compact returns d's DestKey.
+func (d Dest) Compact() DestKey {
+	return DestKey{addr: d.Addr.Addr().As16(), port: d.Addr.Port(), proto: d.Proto, class: d.Class}
+}
+
 // Key returns the kernel's key for d.
 func (d Dest) Key() bpf.BreakerDestKey {
 	return bpf.BreakerDestKey{

@@ -109,39 +109,63 @@ type Transition struct {
 
 // Circuit is one circuit's state machine. It is not safe for concurrent
 // use; the daemon serialises calls.
+//
+// A node may hold a hundred thousand of them, so the fields are small:
+// times are stamps (8 bytes, not time.Time's 24) and counts 32 bits.
 type Circuit struct {
-	opts  *Options
-	group *Group
-	rand  func() float64
-
+	// What Record reads and writes comes first, so a call touches as few
+	// cache lines as it can.
+	opts        *Options
 	state       State
+	blocked     bool
+	roundBegun  bool
+	consecutive int32
 	win         window
-	consecutive int
-	trips       int
-	openUntil   time.Time
+	last        stamp
+	group       *Group
+	rand        func() float64
+	openUntil   stamp
+	roundStart  stamp
+	trips       int32
 	// round is the half-open round the circuit's verdict admits probes
 	// of; outcomes of other rounds are ignored. roundBegun says the kernel
 	// admitted its first probe, at roundStart.
-	round      uint32
-	roundBegun bool
-	roundStart time.Time
+	round uint32
 	// probeOK counts the successful probes since the circuit became
 	// half-open (across rounds); roundOK those of the current round.
-	probeOK, roundOK int
-	blocked          bool
-	last             time.Time
+	probeOK, roundOK int32
 }
+
+// stamp is a time as nanoseconds since the process's epoch: 8 bytes
+// instead of time.Time's 24. A time taken from time.Now keeps its
+// monotonic reading through the round trip (both it and stampEpoch have one, so
+// Sub uses the monotonic clock), so wall-clock steps do not move a
+// circuit's timers.
+type stamp int64
+
+var stampEpoch = time.Now()
+
+func stampOf(t time.Time) stamp { return stamp(t.Sub(stampEpoch)) }
+
+func (s stamp) time() time.Time { return stampEpoch.Add(time.Duration(s)) }
 
 // NewCircuit makes a closed circuit (or one in the override's state) with
 // options o, in endpoint group g (nil outside endpoint scope). rnd returns
 // numbers in [0, 1) for jitter.
 func NewCircuit(o *Options, override Override, g *Group, now time.Time, rnd func() float64) *Circuit {
-	c := &Circuit{opts: o, group: g, rand: rnd, win: newWindow(o, now), last: now}
+	c := new(Circuit)
+	c.Init(o, override, g, now, rnd)
+	return c
+}
+
+// Init makes c what NewCircuit returns, in place (a circuit held by value
+// in a larger struct saves an allocation per circuit).
+func (c *Circuit) Init(o *Options, override Override, g *Group, now time.Time, rnd func() float64) {
+	*c = Circuit{opts: o, group: g, rand: rnd, win: newWindow(o, now), last: stampOf(now)}
 	c.state = overrideState(override)
 	if g != nil {
 		g.endpoints++
 	}
-	return c
 }
 
 func overrideState(o Override) State {
@@ -187,11 +211,11 @@ func (c *Circuit) State() State { return c.state }
 func (c *Circuit) Options() *Options { return c.opts }
 
 // LastActivity is when the circuit last recorded a call or changed state.
-func (c *Circuit) LastActivity() time.Time { return c.last }
+func (c *Circuit) LastActivity() time.Time { return c.last.time() }
 
 // Record feeds one call's result and returns the transition it caused.
 func (c *Circuit) Record(now time.Time, r Result) (Transition, bool) {
-	c.last = now
+	c.last = stampOf(now)
 	failed, slow, counts := c.classify(r)
 	if !counts {
 		return Transition{}, false
@@ -212,7 +236,7 @@ func (c *Circuit) Record(now time.Time, r Result) (Transition, bool) {
 			return Transition{}, false
 		}
 		if !c.roundBegun {
-			c.roundBegun, c.roundStart, c.roundOK = true, now, 0
+			c.roundBegun, c.roundStart, c.roundOK = true, stampOf(now), 0
 		}
 		return c.probeResult(now, failed)
 	case Closed:
@@ -262,11 +286,11 @@ func (c *Circuit) classify(r Result) (failed, slow, counts bool) {
 }
 
 func (c *Circuit) shouldOpen() (Reason, bool) {
-	if c.opts.ConsecutiveFailures > 0 && c.consecutive >= c.opts.ConsecutiveFailures {
+	if c.opts.ConsecutiveFailures > 0 && int(c.consecutive) >= c.opts.ConsecutiveFailures {
 		return ReasonConsecutive, true
 	}
 	// record has just aged the window to now.
-	calls, failures, slow := c.win.calls, c.win.failures, c.win.slow
+	calls, failures, slow := int(c.win.calls), int(c.win.failures), int(c.win.slow)
 	if calls < c.opts.MinRequests || calls == 0 {
 		return "", false
 	}
@@ -282,7 +306,7 @@ func (c *Circuit) shouldOpen() (Reason, bool) {
 func (c *Circuit) transition(now time.Time, to State, reason Reason) Transition {
 	calls, failures, slow := c.win.counts(now)
 	t := Transition{
-		From: c.state, To: to, Reason: reason, At: now, Calls: calls, Trip: c.trips,
+		From: c.state, To: to, Reason: reason, At: now, Calls: calls, Trip: int(c.trips),
 		Round: c.round, Probes: c.opts.HalfOpenProbes, Errno: c.opts.RejectErrno,
 	}
 	if calls > 0 {
@@ -311,16 +335,16 @@ func (c *Circuit) open(now time.Time, reason Reason, fromHalfOpen bool) Transiti
 			c.group.ejected++
 		}
 	}
-	d := c.opts.OpenDurationOf(c.trips)
+	d := c.opts.OpenDurationOf(int(c.trips))
 	if c.opts.Jitter > 0 && c.rand != nil {
 		d += time.Duration(float64(d) * c.opts.Jitter * c.rand())
 	}
 	c.round++
 	c.roundBegun = false
 	t := c.transition(now, Open, reason)
-	t.Trip = c.trips
+	t.Trip = int(c.trips)
 	t.OpenUntil = now.Add(d)
-	c.state, c.openUntil, c.blocked = Open, t.OpenUntil, false
+	c.state, c.openUntil, c.blocked = Open, stampOf(t.OpenUntil), false
 	c.consecutive = 0
 	return t
 }
@@ -328,7 +352,7 @@ func (c *Circuit) open(now time.Time, reason Reason, fromHalfOpen bool) Transiti
 func (c *Circuit) halfOpen(now time.Time) Transition {
 	t := c.transition(now, HalfOpen, ReasonDue)
 	c.state, c.probeOK = HalfOpen, 0
-	c.roundBegun, c.roundStart, c.roundOK = true, now, 0
+	c.roundBegun, c.roundStart, c.roundOK = true, stampOf(now), 0
 	return t
 }
 
@@ -338,7 +362,7 @@ func (c *Circuit) probeResult(now time.Time, failed bool) (Transition, bool) {
 	}
 	c.probeOK++
 	c.roundOK++
-	if c.probeOK < c.opts.HalfOpenSuccessThreshold {
+	if int(c.probeOK) < c.opts.HalfOpenSuccessThreshold {
 		return Transition{}, false
 	}
 	return c.close(now, ReasonProbesOK), true
@@ -362,13 +386,13 @@ func (c *Circuit) BeginHalfOpen(now time.Time, round uint32) (Transition, bool) 
 	if round != c.round {
 		return Transition{}, false
 	}
-	c.last = now
+	c.last = stampOf(now)
 	switch c.state {
 	case Open:
 		return c.halfOpen(now), true
 	case HalfOpen:
 		if !c.roundBegun {
-			c.roundBegun, c.roundStart, c.roundOK = true, now, 0
+			c.roundBegun, c.roundStart, c.roundOK = true, stampOf(now), 0
 		}
 	}
 	return Transition{}, false
@@ -382,10 +406,10 @@ func (c *Circuit) BeginHalfOpen(now time.Time, round uint32) (Transition, bool) 
 // writes), so a little traffic closes it in time. A round no connection
 // has begun waits for one. The daemon calls Tick periodically.
 func (c *Circuit) Tick(now time.Time) (Transition, bool) {
-	if c.state != HalfOpen || !c.roundBegun || now.Sub(c.roundStart) < c.opts.ProbeTimeout {
+	if c.state != HalfOpen || !c.roundBegun || now.Sub(c.roundStart.time()) < c.opts.ProbeTimeout {
 		return Transition{}, false
 	}
-	c.last = now
+	c.last = stampOf(now)
 	if c.roundOK == 0 {
 		return c.open(now, ReasonProbeTimeout, true), true
 	}
@@ -411,7 +435,7 @@ func (c *Circuit) SeedRound(round uint32) {
 // Override applies an operator's change: forced_open, forced_closed,
 // disabled, or NoOverride to release an override (back to closed, fresh).
 func (c *Circuit) Override(now time.Time, o Override) Transition {
-	c.last = now
+	c.last = stampOf(now)
 	to := overrideState(o)
 	reason := map[Override]Reason{ForceOpen: ReasonForcedOpen, ForceClosed: ReasonForcedClosed, DisableState: ReasonDisabled, NoOverride: ReasonReleased}[o]
 	if to == Closed {
@@ -425,7 +449,7 @@ func (c *Circuit) Override(now time.Time, o Override) Transition {
 
 // Reset closes the circuit and forgets its window and trips.
 func (c *Circuit) Reset(now time.Time) Transition {
-	c.last = now
+	c.last = stampOf(now)
 	if c.state == ForcedOpen || c.state == ForcedClosed || c.state == Disabled {
 		// An override stays; only the counts are forgotten.
 		s := c.state
@@ -445,11 +469,11 @@ func (c *Circuit) Restore(now time.Time, openUntil time.Time, round uint32, begu
 	if c.group != nil && c.state != Open && c.state != HalfOpen {
 		c.group.ejected++
 	}
-	c.state, c.openUntil, c.round, c.last = Open, openUntil, round, now
+	c.state, c.openUntil, c.round, c.last = Open, stampOf(openUntil), round, stampOf(now)
 	c.roundBegun = false
 	if begun {
 		c.state, c.probeOK = HalfOpen, 0
-		c.roundBegun, c.roundStart, c.roundOK = true, now, 0
+		c.roundBegun, c.roundStart, c.roundOK = true, stampOf(now), 0
 	}
 }
 
@@ -469,13 +493,13 @@ type Status struct {
 // Status reports the circuit's state at now.
 func (c *Circuit) Status(now time.Time) Status {
 	calls, failures, slow := c.win.counts(now)
-	s := Status{State: c.state, Calls: calls, Failures: failures, Slow: slow, ConsecutiveFailures: c.consecutive, Trip: c.trips, ProbesSucceeded: c.probeOK, Round: c.round}
+	s := Status{State: c.state, Calls: calls, Failures: failures, Slow: slow, ConsecutiveFailures: int(c.consecutive), Trip: int(c.trips), ProbesSucceeded: int(c.probeOK), Round: c.round}
 	if calls > 0 {
 		s.FailureRate = float64(failures) / float64(calls)
 		s.SlowRate = float64(slow) / float64(calls)
 	}
 	if c.state == Open || c.state == HalfOpen {
-		s.OpenUntil = c.openUntil
+		s.OpenUntil = c.openUntil.time()
 	}
 	return s
 }

@@ -6,18 +6,46 @@ import "time"
 // calls, a ring) or time-based (the last d, in WindowBuckets buckets). Both
 // use constant memory and keep running totals, so recording and reading are
 // O(1) (O(WindowBuckets) to age a time-based window).
+//
+// A count-based window keeps its calls as a ring of two bits each
+// (callFailed | callSlow), 32 calls a word: up to 32 calls (the default is
+// 20) in bits, inside the window, so the default circuit needs no second
+// allocation and a record no second cache line; a larger ring, and a
+// time-based window's buckets, are in ext.
 type window struct {
-	// count-based
-	ring []uint8 // callFailed | callSlow per slot
-	pos  int
-	full bool
-	// time-based
-	width   time.Duration
-	base    time.Time
-	aged    int64                  // the epoch the buckets were last aged at
-	buckets *[WindowBuckets]bucket // time-based windows only
+	bits uint64
+	ext  *windowExt
 
-	calls, failures, slow int
+	size, pos             int32 // count-based: calls the ring holds, next slot
+	calls, failures, slow int32
+	full                  bool
+}
+
+// windowExt is the part of a window the default one does not need.
+type windowExt struct {
+	ring []uint64 // count-based windows of more than 32 calls
+	// Time-based windows (width > 0).
+	width   time.Duration
+	base    stamp
+	aged    int64 // the epoch the buckets were last aged at
+	buckets [WindowBuckets]bucket
+}
+
+func (w *window) timed() bool { return w.ext != nil && w.ext.width > 0 }
+
+func (w *window) word(i int32) *uint64 {
+	if w.ext == nil {
+		return &w.bits
+	}
+	return &w.ext.ring[i/32]
+}
+
+func (w *window) slot(i int32) uint8 { return uint8(*w.word(i)>>(2*(i%32))) & 3 }
+
+func (w *window) setSlot(i int32, bits uint8) {
+	sh := 2 * uint(i%32)
+	p := w.word(i)
+	*p = *p&^(3<<sh) | uint64(bits)<<sh
 }
 
 const (
@@ -32,9 +60,13 @@ type bucket struct {
 
 func newWindow(o *Options, now time.Time) window {
 	if o.WindowDuration > 0 {
-		return window{width: o.WindowDuration / WindowBuckets, base: now, buckets: new([WindowBuckets]bucket)}
+		return window{ext: &windowExt{width: o.WindowDuration / WindowBuckets, base: stampOf(now)}}
 	}
-	return window{ring: make([]uint8, o.WindowSize)}
+	w := window{size: int32(o.WindowSize)}
+	if o.WindowSize > 32 {
+		w.ext = &windowExt{ring: make([]uint64, (o.WindowSize+31)/32)}
+	}
+	return w
 }
 
 func (w *window) record(now time.Time, failed, slow bool) {
@@ -45,20 +77,20 @@ func (w *window) record(now time.Time, failed, slow bool) {
 	if slow {
 		bits |= callSlow
 	}
-	if w.width == 0 {
+	if !w.timed() {
 		if w.full {
-			w.drop(w.ring[w.pos])
+			w.drop(w.slot(w.pos))
 		}
-		w.ring[w.pos] = bits
+		w.setSlot(w.pos, bits)
 		w.pos++
-		if w.pos == len(w.ring) {
+		if w.pos == w.size {
 			w.pos, w.full = 0, true
 		}
 		w.add(bits)
 		return
 	}
 	epoch := w.age(now)
-	b := &w.buckets[epoch%WindowBuckets]
+	b := &w.ext.buckets[epoch%WindowBuckets]
 	b.epoch = epoch
 	b.calls++
 	if failed {
@@ -92,23 +124,24 @@ func (w *window) drop(bits uint8) {
 
 // age expires the buckets older than the window and returns now's epoch.
 func (w *window) age(now time.Time) int64 {
-	epoch := int64(now.Sub(w.base) / w.width)
+	tw := w.ext
+	epoch := int64(now.Sub(tw.base.time()) / tw.width)
 	if epoch < 0 {
 		epoch = 0
 	}
-	if epoch == w.aged {
+	if epoch == tw.aged {
 		return epoch
 	}
-	w.aged = epoch
-	for i := range w.buckets {
-		b := &w.buckets[i]
+	tw.aged = epoch
+	for i := range tw.buckets {
+		b := &tw.buckets[i]
 		// Bucket i holds one epoch ≡ i (mod WindowBuckets); it has aged out
 		// once it is a whole window behind, which is also the case for the
 		// bucket about to be reused for now's epoch.
 		if b.calls != 0 && b.epoch <= epoch-WindowBuckets {
-			w.calls -= int(b.calls)
-			w.failures -= int(b.failures)
-			w.slow -= int(b.slow)
+			w.calls -= b.calls
+			w.failures -= b.failures
+			w.slow -= b.slow
 			*b = bucket{}
 		}
 	}
@@ -117,18 +150,20 @@ func (w *window) age(now time.Time) int64 {
 
 // counts returns the calls, failures and slow calls in the window at now.
 func (w *window) counts(now time.Time) (calls, failures, slow int) {
-	if w.width != 0 {
+	if w.timed() {
 		w.age(now)
 	}
-	return w.calls, w.failures, w.slow
+	return int(w.calls), int(w.failures), int(w.slow)
 }
 
 func (w *window) reset(now time.Time) {
-	clear(w.ring)
-	w.pos, w.full = 0, false
-	if w.buckets != nil {
-		*w.buckets = [WindowBuckets]bucket{}
+	w.bits, w.pos, w.full = 0, 0, false
+	if w.ext != nil {
+		clear(w.ext.ring)
+		if w.timed() {
+			w.ext.buckets = [WindowBuckets]bucket{}
+			w.ext.base, w.ext.aged = stampOf(now), 0
+		}
 	}
-	w.base, w.aged = now, 0
 	w.calls, w.failures, w.slow = 0, 0, 0
 }

@@ -192,6 +192,17 @@ func TestLifecycleAtScale(t *testing.T) {
 		}
 	}
 	k.Close()
+	// A helper the client loop forked while this process held the pin
+	// directory's lock holds the lock (flock follows the open file) until
+	// it execs, which can take a while on a loaded machine: wait until it
+	// is free before starting breakerd.
+	if !kerneltest.WaitFor(10*time.Second, func() bool {
+		lk, err := maps.LockDir(l.bpffs)
+		lk.Close()
+		return err == nil
+	}) {
+		t.Fatal("the pin directory stays locked")
+	}
 	start = time.Now()
 	p = l.startWithin(time.Minute)
 	t.Logf("restart adopting %d pinned open verdicts: ready after %v", n, time.Since(start))

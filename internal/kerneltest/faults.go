@@ -249,3 +249,18 @@ func (h *Host) ServeResetAfter(tb testing.TB, port uint16, d time.Duration) {
 		c.Close()
 	})
 }
+
+// RedirectPorts makes the host answer TCP connections to every port from
+// lo to hi on port to (nftables redirect in its prerouting hook): one
+// listener serves as many distinct destinations as there are ports. The
+// client's connect (and breakerd) still sees the port it dialled.
+func (h *Host) RedirectPorts(tb testing.TB, lo, hi, to uint16) {
+	tb.Helper()
+	h.nft(tb, fmt.Sprintf(`table ip %[1]s-nat {
+	chain prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		tcp dport %[2]d-%[3]d redirect to :%[4]d
+	}
+}
+`, h.nftTable, lo, hi, to))
+}

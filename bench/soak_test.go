@@ -1,0 +1,201 @@
+package bench
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/maps"
+)
+
+// soakConfig: the default max_circuits, and a bulkhead on every dynamic
+// circuit so the limits map and the bulkhead slots churn too.
+const soakConfig = `
+failsafe_timeout: 30s
+max_circuits: 100000
+all:
+  max_connections: 1000
+`
+
+// TestSoak runs the real binary under 10,000 new connections a second for
+// 10 minutes (1 in quick mode) to 129,024 distinct destinations (every
+// port from 1024 of two test hosts, each redirected to one listener), more
+// than max_circuits allows, so circuits are made and evicted all along. It
+// samples the daemon's RSS and CPU every 10 s and, once the load stops,
+// checks that nothing leaked: the limits map holds exactly one entry per
+// circuit, no bulkhead slot counts a socket, no verdict is left, no record
+// was lost, and the RSS at the end is within 25% (+16 MiB) of the RSS when
+// the registry first filled.
+func TestSoak(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	dur := 10 * time.Minute
+	if !*full {
+		dur = time.Minute
+	}
+	bin := filepath.Join(t.TempDir(), "breakerd")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/breakerd").CombinedOutput(); err != nil {
+		t.Fatalf("building breakerd: %v\n%s", err, out)
+	}
+	topo := kerneltest.NewTopology(t, 2)
+	const lo, hi, listen = 1024, 65535, 1000
+	for _, srv := range topo.Servers {
+		srv.Serve(t, listen, func(c *net.TCPConn) {
+			buf := make([]byte, 64)
+			for {
+				if _, err := c.Read(buf); err != nil {
+					c.Close()
+					return
+				}
+			}
+		})
+		srv.RedirectPorts(t, lo, hi, listen)
+	}
+	if err := topo.Client.Sysctl("net/ipv4/tcp_tw_reuse", "1"); err != nil {
+		t.Fatal(err)
+	}
+	cg := kerneltest.NewCgroup(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "b.yaml")
+	os.WriteFile(cfg, []byte(soakConfig), 0o644)
+	bpffs := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+	t.Cleanup(func() { os.RemoveAll(bpffs) })
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := l.Addr().String()
+	l.Close()
+	cmd := exec.Command(bin, "--config", cfg, "--cgroup", cg.Path, "--bpffs", bpffs, "--admin-addr", admin, "--admin-socket", "", "--log-level", "warn")
+	logs := &kerneltest.LogBuffer{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(unix.SIGTERM)
+		cmd.Wait()
+		exec.Command(bin, "uninstall", "--bpffs", bpffs).Run()
+	})
+	if !kerneltest.WaitFor(10*time.Second, func() bool { return get(admin, "/readyz") == 200 }) {
+		t.Fatalf("breakerd not ready:\n%s", logs.String())
+	}
+	pid := cmd.Process.Pid
+
+	done := make(chan []kerneltest.DialResult, len(topo.Servers))
+	for _, srv := range topo.Servers {
+		spec := kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(srv.IPv4, lo), Op: "rate", Rate: 5000, For: dur, Ports: hi - lo + 1, Parallel: 2}
+		go func() { done <- topo.Client.Dial(t, cg, spec) }()
+	}
+	var tab strings.Builder
+	fmt.Fprintf(&tab, "%s at 10,000 new connections/s to %d destinations (max_circuits 100,000, a bulkhead on each)\n\n", dur, 2*(hi-lo+1))
+	fmt.Fprintf(&tab, "| time | circuits | evicted | RSS | daemon CPU | records lost |\n|---|---|---|---|---|---|\n")
+	t0 := time.Now()
+	cpu0, last := cpuNanos(t, pid), t0
+	var fullRSS int64
+	for time.Since(t0) < dur {
+		time.Sleep(min(10*time.Second, dur-time.Since(t0)))
+		cpu, now := cpuNanos(t, pid), time.Now()
+		circuits := dynamicCircuits(t, admin)
+		rss := rssBytes(t, pid)
+		if fullRSS == 0 && circuits >= 99_000 {
+			fullRSS = rss
+		}
+		fmt.Fprintf(&tab, "| %s | %.0f | %.0f | %.1f MiB | %.1f%% of a core | %.0f |\n", now.Sub(t0).Round(time.Second), circuits,
+			metric(t, admin, "breakerd_circuits_evicted_total"), float64(rss)/(1<<20), 100*float64(cpu-cpu0)/float64(now.Sub(last)), metric(t, admin, "breakerd_events_lost_total"))
+		cpu0, last = cpu, now
+	}
+	var ok, failed int64
+	for range topo.Servers {
+		for _, r := range <-done {
+			if r.Errno == 0 {
+				ok += r.Nanos
+			} else {
+				failed += r.Nanos
+				t.Logf("%d connects failed with %v", r.Nanos, r.Errno)
+			}
+		}
+	}
+	fmt.Fprintf(&tab, "\n%d connects (%.0f/s), %d failed\n", ok+failed, float64(ok+failed)/time.Since(t0).Seconds(), failed)
+	t.Log("\n" + tab.String())
+	if *out != "" {
+		f, err := os.OpenFile(*out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintln(f, tab.String())
+		f.Close()
+	}
+
+	if failed > (ok+failed)/100 {
+		t.Errorf("%d of %d healthy connects failed", failed, ok+failed)
+	}
+	// Nothing leaked: once the last records are read, every map holds
+	// exactly what the circuits say.
+	v, err := maps.OpenPinned(bpffs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	var limits, circuits int
+	settled := kerneltest.WaitFor(5*time.Second, func() bool {
+		l, err := v.AllLimits()
+		if err != nil {
+			t.Fatal(err)
+		}
+		limits, circuits = len(l), int(dynamicCircuits(t, admin))
+		return limits == circuits
+	})
+	if !settled {
+		t.Errorf("limits map holds %d entries for %d circuits", limits, circuits)
+	}
+	if circuits > 100_000 {
+		t.Errorf("%d circuits, more than max_circuits", circuits)
+	}
+	if busy, err := v.BusySlots(); err != nil || len(busy) != 0 {
+		t.Errorf("bulkhead slots still counting sockets after every connection closed: %d (%v)", len(busy), err)
+	}
+	if n, _ := v.VerdictCount(); n != 0 {
+		t.Errorf("%d verdicts left with every destination healthy", n)
+	}
+	if lost := metric(t, admin, "breakerd_events_lost_total"); lost != 0 {
+		t.Errorf("%.0f records lost", lost)
+	}
+	if end := rssBytes(t, pid); fullRSS == 0 || end > fullRSS*5/4+16<<20 {
+		t.Errorf("RSS %d MiB at the end, %d MiB when the registry filled", end>>20, fullRSS>>20)
+	}
+}
+
+// dynamicCircuits sums breakerd_dynamic_circuits over its states.
+func dynamicCircuits(t *testing.T, admin string) float64 {
+	t.Helper()
+	var sum float64
+	for _, s := range []string{"closed", "open", "half_open", "forced_open", "forced_closed", "disabled"} {
+		sum += metric(t, admin, `breakerd_dynamic_circuits{state="`+s+`"}`)
+	}
+	return sum
+}
+
+func rssBytes(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
