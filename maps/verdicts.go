@@ -41,8 +41,8 @@ func (p Proto) String() string {
 // kernel; Dest always holds the unmapped form.
 type Dest struct {
 	Proto Proto
+	Class uint8 // next to Proto, so that a Dest packs into 40 bytes
 	Addr  netip.AddrPort
-	Class uint8
 }
 
 // String returns proto/addr:port, e.g. tcp/198.18.0.2:80, with #class
