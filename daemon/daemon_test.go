@@ -479,11 +479,16 @@ all:
 	f.dial(7000, 1, 0) // refused: this circuit opens
 	f.dial(7001, 1, 0) // established: closed
 	f.dial(7002, 1, 0) // a third destination: the idle closed one goes
-	names := map[string]string{}
-	for _, c := range f.d.Circuits() {
-		names[c.Name] = c.State
-	}
 	ip := f.srv.IPv4.String()
+	names := map[string]string{}
+	// The refusal's record reaches the daemon just after connect returns.
+	kerneltest.WaitFor(2*time.Second, func() bool {
+		clear(names)
+		for _, c := range f.d.Circuits() {
+			names[c.Name] = c.State
+		}
+		return names["tcp/"+ip+":7002"] != ""
+	})
 	if len(names) != 2 || names["tcp/"+ip+":7000"] != "open" || names["tcp/"+ip+":7002"] != "open" {
 		t.Fatalf("circuits %v: want the open one kept and the closed idle one evicted", names)
 	}
