@@ -206,17 +206,86 @@ func BenchmarkConnectCost(b *testing.B) {
 		m := median(c.nanos)
 		fmt.Fprintf(&out, "| %s | %.2f µs | %.2f µs | %.3f× | %s | %s | %s | %s |\n", c.name, float64(m)/1e3, float64(kerneltest.Percentile(c.nanos, 99))/1e3, float64(m)/float64(base), prog, obs, rel, total)
 	}
+	udpCost(b, topo, &out, none, cgEmpty, kEmpty, rounds, perRound, rng)
 	b.Log("\n" + out.String())
 	if path := os.Getenv("BREAKERD_BENCH_OUT"); path != "" {
 		if err := os.WriteFile(path, []byte(out.String()), 0o644); err != nil {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64(median(configs[5].nanos)), "reject-ns")
+	for _, c := range configs {
+		if c.name == "rejected by breakerd" {
+			b.ReportMetric(float64(median(c.nanos)), "reject-ns")
+		}
+	}
 	b.ReportMetric(float64(base), "healthy-ns")
 }
 
 func median(xs []int64) int64 { return kerneltest.Percentile(xs, 50) }
+
+// udpCost adds the cost of an unconnected UDP datagram (sendto) to out:
+// with no program, with breakerd attached and no target covering UDP (no
+// verdict lookup), and with one that does (one lookup); sendmsg4's run
+// time per call from the kernel's BPF statistics.
+func udpCost(b *testing.B, topo *kerneltest.Topology, out *strings.Builder, none, cg *kerneltest.Cgroup, k *Kernel, rounds, perRound int, rng *rand.Rand) {
+	const port = 7010
+	topo.Servers[0].ListenPacket(b, "udp", port)
+	cgUDP := kerneltest.NewCgroup(b)
+	dir := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+	kUDP, err := Load(Options{Dir: dir, Cgroup: cgUDP.Path})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { kUDP.Uninstall(); os.RemoveAll(dir) })
+	if err := kUDP.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, UDP: true}); err != nil {
+		b.Fatal(err)
+	}
+	type line struct {
+		name  string
+		cg    *kerneltest.Cgroup
+		k     *Kernel
+		run0  *ebpf.ProgramStats
+		nanos []int64
+	}
+	lines := []*line{{name: "no program", cg: none}, {name: "breakerd, no target covers UDP", cg: cg, k: k}, {name: "breakerd, a target covers UDP", cg: cgUDP, k: kUDP}}
+	for _, l := range lines {
+		if l.k != nil {
+			st, err := l.k.ProgramStats()
+			if err != nil {
+				b.Fatal(err)
+			}
+			l.run0 = st["sendmsg4"]
+		}
+	}
+	for range rounds {
+		for _, i := range rng.Perm(len(lines)) {
+			l := lines[i]
+			for _, x := range topo.Client.Dial(b, l.cg, kerneltest.DialSpec{Network: "udp4", Op: "sendto", Addr: netip.AddrPortFrom(topo.Servers[0].IPv4, port), Count: perRound}) {
+				if x.Errno != 0 {
+					b.Fatalf("%s: sendto %v", l.name, x.Errno)
+				}
+				l.nanos = append(l.nanos, x.Nanos)
+			}
+		}
+	}
+	base := median(lines[0].nanos)
+	fmt.Fprintf(out, "\n| sendto() of one datagram | median | median vs no program | sendmsg4 run time per call |\n|---|---|---|---|\n")
+	for _, l := range lines {
+		prog := "–"
+		if l.k != nil {
+			st, err := l.k.ProgramStats()
+			if err != nil {
+				b.Fatal(err)
+			}
+			s := st["sendmsg4"]
+			if n := s.RunCount - l.run0.RunCount; n > 0 {
+				prog = fmt.Sprintf("%d ns (%d runs)", (s.Runtime-l.run0.Runtime).Nanoseconds()/int64(n), n)
+			}
+		}
+		m := median(l.nanos)
+		fmt.Fprintf(out, "| %s | %.2f µs | %.3f× | %s |\n", l.name, float64(m)/1e3, float64(m)/float64(base), prog)
+	}
+}
 
 // BenchmarkReaderDrain fills the ring buffer with real records (refused
 // connects from the test cgroup, nobody reading) and times how fast one
