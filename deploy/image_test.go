@@ -29,6 +29,14 @@ type containerdForTest struct {
 
 func startContainerd(t *testing.T) *containerdForTest {
 	t.Helper()
+	return startContainerdWith(t, "", "")
+}
+
+// startContainerdWith runs containerd with the CRI plugin configured by
+// cri (a TOML fragment), or off when cri is empty, and ctr in namespace ns
+// (a unique one when empty).
+func startContainerdWith(t *testing.T, cri, ns string) *containerdForTest {
+	t.Helper()
 	for _, bin := range []string{"containerd", "ctr", "runc", "buildah", "containerd-shim-runc-v2"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Fatalf("%s is needed (scripts/setup installs buildah, containerd and runc): %v", bin, err)
@@ -39,18 +47,25 @@ func startContainerd(t *testing.T) *containerdForTest {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &containerdForTest{t: t, dir: dir, sock: filepath.Join(dir, "c.sock"), ns: strings.ReplaceAll(kerneltest.UniqueName(), "-", "")}
+	if ns == "" {
+		ns = strings.ReplaceAll(kerneltest.UniqueName(), "-", "")
+	}
+	c := &containerdForTest{t: t, dir: dir, sock: filepath.Join(dir, "c.sock"), ns: ns}
+	plugins := `disabled_plugins = ["io.containerd.grpc.v1.cri"]`
+	if cri != "" {
+		plugins = ""
+	}
 	cfg := fmt.Sprintf(`version = 2
 root = %q
 state = %q
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
+%s
 [grpc]
   address = %q
 [ttrpc]
   address = %q
 [metrics]
   address = ""
-`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.sock, c.sock+".ttrpc")
+%s`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), plugins, c.sock, c.sock+".ttrpc", cri)
 	if err := os.WriteFile(filepath.Join(dir, "config.toml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -76,6 +91,16 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 		cmd.Process.Kill()
 		cmd.Wait()
 		logs.Close()
+		// ctr puts containers in cgroups /<namespace>/<id> of every
+		// hierarchy; runc removes <id>, the namespace's directory stays.
+		if dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + c.ns); len(dirs) > 0 {
+			for _, d := range dirs {
+				exec.Command("find", d, "-depth", "-type", "d", "-exec", "rmdir", "{}", ";").Run()
+			}
+		}
+		if dirs, _ := filepath.Glob("/sys/fs/cgroup/" + c.ns); len(dirs) > 0 { // unified layout
+			exec.Command("find", dirs[0], "-depth", "-type", "d", "-exec", "rmdir", "{}", ";").Run()
+		}
 		if t.Failed() {
 			data, _ := os.ReadFile(filepath.Join(dir, "containerd.log"))
 			t.Logf("containerd log:\n%s", data)
