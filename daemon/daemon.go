@@ -254,7 +254,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { d.heartbeatLoop(ctx) })
 	wg.Go(func() { d.readEvents(rd) })
-	wg.Go(func() { d.tickLoop(ctx) })
+	wg.Go(func() { d.tickLoop(ctx, rd) })
 	wg.Go(func() { d.resolveLoop(ctx) })
 	wg.Go(func() { d.kubeLoop(ctx) })
 	watcher := d.configWatcher()
@@ -290,12 +290,14 @@ const readBatch = 2048
 // readEvents handles the kernel's records in batches: whatever the ring
 // holds when the reader wakes, in the kernel's order. Failures, probes and
 // slow handshakes wake it at once; healthy established records do not, and
-// are read with the next wake-up or within a tick (TickInterval), so a
-// healthy connection costs the daemon no wake-up of its own.
+// are read with the next wake-up or at the next tick, which wakes the
+// reader only when the ring holds something (tickLoop): a healthy
+// connection costs the daemon no wake-up of its own, and an idle daemon's
+// reader sleeps.
 func (d *Daemon) readEvents(rd *maps.EventReader) {
 	batch := make([]maps.Event, readBatch)
 	for {
-		n, err := rd.ReadBatch(batch, d.opts.TickInterval)
+		n, err := rd.ReadBatch(batch, 0)
 		if err != nil {
 			if errors.Is(err, maps.ErrReaderClosed) {
 				return
@@ -427,7 +429,9 @@ func (d *Daemon) apply(c *circuit, t policy.Transition) {
 
 func round3(f float64) float64 { return float64(int(f*1000+0.5)) / 1000 }
 
-func (d *Daemon) tickLoop(ctx context.Context) {
+// tickLoop runs tick every TickInterval, and wakes the reader when the
+// ring holds records that did not wake it (healthy ones, see readEvents).
+func (d *Daemon) tickLoop(ctx context.Context, rd *maps.EventReader) {
 	tick := time.NewTicker(d.opts.TickInterval)
 	defer tick.Stop()
 	for {
@@ -435,6 +439,7 @@ func (d *Daemon) tickLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			rd.Wake()
 			d.mu.Lock()
 			d.tick(d.now())
 			d.mu.Unlock()

@@ -138,29 +138,44 @@ func (r *EventReader) Read(e *Event) error {
 	return DecodeEvent(r.rec.RawSample, e)
 }
 
+// Wake makes a waiting ReadBatch return what the ring holds, if it holds
+// anything (healthy records do not wake it themselves); with nothing to
+// read it does nothing, so an idle daemon is never woken for nothing. Safe
+// to call from another goroutine.
+func (r *EventReader) Wake() {
+	if r.rd.AvailableBytes() > 0 {
+		_ = r.rd.Flush()
+	}
+}
+
 // SetDeadline bounds the next Reads; the zero time removes the bound.
 func (r *EventReader) SetDeadline(t time.Time) { r.rd.SetDeadline(t) }
 
 // Close stops the reader; a blocked Read returns.
 func (r *EventReader) Close() error { return r.rd.Close() }
 
-// ReadBatch waits until a record arrives, or until wait has passed, then
-// decodes every record the ring holds without waiting again, up to
-// len(evs), in the order the kernel wrote them. It returns how many it
-// decoded: 0 and a nil error when wait passed with nothing to read. Healthy
-// established records do not wake a waiting reader (see struct event in
-// bpf/breaker.h), so a reader that calls ReadBatch in a loop with wait w
-// reads them at most w late, in batches, and every record that needs a
-// prompt answer at once, with all that came before it.
+// ReadBatch waits until a record arrives, until wait has passed (wait ≤ 0:
+// no bound), or until Wake, then decodes every record the ring holds
+// without waiting again, up to len(evs), in the order the kernel wrote
+// them. It returns how many it decoded: 0 and a nil error when it was woken
+// or wait passed with nothing to read. Healthy established records do not
+// wake a waiting reader (see struct event in bpf/breaker.h): a reader that
+// calls ReadBatch in a loop, and Wake every interval, reads them at most an
+// interval late, in batches, and every record that needs a prompt answer
+// at once, with all that came before it.
 func (r *EventReader) ReadBatch(evs []Event, wait time.Duration) (int, error) {
-	r.rd.SetDeadline(time.Now().Add(wait))
+	var deadline time.Time
+	if wait > 0 {
+		deadline = time.Now().Add(wait)
+	}
+	r.rd.SetDeadline(deadline)
 	n := 0
 	for n < len(evs) {
 		if n > 0 && r.rd.AvailableBytes() == 0 {
 			break
 		}
 		if err := r.rd.ReadInto(&r.rec); err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
+			if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, ringbuf.ErrFlushed) {
 				return n, nil
 			}
 			return n, fmt.Errorf("reading ring buffer: %w", err)

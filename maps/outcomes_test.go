@@ -376,3 +376,52 @@ func TestHealthyRecordsWakeNoReader(t *testing.T) {
 		t.Fatalf("batch %v, want [established refused]", outcomes(batch[:n]))
 	}
 }
+
+// Wake makes a waiting reader return what the ring holds, and does nothing
+// when it holds nothing (an idle daemon's reader is never woken for
+// nothing).
+func TestWakeOnlyWithRecords(t *testing.T) {
+	e := newEnv(t, Options{})
+	rd, err := e.k.NewEventReader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	e.srv.ServeHold(t, 9030)
+	batch := make([]Event, 8)
+	done := make(chan int, 1)
+	read := func() {
+		go func() {
+			n, err := rd.ReadBatch(batch, 0)
+			if err != nil {
+				t.Errorf("ReadBatch: %v", err)
+			}
+			done <- n
+		}()
+	}
+	read()
+	time.Sleep(50 * time.Millisecond)
+	rd.Wake() // nothing to read: the reader keeps waiting
+	select {
+	case n := <-done:
+		t.Fatalf("Wake with an empty ring woke the reader (%d records)", n)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: e.dest(9030, false).Addr}); res[0].Errno != 0 {
+		t.Fatalf("healthy connect: %v", res[0].Errno)
+	}
+	select {
+	case n := <-done:
+		t.Fatalf("a healthy record woke the reader (%d records)", n)
+	case <-time.After(300 * time.Millisecond):
+	}
+	rd.Wake()
+	select {
+	case n := <-done:
+		if n != 1 || batch[0].Outcome != Established {
+			t.Fatalf("after Wake: %v, want [established]", outcomes(batch[:n]))
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("Wake with a record waiting did not wake the reader")
+	}
+}
