@@ -34,8 +34,10 @@ all:
 // samples the daemon's RSS and CPU ten times and, once the load stops,
 // checks that nothing leaked: the limits map holds exactly one entry per
 // circuit, no bulkhead slot counts a socket, no verdict is left, no record
-// was lost, and the RSS at the end is within 25% (+16 MiB) of the RSS when
-// the registry first filled.
+// was lost, and the RSS does not grow: its peak over the second half of the
+// run is within 20% (+16 MiB) of its peak over the first half once the
+// registry was full (a Go heap's RSS swings with each collection; a leak
+// grows the peaks).
 func TestSoak(t *testing.T) {
 	kerneltest.RequireKernel(t)
 	dur := 10 * time.Minute
@@ -101,14 +103,18 @@ func TestSoak(t *testing.T) {
 	fmt.Fprintf(&tab, "| time | circuits | evicted | RSS | daemon CPU | records lost |\n|---|---|---|---|---|---|\n")
 	t0 := time.Now()
 	cpu0, last := cpuNanos(t, pid), t0
-	var fullRSS int64
+	var firstPeak, secondPeak int64 // RSS peaks once full, first and second half
 	for time.Since(t0) < dur {
 		time.Sleep(min(dur/10, dur-time.Since(t0)))
 		cpu, now := cpuNanos(t, pid), time.Now()
 		circuits := dynamicCircuits(t, admin)
 		rss := rssBytes(t, pid)
-		if fullRSS == 0 && circuits >= 99_000 {
-			fullRSS = rss
+		switch {
+		case circuits < 99_000:
+		case now.Sub(t0) < dur/2:
+			firstPeak = max(firstPeak, rss)
+		default:
+			secondPeak = max(secondPeak, rss)
 		}
 		fmt.Fprintf(&tab, "| %s | %.0f | %.0f | %.1f MiB | %.1f%% of a core | %.0f |\n", now.Sub(t0).Round(time.Second), circuits,
 			metric(t, admin, "breakerd_circuits_evicted_total"), float64(rss)/(1<<20), 100*float64(cpu-cpu0)/float64(now.Sub(last)), metric(t, admin, "breakerd_events_lost_total"))
@@ -170,8 +176,8 @@ func TestSoak(t *testing.T) {
 	if lost := metric(t, admin, "breakerd_events_lost_total"); lost != 0 {
 		t.Errorf("%.0f records lost", lost)
 	}
-	if end := rssBytes(t, pid); fullRSS == 0 || end > fullRSS*5/4+16<<20 {
-		t.Errorf("RSS %d MiB at the end, %d MiB when the registry filled", end>>20, fullRSS>>20)
+	if firstPeak == 0 || secondPeak > firstPeak*6/5+16<<20 {
+		t.Errorf("RSS grew: peak %d MiB in the second half, %d MiB in the first once full", secondPeak>>20, firstPeak>>20)
 	}
 }
 
