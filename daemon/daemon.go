@@ -9,9 +9,10 @@
 // the file changes, and on start adopts the open circuits a previous
 // daemon left in the pinned verdict map.
 //
-// Shutdown order (Run's return path): the context is cancelled; the ring
-// buffer reader is closed (its Read does not watch the context); the
-// heartbeat, event, tick, resolve and watch goroutines are waited for; the
+// Shutdown order (Run's return path): the context is cancelled; the tick
+// goroutine is waited for (it wakes the reader, whose ring Close unmaps);
+// the ring buffer reader is closed (its Read does not watch the context);
+// the heartbeat, event, resolve and watch goroutines are waited for; the
 // admin servers are shut down; then the kernel handles are closed. Pins
 // and links stay, so the programs keep enforcing under the heartbeat until
 // a new daemon adopts them, or the fail-safe timeout lets everything
@@ -254,7 +255,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { d.heartbeatLoop(ctx) })
 	wg.Go(func() { d.readEvents(rd) })
-	wg.Go(func() { d.tickLoop(ctx, rd) })
+	// The tick wakes the reader (rd.Wake), so it must be over before the
+	// reader closes.
+	tickDone := make(chan struct{})
+	go func() { defer close(tickDone); d.tickLoop(ctx, rd) }()
 	wg.Go(func() { d.resolveLoop(ctx) })
 	wg.Go(func() { d.kubeLoop(ctx) })
 	watcher := d.configWatcher()
@@ -277,6 +281,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	} else {
 		d.log.Info("shutting down; links and maps stay pinned: the kernel keeps enforcing open circuits until a new breakerd adopts them, or for the fail-safe timeout without a heartbeat", "failsafe_timeout", failsafe.String())
 	}
+	<-tickDone
 	rd.Close()
 	wg.Wait()
 	srv.shutdown()

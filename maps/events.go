@@ -140,8 +140,9 @@ func (r *EventReader) Read(e *Event) error {
 
 // Wake makes a waiting ReadBatch return what the ring holds, if it holds
 // anything (healthy records do not wake it themselves); with nothing to
-// read it does nothing, so an idle daemon is never woken for nothing. Safe
-// to call from another goroutine.
+// read it does nothing, so an idle daemon is never woken for nothing. It
+// may be called from another goroutine than the reader's, but never after
+// or during Close (it reads the ring's memory, which Close unmaps).
 func (r *EventReader) Wake() {
 	if r.rd.AvailableBytes() > 0 {
 		_ = r.rd.Flush()
@@ -171,9 +172,8 @@ func (r *EventReader) ReadBatch(evs []Event, wait time.Duration) (int, error) {
 	r.rd.SetDeadline(deadline)
 	n := 0
 	for n < len(evs) {
-		if n > 0 && r.rd.AvailableBytes() == 0 {
-			break
-		}
+		// (Not AvailableBytes here: a concurrent Close unmaps the ring,
+		// and only ReadInto holds the reader's lock.)
 		if err := r.rd.ReadInto(&r.rec); err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, ringbuf.ErrFlushed) {
 				return n, nil
