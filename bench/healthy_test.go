@@ -5,12 +5,9 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -54,24 +51,13 @@ func TestHealthyPathCost(t *testing.T) {
 	}
 	bin := *healthyBin
 	if bin == "" {
-		bin = filepath.Join(t.TempDir(), "breakerd")
-		if out, err := exec.Command("go", "build", "-o", bin, "../cmd/breakerd").CombinedOutput(); err != nil {
-			t.Fatalf("building breakerd: %v\n%s", err, out)
-		}
+		bin = buildBreakerd(t)
 	}
 	topo := kerneltest.NewTopology(t, 1)
 	srv := topo.Servers[0]
 	const base, ports, refusing = 20000, 64, 21000
 	for p := uint16(base); p < base+ports; p++ {
-		srv.Serve(t, p, func(c *net.TCPConn) {
-			buf := make([]byte, 64)
-			for {
-				if _, err := c.Read(buf); err != nil {
-					c.Close()
-					return
-				}
-			}
-		})
+		serveAndClose(t, srv, p)
 	}
 	// Many 4-tuples a second from one client address: let connect reuse
 	// TIME_WAIT ports (the client closes first).
@@ -79,32 +65,8 @@ func TestHealthyPathCost(t *testing.T) {
 		t.Fatal(err)
 	}
 	cg := kerneltest.NewCgroup(t)
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "b.yaml")
-	os.WriteFile(cfg, []byte(healthyConfig), 0o644)
-	bpffs := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
-	t.Cleanup(func() { os.RemoveAll(bpffs) })
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin := l.Addr().String()
-	l.Close()
-	cmd := exec.Command(bin, "--config", cfg, "--cgroup", cg.Path, "--bpffs", bpffs, "--admin-addr", admin, "--admin-socket", "", "--log-level", "warn")
-	logs := &kerneltest.LogBuffer{}
-	cmd.Stderr = logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(unix.SIGTERM)
-		cmd.Wait()
-		exec.Command(bin, "uninstall", "--bpffs", bpffs).Run()
-	})
-	if !kerneltest.WaitFor(10*time.Second, func() bool { return get(admin, "/readyz") == 200 }) {
-		t.Fatalf("breakerd not ready:\n%s", logs.String())
-	}
-	pid := cmd.Process.Pid
+	d := startBreakerd(t, bin, healthyConfig, cg)
+	admin, bpffs, pid := d.admin, d.bpffs, d.pid
 
 	var tab strings.Builder
 	fmt.Fprintf(&tab, "%s per rate, 64 destinations, connect + close from one client process; daemon CPU from the kernel's per-thread run time, less an idle stretch of the same length\n\n", dur)

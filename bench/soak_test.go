@@ -2,17 +2,12 @@ package bench
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
 	"github.com/breakerd/breakerd/maps"
@@ -44,54 +39,19 @@ func TestSoak(t *testing.T) {
 	if !*full {
 		dur = time.Minute
 	}
-	bin := filepath.Join(t.TempDir(), "breakerd")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/breakerd").CombinedOutput(); err != nil {
-		t.Fatalf("building breakerd: %v\n%s", err, out)
-	}
+	bin := buildBreakerd(t)
 	topo := kerneltest.NewTopology(t, 2)
 	const lo, hi, listen = 1024, 65535, 1000
 	for _, srv := range topo.Servers {
-		srv.Serve(t, listen, func(c *net.TCPConn) {
-			buf := make([]byte, 64)
-			for {
-				if _, err := c.Read(buf); err != nil {
-					c.Close()
-					return
-				}
-			}
-		})
+		serveAndClose(t, srv, listen)
 		srv.RedirectPorts(t, lo, hi, listen)
 	}
 	if err := topo.Client.Sysctl("net/ipv4/tcp_tw_reuse", "1"); err != nil {
 		t.Fatal(err)
 	}
 	cg := kerneltest.NewCgroup(t)
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "b.yaml")
-	os.WriteFile(cfg, []byte(soakConfig), 0o644)
-	bpffs := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
-	t.Cleanup(func() { os.RemoveAll(bpffs) })
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin := l.Addr().String()
-	l.Close()
-	cmd := exec.Command(bin, "--config", cfg, "--cgroup", cg.Path, "--bpffs", bpffs, "--admin-addr", admin, "--admin-socket", "", "--log-level", "warn")
-	logs := &kerneltest.LogBuffer{}
-	cmd.Stderr = logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(unix.SIGTERM)
-		cmd.Wait()
-		exec.Command(bin, "uninstall", "--bpffs", bpffs).Run()
-	})
-	if !kerneltest.WaitFor(10*time.Second, func() bool { return get(admin, "/readyz") == 200 }) {
-		t.Fatalf("breakerd not ready:\n%s", logs.String())
-	}
-	pid := cmd.Process.Pid
+	d := startBreakerd(t, bin, soakConfig, cg)
+	admin, bpffs, pid := d.admin, d.bpffs, d.pid
 
 	done := make(chan []kerneltest.DialResult, len(topo.Servers))
 	for _, srv := range topo.Servers {
