@@ -65,7 +65,8 @@ type Options struct {
 	// 30s).
 	ResolveInterval time.Duration
 	// CheckInterval is how often the daemon checks that the cgroup, the
-	// bpf filesystem and its pins are as attached (default 1s).
+	// bpf filesystem and its pins are as attached (default 1s; negative:
+	// never, for tests that run the checks themselves).
 	CheckInterval time.Duration
 	// Resolver looks host names up (default net.DefaultResolver).
 	Resolver Resolver

@@ -45,6 +45,9 @@ type fixture struct {
 	// resolve interval when set.
 	resolver     Resolver
 	resolveEvery time.Duration
+	// checkEvery replaces the daemon's ground-check interval when set
+	// (negative: the test runs the checks itself).
+	checkEvery time.Duration
 	// cluster is the Kubernetes client the daemon gets (kube_test.go).
 	cluster *kube.Client
 }
@@ -83,7 +86,7 @@ func (f *fixture) start() *Daemon {
 	d, err := New(Options{
 		ConfigPath: f.config, Cgroup: f.cg.Path, BPFFS: f.bpffs, AdminSocket: f.socket, AdminAddr: f.admin,
 		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(f.logs), nil)), TickInterval: f.tick,
-		Resolver: f.resolver, ResolveInterval: f.resolveEvery, Cluster: f.cluster,
+		Resolver: f.resolver, ResolveInterval: f.resolveEvery, CheckInterval: f.checkEvery, Cluster: f.cluster,
 	})
 	if err != nil {
 		f.t.Fatalf("New: %v", err)

@@ -192,6 +192,9 @@ func (d *Daemon) reconcileLimits() error {
 // what can be repaired (pins removed, the cgroup made again) is, and the
 // daemon is ready again once nothing is missing.
 func (d *Daemon) watchGround(ctx context.Context) {
+	if d.opts.CheckInterval < 0 {
+		return
+	}
 	t := time.NewTicker(d.opts.CheckInterval)
 	defer t.Stop()
 	for {

@@ -305,8 +305,8 @@ func TestGroundMoving(t *testing.T) {
 	f.srv.ServeHold(t, 8080)
 	cg := kerneltest.NewCgroup(t)
 	f.cg = cg
+	f.checkEvery = -1 // checks run by hand below
 	f.start()
-	f.d.opts.CheckInterval = 0 // checks run by hand below
 	if _, err := f.d.Force("svc", "open"); err != nil {
 		t.Fatal(err)
 	}
