@@ -19,10 +19,11 @@ func dynamicDest(i int) maps.Dest {
 // BenchmarkHandleOutcome is the daemon's cost per kernel record on one
 // goroutine: decode is measured in maps; this is record → circuit lookup
 // → state machine (and a verdict write when it transitions), with every
-// 50th record a failure, over 1,000 destinations (the default run) and,
-// with -bench.circuits, 1,000, 100,000 and 131,072 (max_circuits' largest
-// value) existing circuits visited in a scattered order, so the larger
-// ones miss the CPU caches as a node's daemon would.
+// 50th record a failure, handled as the reader does, in batches of up to
+// 1024 records with increasing socket cookies, over 1,000 destinations
+// (the default run) and, with -bench.circuits, 1,000, 100,000 and 131,072
+// (max_circuits' largest value) existing circuits visited in a scattered
+// order, so the larger ones miss the CPU caches as a node's daemon would.
 func BenchmarkHandleOutcome(b *testing.B) {
 	sizes := []int{1000}
 	if *benchCircuits {
@@ -34,7 +35,7 @@ func BenchmarkHandleOutcome(b *testing.B) {
 			name = strconv.Itoa(n)
 		}
 		run := func(b *testing.B) {
-			f := newFixture(b, "max_circuits: 131072\nall:\n  consecutive_failures: 0\n  min_requests: 1000\n  window_size: 1000\n")
+			f := newFixture(b, "max_circuits: 131072\n")
 			d := f.start()
 			ev := maps.Event{Outcome: maps.Established, Duration: 50 * time.Microsecond}
 			now := time.Now()
@@ -42,19 +43,30 @@ func BenchmarkHandleOutcome(b *testing.B) {
 			defer d.mu.Unlock()
 			for i := range n {
 				ev.Dest = dynamicDest(i)
-				d.handle(&ev, now)
+				d.handle(&ev, now, nil)
 			}
+			const batch = 1024
+			evs := make([]maps.Event, batch)
+			var i uint32
 			b.ReportAllocs()
 			b.ResetTimer()
-			for i := 0; b.Loop(); i++ {
-				ev.Dest = dynamicDest(int(uint32(i) * 2654435761 % uint32(n)))
-				ev.Outcome = maps.Established
-				if i%50 == 0 {
-					ev.Outcome = maps.Refused
+			for b.Loop() {
+				for j := range evs {
+					e := &evs[j]
+					e.Dest = dynamicDest(int(i * 2654435761 % uint32(n)))
+					e.Outcome = maps.Established
+					if i%50 == 0 {
+						e.Outcome = maps.Refused
+					}
+					e.Duration = 50 * time.Microsecond
+					e.Cookie = uint64(i) + 1
+					e.Time = time.Duration(i) * time.Microsecond
+					i++
 				}
-				d.handle(&ev, now)
+				d.handleBatch(evs, now)
 			}
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/record")
+			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "records/s")
 		}
 		if name == "" {
 			run(b)

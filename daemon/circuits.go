@@ -149,6 +149,7 @@ type registry struct {
 	ids       *ids
 	classes   *policy.Classes // the daemon's, for the names of isolated workloads' circuits
 	made      uint64          // circuits made so far
+	version   uint64          // counts the changes of byDest
 	dynamic   int
 	// adopting is set while start-up rebuilds the circuits of the pinned
 	// verdicts: max_circuits does not refuse those (an open verdict is
@@ -490,6 +491,7 @@ func (d *Daemon) attach(c *circuit, dst maps.Dest) {
 		c.extra.dests = append(c.extra.dests, dst)
 	}
 	d.reg.byDest[dst.Compact()] = c
+	d.reg.version++
 	if o := c.machine.Options(); o.HasLimits() {
 		d.writeLimit(c, dst)
 	}
@@ -594,6 +596,7 @@ func (d *Daemon) drop(c *circuit) {
 			d.log.Warn("deleting bulkhead limits", "dest", dst, "err", err)
 		}
 		delete(d.reg.byDest, dst.Compact())
+		d.reg.version++
 	}
 	// Keep its kernel counts so the per-target counters never go down.
 	if cnt, err := d.k.Counters(c.id); err == nil {

@@ -206,6 +206,7 @@ func (d *Daemon) detach(c *circuit, gone []maps.Dest) {
 			d.log.Warn("deleting bulkhead limits", "dest", dst, "err", err)
 		}
 		delete(d.reg.byDest, dst.Compact())
+		d.reg.version++
 		c.removeDest(dst)
 	}
 }

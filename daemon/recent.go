@@ -54,6 +54,18 @@ func (r *recentConns) established(cookie uint64) (time.Duration, bool) {
 	return 0, false
 }
 
+// peek loads the set of cookie (see Daemon.warm).
+func (r *recentConns) peek(cookie uint64) uint8 {
+	if r.sets == nil {
+		return 0
+	}
+	return uint8(r.sets[recentIndex(cookie)][0].at)
+}
+
+// recentIndex is the set of a cookie: its low bits. The kernel hands out
+// socket cookies from one counter, so records close in time fall in
+// neighbouring sets (few cache lines, in order), and a set is reused only
+// after 2^16 newer sockets.
 func recentIndex(cookie uint64) uint64 {
-	return (cookie * 0x9e3779b97f4a7c15) >> (64 - 16)
+	return cookie & (recentSets - 1)
 }

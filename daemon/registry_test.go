@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"net/netip"
+	"strconv"
 	"testing"
 	"time"
 	"unsafe"
@@ -68,7 +69,7 @@ targets:
 	rec := func(i int, o maps.Outcome) {
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		d.handle(&maps.Event{Dest: dynamicDest(i), Outcome: o}, now)
+		d.handle(&maps.Event{Dest: dynamicDest(i), Outcome: o}, now, nil)
 	}
 	for i := range 5 {
 		rec(i, maps.Established)
@@ -80,8 +81,8 @@ targets:
 	if len(d.reg.active) != 1 {
 		t.Fatalf("active %d, want 1", len(d.reg.active))
 	}
-	d.handle(&maps.Event{Dest: maps.Dest{Proto: maps.TCP, Addr: dynamicDest(0).Addr}, Outcome: maps.Established}, now) // 0 becomes the most recent
-	d.handle(&maps.Event{Dest: endpointDest(1), Outcome: maps.Established}, now)                                       // an endpoint circuit: 6 destinations
+	d.handle(&maps.Event{Dest: maps.Dest{Proto: maps.TCP, Addr: dynamicDest(0).Addr}, Outcome: maps.Established}, now, nil) // 0 becomes the most recent
+	d.handle(&maps.Event{Dest: endpointDest(1), Outcome: maps.Established}, now, nil)                                       // an endpoint circuit: 6 destinations
 	d.mu.Unlock()
 	rec(7, maps.Established) // a 7th destination evicts the least recently active closed dynamic one: 1
 	d.mu.Lock()
@@ -104,7 +105,7 @@ targets:
 		d.apply(c, tr)
 	}
 	checkRegistry(t, d.reg)
-	d.handle(&maps.Event{Dest: dynamicDest(2), Outcome: maps.Established, Probe: true, Round: c.machine.Round()}, time.Now())
+	d.handle(&maps.Event{Dest: dynamicDest(2), Outcome: maps.Established, Probe: true, Round: c.machine.Round()}, time.Now(), nil)
 	if s := c.machine.State(); s != policy.Closed {
 		t.Fatalf("after the probe: %s", s)
 	}
@@ -141,5 +142,86 @@ func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 func TestCircuitSize(t *testing.T) {
 	if s := unsafe.Sizeof(circuit{}); s > 192 {
 		t.Fatalf("a circuit takes %d bytes, more than 192 (the footprint goal is ≤ 300 bytes per dynamic circuit)", s)
+	}
+}
+
+// handleBatch, which looks circuits up ahead of handling records (with
+// many circuits), ends exactly where handling the records one by one does,
+// also when records in a chunk make circuits that evict ones looked up
+// earlier in it.
+func TestHandleBatchMatchesOneByOne(t *testing.T) {
+	const n = prefetchFrom
+	cfg := "max_circuits: " + strconv.Itoa(n) + "\nall:\n  consecutive_failures: 3\n  open_duration: 4m\n"
+	var evs []maps.Event
+	cookie := uint64(1)
+	ev := func(i int, o maps.Outcome) {
+		evs = append(evs, maps.Event{Dest: dynamicDest(i), Outcome: o, Duration: time.Millisecond, Cookie: cookie, Time: time.Duration(cookie) * time.Microsecond})
+		cookie++
+	}
+	for i := range n {
+		ev(i, maps.Established)
+	}
+	// Then chunks mixing old destinations (some failing three times in a
+	// row, which opens them), new ones (each evicts the least recently
+	// active idle circuit, often one looked up earlier in the chunk) and
+	// resets dated by the reset-dating table.
+	for round := range 8 {
+		for j := range 300 {
+			switch j % 5 {
+			case 0:
+				ev(n+round*300+j, maps.Established)
+			case 1, 2:
+				ev((round*977+j*31)%n, maps.Refused)
+			case 3:
+				ev((round*977+j*31)%n, maps.Established)
+			default:
+				ev(j, maps.Refused)
+			}
+		}
+	}
+	now := time.Now()
+	type summary struct {
+		state                              string
+		calls, failures, consecutive, trip int
+	}
+	run := func(batched bool) map[string]summary {
+		f := newFixture(t, cfg)
+		d := f.start()
+		d.mu.Lock()
+		if batched {
+			for rest := evs; len(rest) > 0; {
+				k := min(len(rest), readBatch)
+				d.handleBatch(rest[:k], now)
+				rest = rest[k:]
+			}
+		} else {
+			for i := range evs {
+				d.handle(&evs[i], now, nil)
+			}
+		}
+		checkRegistry(t, d.reg)
+		d.mu.Unlock()
+		out := map[string]summary{}
+		for _, c := range d.Circuits() {
+			out[c.Name] = summary{c.State, c.Calls, c.Failures, c.ConsecutiveFailures, c.Trip}
+		}
+		f.stop()
+		return out
+	}
+	one, batched := run(false), run(true)
+	if len(one) != n || len(batched) != len(one) {
+		t.Fatalf("%d circuits one by one, %d batched, want %d", len(one), len(batched), n)
+	}
+	open := 0
+	for name, c := range one {
+		if b := batched[name]; b != c {
+			t.Fatalf("%s: one by one %+v, batched %+v", name, c, b)
+		}
+		if c.state == "open" {
+			open++
+		}
+	}
+	if open == 0 {
+		t.Fatal("no circuit opened: the records test nothing")
 	}
 }
