@@ -1,6 +1,9 @@
 package maps
 
 import (
+	"net/netip"
+	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -136,4 +139,50 @@ func TestBulkheadScope(t *testing.T) {
 	holder.Cmd.Process.Kill()
 	holder.Cmd.Wait()
 	e.waitCount(t, 24, BulkCount{})
+}
+
+// sock_release, which every connection of the cgroup would pay for, is
+// attached only once a bulkhead limit is written, and from then on kept
+// under these pins; with it, a connect that fails before sending any SYN
+// (no route: sockops never sees the socket) still gives its slot back.
+func TestReleaseHookOnlyWithLimits(t *testing.T) {
+	e := newEnv(t, Options{})
+	pin := filepath.Join(e.k.PinDir(), "link_sock_release")
+	if _, err := os.Lstat(pin); err == nil {
+		t.Fatal("sock_release attached with no bulkhead limit")
+	}
+	e.restart(t)
+	if _, err := os.Lstat(pin); err == nil {
+		t.Fatal("sock_release attached by a second start with no bulkhead limit")
+	}
+
+	// No route to this address in the client's namespace: connect fails
+	// in the kernel before a packet could leave.
+	d := Dest{Proto: TCP, Addr: netip.MustParseAddrPort("203.0.113.9:8203")}
+	if err := e.k.PutLimit(d, Limit{Slot: 23, MaxConnections: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, Limits: true}); err != nil {
+		t.Fatal(err)
+	}
+	id := linkID(t, pin)
+	for i := range 3 {
+		res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr})
+		if res[0].Errno != unix.ENETUNREACH {
+			t.Fatalf("connect %d to %s: %v, want ENETUNREACH (its slot given back)", i, d.Addr, res[0].Errno)
+		}
+	}
+	e.waitCount(t, 23, BulkCount{})
+
+	// Kept: a second start adopts it, also once the limits are gone.
+	if err := e.k.DeleteLimit(d); err != nil {
+		t.Fatal(err)
+	}
+	e.restart(t)
+	if got := linkID(t, pin); got != id {
+		t.Fatalf("sock_release's link %d after a restart, want %d adopted", got, id)
+	}
+	if p := e.k.Check(); p != nil {
+		t.Fatalf("ground check after the restart: %v", p)
+	}
 }

@@ -159,6 +159,9 @@ func (k *Kernel) Repair() error {
 				return errors.Join(append(errs, err)...)
 			}
 			for _, h := range hooks {
+				if h.optional && k.links[h.name] == nil {
+					continue // not needed so far
+				}
 				l, err := attachLink(k.cgroup, h, h.prog(&k.objs))
 				if err != nil {
 					errs = append(errs, err)

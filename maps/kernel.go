@@ -122,15 +122,21 @@ type hook struct {
 	name   string
 	attach ebpf.AttachType
 	prog   func(*bpf.BreakerObjects) *ebpf.Program
+	// optional: attached only once something needs it (see
+	// Kernel.ensureHook), and from then on kept while the pins live.
+	optional bool
 }
 
 var hooks = []hook{
-	{"connect4", ebpf.AttachCGroupInet4Connect, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Connect4 }},
-	{"connect6", ebpf.AttachCGroupInet6Connect, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Connect6 }},
-	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Sendmsg4 }},
-	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Sendmsg6 }},
-	{"sockops", ebpf.AttachCGroupSockOps, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Observe }},
-	{"sock_release", ebpf.AttachCgroupInetSockRelease, func(o *bpf.BreakerObjects) *ebpf.Program { return o.SockRelease }},
+	{"connect4", ebpf.AttachCGroupInet4Connect, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Connect4 }, false},
+	{"connect6", ebpf.AttachCGroupInet6Connect, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Connect6 }, false},
+	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Sendmsg4 }, false},
+	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Sendmsg6 }, false},
+	{"sockops", ebpf.AttachCGroupSockOps, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Observe }, false},
+	// sock_release gives back what a socket holds in a bulkhead; every
+	// connection pays for its call, so it is attached only with bulkhead
+	// limits (before the first one is written) and stays attached.
+	{"sock_release", ebpf.AttachCgroupInetSockRelease, func(o *bpf.BreakerObjects) *ebpf.Program { return o.SockRelease }, true},
 }
 
 // ProbeFeatures asks the kernel what it supports. An inconclusive probe
@@ -339,6 +345,9 @@ func (k *Kernel) attach(cgroup string) error {
 	for _, h := range hooks {
 		prog := h.prog(&k.objs)
 		pin := filepath.Join(k.dir, "link_"+h.name)
+		if h.optional && !k.needs(h, pin) {
+			continue
+		}
 		if l, err := k.adoptLink(pin, id, prog); err != nil {
 			return fmt.Errorf("adopting %s: %w", pin, err)
 		} else if l != nil {
@@ -355,6 +364,48 @@ func (k *Kernel) attach(cgroup string) error {
 		}
 	}
 	return nil
+}
+
+// needs reports whether optional hook h must be attached at load: it was
+// (its link is pinned, on any cgroup), or what it serves is in the maps
+// already (bulkhead limits, for sock_release).
+func (k *Kernel) needs(h hook, pin string) bool {
+	if _, err := os.Lstat(pin); err == nil {
+		return true
+	}
+	if h.name == "sock_release" {
+		var key bpf.BreakerDestKey
+		return k.objs.Limits.NextKey(nil, &key) == nil
+	}
+	return false
+}
+
+// ensureHook attaches optional hook name to the protected cgroup, and pins
+// it, unless it is attached already. Without a cgroup (nothing attached)
+// there is nothing to do.
+func (k *Kernel) ensureHook(name string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.cgroup == "" || k.links[name] != nil {
+		return nil
+	}
+	for _, h := range hooks {
+		if h.name != name {
+			continue
+		}
+		l, err := attachLink(k.cgroup, h, h.prog(&k.objs))
+		if err != nil {
+			return err
+		}
+		if err := pinReplacing(l, filepath.Join(k.dir, "link_"+h.name)); err != nil {
+			l.Close()
+			return fmt.Errorf("pinning %s: %w", h.name, err)
+		}
+		k.links[h.name] = l
+		k.log.Info("attached", "program", h.name, "cgroup", k.cgroup)
+		return nil
+	}
+	return fmt.Errorf("no hook %s", name)
 }
 
 func attachLink(cgroup string, h hook, prog *ebpf.Program) (link.Link, error) {

@@ -31,6 +31,11 @@ func (k *Kernel) PutLimit(d Dest, l Limit) error {
 	if l.Slot >= MaxCircuitIDs {
 		return fmt.Errorf("bulkhead slot %d is not below %d", l.Slot, MaxCircuitIDs)
 	}
+	// What a socket takes must be given back however it goes: the
+	// release hook runs before any limit can be taken.
+	if err := k.ensureHook("sock_release"); err != nil {
+		return fmt.Errorf("writing limits for %s: %w", d, err)
+	}
 	key := d.Key()
 	raw := bpf.BreakerLimit{Slot: l.Slot, MaxConnections: l.MaxConnections, MaxConnecting: l.MaxConnecting, RejectErrno: uint16(l.Errno)}
 	if err := k.objs.Limits.Put(&key, &raw); err != nil {
