@@ -481,28 +481,38 @@ over:;
 	return 0;
 }
 
-/* scope decides, with CONFIG_SCOPED, whether the calling process is
- * protected: by the cgroup it is in now (bpf_get_current_cgroup_id; this
- * is process context), which gives the key its workload class. A TCP
- * connect hands the decision to sockops' connect callback, which runs
- * next in the same connect() call, through the per-CPU handoff keyed by
- * the socket's cookie (a plain map write: no socket storage is made). */
-static __always_inline int scope(struct bpf_sock_addr *ctx, struct dest_key *key)
+/* WORKLOAD_FLAGS: the workloads map is looked up (CONFIG_SCOPED or
+ * CONFIG_CLASSES). */
+#define WORKLOAD_FLAGS (CONFIG_SCOPED | CONFIG_CLASSES)
+
+/* scope decides, with WORKLOAD_FLAGS, whether the calling process is
+ * protected and its classes: by the cgroup it is in now
+ * (bpf_get_current_cgroup_id; this is process context). A cgroup with an
+ * entry gives the key its workload class and *bulkhead the class its
+ * limits are looked up with; one without is not protected under
+ * CONFIG_SCOPED, and protected in class 0 otherwise. A TCP connect hands
+ * the decision to sockops' connect callback, which runs next in the same
+ * connect() call, through the per-CPU handoff keyed by the socket's
+ * cookie (a plain map write: no socket storage is made). */
+static __always_inline int scope(struct bpf_sock_addr *ctx, struct dest_key *key, __u32 flags,
+				 __u8 *bulkhead)
 {
 	__u64 cg = bpf_get_current_cgroup_id();
 	struct workload *w = bpf_map_lookup_elem(&workloads, &cg);
+	int protected = w || !(flags & CONFIG_SCOPED);
 	if (key->proto == IPPROTO_TCP) {
 		__u32 zero = 0;
 		struct connect_handoff *h = bpf_map_lookup_elem(&handoff, &zero);
 		if (h) {
 			h->cookie = bpf_get_socket_cookie(ctx);
-			h->class1 = w ? w->class + 1 : 0;
+			h->class1 = w ? w->class + 1 : (__u32)protected;
 		}
 	}
-	if (!w)
-		return 0;
-	key->class = (__u8)w->class;
-	return 1;
+	if (w) {
+		key->class = (__u8)w->class;
+		*bulkhead = (__u8)w->bulkhead;
+	}
+	return protected;
 }
 
 static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *key)
@@ -516,12 +526,19 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 	 * lookup. */
 	if (key->proto != IPPROTO_TCP && !(cfg->flags & CONFIG_UDP))
 		return 1;
-	if ((cfg->flags & CONFIG_SCOPED) && !scope(ctx, key))
+	__u8 bulkhead = 0;
+	if ((cfg->flags & WORKLOAD_FLAGS) && !scope(ctx, key, cfg->flags, &bulkhead))
 		return 1; /* not a protected workload */
 	struct verdict *v = bpf_map_lookup_elem(&verdicts, key);
 	struct limit *l = 0;
-	if ((cfg->flags & CONFIG_LIMITS) && key->proto == IPPROTO_TCP)
+	if ((cfg->flags & CONFIG_LIMITS) && key->proto == IPPROTO_TCP) {
+		/* The limits are the workload's own (its bulkhead class), also
+		 * when it shares the verdict's circuit. */
+		__u8 class = key->class;
+		key->class = bulkhead;
 		l = bpf_map_lookup_elem(&limits, key);
+		key->class = class;
+	}
 	if (!v && !l)
 		return 1;
 
@@ -681,12 +698,14 @@ static __always_inline __u64 connect_age(struct sock *sk, __u64 now)
 	return 0;
 }
 
-/* scoped reports whether only the workloads map's cgroups are protected. */
-static __always_inline int scoped(void)
+/* workload_flags are the settings' CONFIG_SCOPED and CONFIG_CLASSES: with
+ * either, sockops agrees with connect4/6 on whether and in which class a
+ * socket is protected. */
+static __always_inline __u32 workload_flags(void)
 {
 	__u32 zero = 0;
 	struct settings *cfg = bpf_map_lookup_elem(&config, &zero);
-	return cfg && (cfg->flags & CONFIG_SCOPED);
+	return cfg ? cfg->flags & WORKLOAD_FLAGS : 0;
 }
 
 /* sock_workload is the workload entry of the cgroup the socket was made
@@ -701,9 +720,11 @@ static __always_inline struct workload *sock_workload(struct sock *sk)
  * protected, and its class: from the handoff when it names this socket
  * (the usual case). If the task was preempted in between and another
  * connect() on this CPU overwrote it, or it migrated, the socket's own
- * cgroup decides instead; it differs from the connect-time cgroup only
- * for a socket made before its process moved. */
-static __always_inline int sock_class(struct bpf_sock_ops *ops, struct sock *sk, __u8 *class)
+ * cgroup decides instead (no entry: protected in class 0 unless
+ * CONFIG_SCOPED); it differs from the connect-time cgroup only for a
+ * socket made before its process moved. */
+static __always_inline int sock_class(struct bpf_sock_ops *ops, struct sock *sk, __u32 flags,
+				      __u8 *class)
 {
 	__u32 zero = 0;
 	struct connect_handoff *h = bpf_map_lookup_elem(&handoff, &zero);
@@ -715,17 +736,18 @@ static __always_inline int sock_class(struct bpf_sock_ops *ops, struct sock *sk,
 	}
 	struct workload *w = sock_workload(sk);
 	if (!w)
-		return 0;
+		return !(flags & CONFIG_SCOPED);
 	*class = (__u8)w->class;
 	return 1;
 }
 
 /* report_class is the class of a socket without tracked storage, as its
- * records carry it: its own cgroup's (0 unscoped). Whether the socket is
- * protected at all was decided at connect (observed()). */
+ * records carry it: its own cgroup's (0 without workloads, or for a cgroup
+ * of none). Whether the socket is protected at all was decided at connect
+ * (observed()). */
 static __always_inline __u8 report_class(struct sock *sk)
 {
-	if (!scoped())
+	if (!workload_flags())
 		return 0;
 	struct workload *w = sock_workload(sk);
 	return w ? (__u8)w->class : 0;
@@ -736,7 +758,7 @@ static __always_inline __u8 report_class(struct sock *sk)
  * setting the callback flags (they are set on no other socket). */
 static __always_inline int observed(struct bpf_sock_ops *ops)
 {
-	return !scoped() || (ops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_STATE_CB_FLAG);
+	return !(workload_flags() & CONFIG_SCOPED) || (ops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_STATE_CB_FLAG);
 }
 
 static __always_inline void track(struct bpf_sock_ops *ops, struct sock_state *st, struct sock *sk,
@@ -758,7 +780,8 @@ static __always_inline void on_connect(struct bpf_sock_ops *ops, __u64 now)
 	if (!sk)
 		return;
 	__u8 class = 0;
-	if (scoped() && !sock_class(ops, full_sock(ops), &class))
+	__u32 flags = workload_flags();
+	if (flags && !sock_class(ops, full_sock(ops), flags, &class))
 		return; /* not a protected workload: no callbacks, not observed */
 	bpf_sock_ops_cb_flags_set(ops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RTO_CB_FLAG);
 	/* Storage exists only if connect made it (a probe, a bulkhead). */

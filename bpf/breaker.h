@@ -30,12 +30,14 @@ struct dest_key {
 };
 
 /* Value of the workloads map (key: cgroup id), written by the daemon for
- * every cgroup of a protected workload and removed with the cgroup. With
+ * every cgroup of a workload and removed with the cgroup. With
  * CONFIG_SCOPED set, a process whose cgroup has no entry is not protected:
- * never rejected, never counted, its outcomes not reported. */
+ * never rejected, never counted, its outcomes not reported; with only
+ * CONFIG_CLASSES, it is protected in class 0. */
 struct workload {
-	__u32 class; /* the dest_key class of its connections */
-	__u32 _pad;
+	__u32 class;    /* the dest_key class of its connections (verdicts, records) */
+	__u32 bulkhead; /* the dest_key class its bulkhead limits are looked up
+			 * with: the workload's own, also when it shares circuits */
 };
 
 /* The one-entry per-CPU handoff from connect4/6 to sockops' connect
@@ -103,6 +105,8 @@ enum config_flags {
 	CONFIG_LIMITS = 1 << 1, /* the limits map has entries: look them up */
 	CONFIG_UDP = 1 << 2,    /* a target covers UDP: look UDP destinations up */
 	CONFIG_SCOPED = 1 << 3, /* only cgroups in the workloads map are protected */
+	CONFIG_CLASSES = 1 << 4, /* the workloads map classes some cgroups; the others
+				  * are protected in class 0 (without CONFIG_SCOPED) */
 };
 
 struct settings {

@@ -31,10 +31,11 @@ type BreakerCircuitCounters struct {
 type BreakerConfigFlags uint32
 
 const (
-	BreakerConfigFlagsCONFIG_SHADOW BreakerConfigFlags = 1
-	BreakerConfigFlagsCONFIG_LIMITS BreakerConfigFlags = 2
-	BreakerConfigFlagsCONFIG_UDP    BreakerConfigFlags = 4
-	BreakerConfigFlagsCONFIG_SCOPED BreakerConfigFlags = 8
+	BreakerConfigFlagsCONFIG_SHADOW  BreakerConfigFlags = 1
+	BreakerConfigFlagsCONFIG_LIMITS  BreakerConfigFlags = 2
+	BreakerConfigFlagsCONFIG_UDP     BreakerConfigFlags = 4
+	BreakerConfigFlagsCONFIG_SCOPED  BreakerConfigFlags = 8
+	BreakerConfigFlagsCONFIG_CLASSES BreakerConfigFlags = 16
 )
 
 type BreakerConnectHandoff struct {
@@ -171,9 +172,9 @@ const (
 )
 
 type BreakerWorkload struct {
-	_     structs.HostLayout
-	Class uint32
-	Pad   uint32
+	_        structs.HostLayout
+	Class    uint32
+	Bulkhead uint32
 }
 
 // Names of all BPF objects in the ELF.

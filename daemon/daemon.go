@@ -697,14 +697,11 @@ func (d *Daemon) rematch() {
 }
 
 // classList returns the classes connections can have under d.cfg: 0 when
-// some workload shares circuits (or none is configured), and each
-// isolated workload's.
+// some workload shares circuits or processes of no workload are protected
+// (no list of workloads), and each isolated workload's.
 func (d *Daemon) classList() []uint8 {
-	if !d.cfg.Scoped() {
-		return []uint8{0}
-	}
 	var out []uint8
-	shared := false
+	shared := !d.cfg.Scoped()
 	for _, w := range d.cfg.Workloads {
 		k := uint8(d.classes.Of(w.Name))
 		if k == 0 {

@@ -39,7 +39,7 @@ const heartbeatEvery = 50 * time.Millisecond
 func (d *Daemon) heartbeat() error {
 	s := maps.Settings{FailSafe: d.cfg.FailsafeTimeout, Shadow: d.cfg.Mode == policy.Shadow,
 		MaxRTO: uint32(d.cfg.MaxRTO), Limits: hasLimits(d.cfg), UDP: coversUDP(d.cfg), WakeSlow: minSlowCall(d.cfg),
-		Scoped: d.cfg.Scoped()}
+		Scoped: d.cfg.Scoped(), Classes: d.cfg.Classed() && !d.cfg.Scoped()}
 	d.beat.mu.Lock()
 	defer d.beat.mu.Unlock()
 	d.beat.settings, d.beat.set = s, true

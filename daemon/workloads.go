@@ -100,9 +100,9 @@ func (cw *cgroupWatch) rescan() {
 }
 
 // classOf returns the workload and class of the cgroup at path, ok false
-// when it belongs to no workload (or scoping is off).
+// when it belongs to no workload (or no workload is configured).
 func (cw *cgroupWatch) classOf(path string) (name string, class uint8, ok bool) {
-	if cw.cfg == nil || !cw.cfg.Scoped() {
+	if cw.cfg == nil || !cw.cfg.Classed() {
 		return "", 0, false
 	}
 	rel, err := filepath.Rel(cw.root, path)
@@ -162,7 +162,7 @@ func (cw *cgroupWatch) addLocked(path string) {
 	if e, ok := cw.written[id]; ok && e == (entry{name, class}) {
 		return
 	}
-	if err := cw.k.PutWorkload(id, class); err != nil {
+	if err := cw.k.PutWorkload(id, class, uint8(cw.classes.Bulkhead(name))); err != nil {
 		cw.log.Error("cgroup not protected: writing its workload", "cgroup", path, "workload", name, "err", err)
 		return
 	}

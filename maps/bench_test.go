@@ -122,7 +122,7 @@ func BenchmarkConnectCost(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := k.PutWorkload(id, 0); err != nil {
+		if err := k.PutWorkload(id, 0, 0); err != nil {
 			b.Fatal(err)
 		}
 		if err := k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, Scoped: true}); err != nil {

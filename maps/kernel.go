@@ -68,7 +68,7 @@ import (
 // of the pin directory; bump it whenever bpf/breaker.h or a map definition
 // in bpf/breaker.c changes (TestLayoutVersionMatchesLayout fails until
 // then).
-const LayoutVersion = 5
+const LayoutVersion = 6
 
 // DefaultDir is the default bpffs directory for breakerd's pins.
 const DefaultDir = "/sys/fs/bpf/breakerd"
@@ -88,6 +88,10 @@ type Options struct {
 	// RingBytes overrides the ring buffer's size (default 4 MiB, 65536
 	// records); a power of two multiple of the page size.
 	RingBytes uint32
+	// MaxWorkloadCgroups overrides the workloads map's capacity (default
+	// MaxWorkloadCgroups), like MaxVerdicts: fixed when the map is first
+	// created.
+	MaxWorkloadCgroups uint32
 	// Lock is the pin directory's lock when the caller took it already
 	// (LockDir); Load then owns it. Nil: Load takes it.
 	Lock *DirLock
@@ -275,6 +279,9 @@ func Load(opts Options) (_ *Kernel, err error) {
 	}
 	if opts.RingBytes != 0 {
 		spec.Maps[bpf.BreakerMapEvents].MaxEntries = opts.RingBytes
+	}
+	if opts.MaxWorkloadCgroups != 0 {
+		spec.Maps[bpf.BreakerMapWorkloads].MaxEntries = opts.MaxWorkloadCgroups
 	}
 	err = spec.LoadAndAssign(&k.objs, &ebpf.CollectionOptions{
 		Maps: ebpf.MapOptions{PinPath: dir},

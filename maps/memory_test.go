@@ -66,7 +66,7 @@ func TestMapMemoryWithinBound(t *testing.T) {
 		}
 	}
 	for i := range uint64(MaxWorkloadCgroups) {
-		if err := k.PutWorkload(i+1, 1); err != nil {
+		if err := k.PutWorkload(i+1, 1, 1); err != nil {
 			t.Fatal(err)
 		}
 	}

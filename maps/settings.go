@@ -37,6 +37,11 @@ type Settings struct {
 	// Scoped protects only processes whose cgroup is in the workloads
 	// map (see PutWorkload); off, every process below the attach point.
 	Scoped bool
+	// Classes makes connect look every process's cgroup up in the
+	// workloads map for its class, protecting those without an entry in
+	// class 0 (a target's source names cgroups, no workloads are listed);
+	// Scoped implies the lookup and leaves those unprotected instead.
+	Classes bool
 }
 
 // SetSettings writes the settings.
@@ -59,6 +64,9 @@ func (k *Kernel) SetSettings(s Settings) error {
 	if s.Scoped {
 		raw.Flags |= uint32(bpf.BreakerConfigFlagsCONFIG_SCOPED)
 	}
+	if s.Classes {
+		raw.Flags |= uint32(bpf.BreakerConfigFlagsCONFIG_CLASSES)
+	}
 	if err := k.objs.Config.Put(uint32(0), &raw); err != nil {
 		return fmt.Errorf("writing settings: %w", err)
 	}
@@ -78,6 +86,7 @@ func (v *View) Settings() (Settings, error) {
 		Limits:    raw.Flags&uint32(bpf.BreakerConfigFlagsCONFIG_LIMITS) != 0,
 		UDP:       raw.Flags&uint32(bpf.BreakerConfigFlagsCONFIG_UDP) != 0,
 		Scoped:    raw.Flags&uint32(bpf.BreakerConfigFlagsCONFIG_SCOPED) != 0,
+		Classes:   raw.Flags&uint32(bpf.BreakerConfigFlagsCONFIG_CLASSES) != 0,
 		MaxRTO:    raw.MaxRto,
 		WakeSlow:  time.Duration(raw.WakeSlowNs),
 	}, nil

@@ -15,9 +15,10 @@ import (
 const MaxWorkloadCgroups = 1 << 16
 
 // PutWorkload records that processes in the cgroup with id cgroupID
-// belong to a protected workload whose connections are keyed by class.
-func (k *Kernel) PutWorkload(cgroupID uint64, class uint8) error {
-	v := bpf.BreakerWorkload{Class: uint32(class)}
+// belong to a workload whose connections are keyed by class in the
+// verdicts and records, and by bulkhead in the limits map.
+func (k *Kernel) PutWorkload(cgroupID uint64, class, bulkhead uint8) error {
+	v := bpf.BreakerWorkload{Class: uint32(class), Bulkhead: uint32(bulkhead)}
 	if err := k.objs.Workloads.Put(cgroupID, &v); err != nil {
 		return fmt.Errorf("writing workload of cgroup %d: %w", cgroupID, err)
 	}
@@ -46,6 +47,25 @@ func (v *View) Workloads() (map[uint64]uint8, error) {
 	}
 	return out, nil
 }
+
+// WorkloadBulkheads returns every entry of the workloads map: cgroup id
+// to bulkhead class.
+func (v *View) WorkloadBulkheads() (map[uint64]uint8, error) {
+	out := map[uint64]uint8{}
+	var id uint64
+	var w bpf.BreakerWorkload
+	it := v.workloads.Iterate()
+	for it.Next(&id, &w) {
+		out[id] = uint8(w.Bulkhead)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading the workloads map: %w", err)
+	}
+	return out, nil
+}
+
+// WorkloadCapacity is the workloads map's capacity.
+func (v *View) WorkloadCapacity() uint32 { return v.workloads.MaxEntries() }
 
 // Workload returns the class of one cgroup, and whether it is in the map.
 func (v *View) Workload(cgroupID uint64) (class uint8, ok bool, err error) {

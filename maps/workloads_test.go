@@ -26,7 +26,7 @@ func (e *env) selectCgroup(t *testing.T, cg *kerneltest.Cgroup, class uint8) uin
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.k.PutWorkload(id, class); err != nil {
+	if err := e.k.PutWorkload(id, class, class); err != nil {
 		t.Fatal(err)
 	}
 	return id

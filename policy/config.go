@@ -182,7 +182,7 @@ var targetFields = []docField{
 	{"scope", "service", "service | endpoint", "`service`: one circuit for the target; `endpoint`: one per address and port."},
 	{"max_ejection_percent", "50", "percent in [1, 100]", "Endpoint scope: never more than this share of the target's known endpoints open at once (rounded down), except that one endpoint may always be open (Envoy's rule). See *Endpoint groups*."},
 	{"state", "(none)", "forced_open | forced_closed | disabled", "Operator override: always reject, never reject, or metrics only."},
-	{"source", "[] (every workload)", "list of workload names", "The workloads the target applies to. The workloads it names are isolated: their circuits and bulkheads are their own (see *Workloads*)."},
+	{"source", "[] (every workload)", "list of workload names and `cgroup:PATTERN`s", "The workloads the target applies to: names of listed workloads, or cgroup patterns after `cgroup:`, each a workload of its own. The workloads it names are isolated: their circuits are their own (see *Workloads*)."},
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9_-]+$`)

@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"path"
 	"regexp"
@@ -15,6 +17,25 @@ const MaxWorkloads = 64
 
 // MaxCgroupPatterns bounds the cgroup patterns of one workload.
 const MaxCgroupPatterns = 64
+
+// MaxSourcePatterns bounds the distinct cgroup patterns written in
+// targets' `source` (each is a workload of its own, see SourcePrefix), so
+// with MaxWorkloads every class still fits the kernel key's byte.
+const MaxSourcePatterns = 64
+
+// SourcePrefix marks an entry of a target's `source` that is a cgroup
+// pattern rather than a workload name (`cgroup:kubepods.slice/tenant-a/**`).
+// Each distinct pattern is a workload of its own, named by SourceWorkload.
+const SourcePrefix = "cgroup:"
+
+// SourceWorkload is the name of the workload a pattern in a `source` makes:
+// "cgroup." and the first 8 hex digits of the pattern's SHA-256, the same
+// in every target and across reloads, and never a listed workload's name
+// (those cannot hold a '.').
+func SourceWorkload(pattern string) string {
+	sum := sha256.Sum256([]byte(pattern))
+	return "cgroup." + hex.EncodeToString(sum[:4])
+}
 
 // SharedWorkload is the workload label of circuits shared by every
 // protected workload that is not isolated (and of every circuit when no
@@ -38,25 +59,35 @@ type Workload struct {
 	// containers, belong to the workload. They need Kubernetes API access.
 	Namespaces []string
 	PodLabels  map[string]string
+	// Pattern is set on a workload made for a cgroup pattern written in a
+	// target's `source` (Cgroups holds just it). Such workloads follow the
+	// listed ones in Config.Workloads, are matched before them (see
+	// WorkloadOf), are always isolated, and do not turn scoping on.
+	Pattern string
 }
 
 // Kubernetes reports whether the workload selects pods.
 func (w *Workload) Kubernetes() bool { return len(w.Namespaces) > 0 || len(w.PodLabels) > 0 }
 
-// WorkloadOfPod is WorkloadOf for a cgroup that may be a pod's: in the
-// list's order, the first workload one of whose patterns matches rel, or
-// that selects pods and for which selected(name) reports the cgroup's pod
-// selected.
+// WorkloadOfPod is WorkloadOf for a cgroup that may be a pod's: the
+// first workload (see WorkloadOf for the order) one of whose patterns
+// matches rel, or that selects pods and for which selected(name) reports
+// the cgroup's pod selected.
 func (c *Config) WorkloadOfPod(rel string, selected func(workload string) bool) (*Workload, bool) {
-	for i := range c.Workloads {
-		w := &c.Workloads[i]
-		for _, p := range w.Cgroups {
-			if MatchCgroup(p, rel) {
+	for _, inline := range []bool{true, false} {
+		for i := range c.Workloads {
+			w := &c.Workloads[i]
+			if (w.Pattern != "") != inline {
+				continue
+			}
+			for _, p := range w.Cgroups {
+				if MatchCgroup(p, rel) {
+					return w, true
+				}
+			}
+			if w.Kubernetes() && selected != nil && selected(w.Name) {
 				return w, true
 			}
-		}
-		if w.Kubernetes() && selected != nil && selected(w.Name) {
-			return w, true
 		}
 	}
 	return nil, false
@@ -95,6 +126,10 @@ func (c *Config) Classes() Classes {
 	return cl
 }
 
+// Bulkhead returns the class the named workload's bulkhead limits are
+// keyed by in the kernel: its class.
+func (cl Classes) Bulkhead(workload string) Class { return cl.byName[workload] }
+
 // Of returns the class of the named workload.
 func (cl Classes) Of(workload string) Class { return cl.byName[workload] }
 
@@ -102,22 +137,30 @@ func (cl Classes) Of(workload string) Class { return cl.byName[workload] }
 // isolated workload's name otherwise, and "" for a class no workload has.
 func (cl Classes) Name(k Class) string { return cl.names[k] }
 
-// Scoped reports whether c selects protected workloads: with no
-// workloads, every process below the attach point is protected (class 0).
-func (c *Config) Scoped() bool { return len(c.Workloads) > 0 }
-
-// WorkloadOf returns the first workload (in the list's order) one of whose
-// patterns matches the cgroup path rel (relative to the cgroup v2 mount,
-// without a leading slash), and whether there is one.
-func (c *Config) WorkloadOf(rel string) (*Workload, bool) {
+// Scoped reports whether c selects protected workloads (a `workloads`
+// list): with none, every process below the attach point is protected.
+// Patterns in targets' sources do not make a configuration scoped.
+func (c *Config) Scoped() bool {
 	for i := range c.Workloads {
-		for _, p := range c.Workloads[i].Cgroups {
-			if MatchCgroup(p, rel) {
-				return &c.Workloads[i], true
-			}
+		if c.Workloads[i].Pattern == "" {
+			return true
 		}
 	}
-	return nil, false
+	return false
+}
+
+// Classed reports whether some cgroups have a workload, listed or made by
+// a pattern in a source: then the kernel looks every connecting process's
+// cgroup up in the workloads map.
+func (c *Config) Classed() bool { return len(c.Workloads) > 0 }
+
+// WorkloadOf returns the workload of the cgroup path rel (relative to the
+// cgroup v2 mount, without a leading slash), and whether it has one: the
+// first workload made by a source pattern that matches it, else the first
+// listed workload (in the list's order) one of whose patterns matches it.
+// A pattern written in a source is the more specific choice, so it wins.
+func (c *Config) WorkloadOf(rel string) (*Workload, bool) {
+	return c.WorkloadOfPod(rel, nil)
 }
 
 // MatchCgroup reports whether the cgroup path rel matches pattern. Both are
@@ -339,17 +382,30 @@ func asBool(v any) (bool, bool) {
 	return false, false
 }
 
-// source decodes a target's `source`: names of workloads.
+// source decodes a target's `source`: names of workloads, and cgroup
+// patterns after SourcePrefix.
 func (d *decoder) source(path string, v any) []string {
 	names := d.strings(path, v)
 	if len(names) == 0 {
 		d.add(path, "empty: name the workloads the target applies to, or remove source")
 	}
-	return names
+	var out []string
+	for i, s := range names {
+		if p, ok := strings.CutPrefix(s, SourcePrefix); ok {
+			if msg := checkPattern(p); msg != "" {
+				d.add(fmt.Sprintf("%s[%d]", path, i), "%s", msg)
+				continue
+			}
+		}
+		out = append(out, s)
+	}
+	return out
 }
 
 // checkSources checks that every target's source names configured
-// workloads.
+// workloads, and turns each cgroup pattern in a source into the workload
+// it makes (appended to c.Workloads once per distinct pattern, in the
+// order of target names).
 func (d *decoder) checkSources(c *Config) {
 	known := map[string]bool{}
 	var names []string
@@ -357,8 +413,23 @@ func (d *decoder) checkSources(c *Config) {
 		known[w.Name] = true
 		names = append(names, w.Name)
 	}
+	made := 0
 	for _, tn := range sortedTargetNames(c) {
-		for i, s := range c.Targets[tn].Source {
+		t := c.Targets[tn]
+		for i, s := range t.Source {
+			if p, ok := strings.CutPrefix(s, SourcePrefix); ok {
+				name := SourceWorkload(p)
+				t.Source[i] = name
+				if !known[name] {
+					if made++; made > MaxSourcePatterns {
+						d.add(fmt.Sprintf("targets.%s.source[%d]", tn, i), "more than %d distinct cgroup patterns in sources", MaxSourcePatterns)
+						continue
+					}
+					known[name] = true
+					c.Workloads = append(c.Workloads, Workload{Name: name, Cgroups: []string{p}, Pattern: p})
+				}
+				continue
+			}
 			if !known[s] {
 				d.add(fmt.Sprintf("targets.%s.source[%d]", tn, i), "%q is not a workload%s", s, d.suggest(s, names))
 			}

@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -151,5 +152,86 @@ targets:
 `), false)
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A cgroup pattern in a source (cgroup:PATTERN) is a workload of its own,
+// named by the pattern's hash, the same in every target; it is isolated, is
+// matched before the listed workloads, and does not make an unscoped
+// configuration scoped.
+func TestSourcePatterns(t *testing.T) {
+	c, err := Parse([]byte(`
+targets:
+  p:
+    source: ["cgroup:shop/tenant-a/**"]
+    match: {cidrs: [10.0.0.1]}
+  q:
+    source: ["cgroup:shop/tenant-a/**", "cgroup:shop/b"]
+    match: {cidrs: [10.0.0.2]}
+  all-of-them:
+    match: {cidrs: [10.0.0.1]}
+`), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Scoped() || !c.Classed() {
+		t.Fatalf("scoped %v, classed %v: want an unscoped configuration with classes", c.Scoped(), c.Classed())
+	}
+	a, b := SourceWorkload("shop/tenant-a/**"), SourceWorkload("shop/b")
+	// The name is part of circuit names and metric labels: it must not
+	// change between releases.
+	if a != "cgroup.88542360" || a == b {
+		t.Fatalf("derived names %s, %s; want cgroup.88542360 for shop/tenant-a/**", a, b)
+	}
+	if !reflect.DeepEqual(c.Targets["p"].Source, []string{a}) || !reflect.DeepEqual(c.Targets["q"].Source, []string{a, b}) {
+		t.Fatalf("sources %v, %v; want [%s] and [%s %s]", c.Targets["p"].Source, c.Targets["q"].Source, a, a, b)
+	}
+	if len(c.Workloads) != 2 || c.Workloads[0].Name != a || c.Workloads[1].Name != b || c.Workloads[0].Pattern != "shop/tenant-a/**" {
+		t.Fatalf("workloads %+v", c.Workloads)
+	}
+	cl := c.Classes()
+	if cl.Of(a) == 0 || cl.Of(b) == 0 || cl.Name(cl.Of(a)) != a {
+		t.Fatalf("pattern workloads not isolated: %d %d", cl.Of(a), cl.Of(b))
+	}
+	if w, ok := c.WorkloadOf("shop/tenant-a/x"); !ok || w.Name != a {
+		t.Fatalf("shop/tenant-a/x: %v %v", w, ok)
+	}
+	if _, ok := c.WorkloadOf("shop/c"); ok {
+		t.Fatal("shop/c has a workload")
+	}
+
+	// With a list: the pattern wins over a listed workload matching the
+	// same cgroup, and the configuration is scoped by the list.
+	c, err = Parse([]byte(`
+workloads:
+  - {name: shop, cgroups: ["shop/**"]}
+targets:
+  p:
+    source: [shop, "cgroup:shop/tenant-a"]
+    match: {cidrs: [10.0.0.1]}
+`), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Scoped() {
+		t.Fatal("a configuration with a workloads list is not scoped")
+	}
+	if w, ok := c.WorkloadOf("shop/tenant-a"); !ok || w.Name != SourceWorkload("shop/tenant-a") {
+		t.Fatalf("shop/tenant-a belongs to %v, want the source pattern's workload", w)
+	}
+	if w, ok := c.WorkloadOf("shop/tenant-b"); !ok || w.Name != "shop" {
+		t.Fatalf("shop/tenant-b belongs to %v, want shop", w)
+	}
+
+	for _, bad := range []struct{ yaml, want string }{
+		{"targets:\n  t:\n    source: [\"cgroup:/abs\"]\n    match: {cidrs: [10.0.0.1]}\n", `targets.t.source[0]: "/abs" starts with /`},
+		{"targets:\n  t:\n    source: [\"cgroup:\"]\n    match: {cidrs: [10.0.0.1]}\n", "targets.t.source[0]: empty pattern"},
+		{"targets:\n  t:\n    source: [\"cgroup:a/x**\"]\n    match: {cidrs: [10.0.0.1]}\n", "** must be a whole path element"},
+		{"targets:\n  t:\n    source: [tenant]\n    match: {cidrs: [10.0.0.1]}\n", `targets.t.source[0]: "tenant" is not a workload`},
+	} {
+		_, err := Parse([]byte(bad.yaml), false)
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%q: %v, want %q", bad.yaml, err, bad.want)
+		}
 	}
 }

@@ -19,10 +19,16 @@ import (
 // The lifecycle invariants with workloads selected: a selected process is
 // never rejected on its healthy destination and always on the open
 // circuit; an unselected sibling is never rejected at all and never counted
-// in a bulkhead; the workloads map holds exactly the selected cgroup. Checked
-// across a SIGTERM restart, reloads, a SIGKILL and a second start on the
-// same pins.
-const scopedLifecycleConfig = lifecycleConfig + `
+// in a bulkhead; the workloads map holds exactly the selected cgroup and
+// the cgroup of a target's source pattern (pat, whose pool has a limit of
+// its own), and each bulkhead counts exactly its own workload's sockets.
+// Checked across a SIGTERM restart, reloads, a SIGKILL and a second start
+// on the same pins.
+const scopedLifecycleConfig = lifecycleConfig + `  pool-p:
+    source: ["cgroup:CGROUP/pat"]
+    match: {cidrs: [SRV], ports: ["8501"]}
+    consecutive_failures: 1000
+    max_connections: 2
 workloads:
   - name: sel
     cgroups: [CGROUP/sel]
@@ -43,8 +49,12 @@ func TestLifecycleScoped(t *testing.T) {
 	rel, _ := filepath.Rel(root, l.cg.Path)
 	cfg := strings.ReplaceAll(scopedLifecycleConfig, "CGROUP", rel)
 	l.writeConfig(cfg)
-	sel, unsel := l.cg.Child(t, "sel"), l.cg.Child(t, "unsel")
+	sel, unsel, pat := l.cg.Child(t, "sel"), l.cg.Child(t, "unsel"), l.cg.Child(t, "pat")
 	selID, err := sel.ID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	patID, err := pat.ID()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,14 +63,16 @@ func TestLifecycleScoped(t *testing.T) {
 	var lp scopedLoop
 	lp.wg.Go(func() {
 		for !lp.stop.Load() {
-			for _, r := range l.topo.Client.Dial(t, sel, kerneltest.DialSpec{Network: "tcp4", Addr: l.web.Addr, Count: 10}) {
-				if r.Errno != 0 {
-					lp.healthyRejected.Add(1)
+			for _, cg := range []*kerneltest.Cgroup{sel, pat} {
+				for _, r := range l.topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.web.Addr, Count: 10}) {
+					if r.Errno != 0 {
+						lp.healthyRejected.Add(1)
+					}
 				}
-			}
-			for _, r := range l.topo.Client.Dial(t, sel, kerneltest.DialSpec{Network: "tcp4", Addr: l.down.Addr, Count: 10}) {
-				if r.Errno != unix.EHOSTUNREACH {
-					lp.openAdmitted.Add(1)
+				for _, r := range l.topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.down.Addr, Count: 10}) {
+					if r.Errno != unix.EHOSTUNREACH {
+						lp.openAdmitted.Add(1)
+					}
 				}
 			}
 			for _, r := range l.topo.Client.Dial(t, unsel, kerneltest.DialSpec{Network: "tcp4", Addr: l.down.Addr, Count: 10}) {
@@ -77,8 +89,10 @@ func TestLifecycleScoped(t *testing.T) {
 	// none is counted, so the selected process still gets its 3.
 	uholder := l.topo.Client.StartDial(t, unsel, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr, Count: 5, Parallel: 5, Hold: time.Minute})
 	holder := l.topo.Client.StartDial(t, sel, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr, Count: 3, Parallel: 3, Hold: time.Minute})
+	// The pattern's workload holds its own limit of 2 to the same pool.
+	pholder := l.topo.Client.StartDial(t, pat, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr, Count: 2, Parallel: 2, Hold: time.Minute})
 	t.Cleanup(func() {
-		for _, h := range []*kerneltest.Process{uholder, holder} {
+		for _, h := range []*kerneltest.Process{uholder, holder, pholder} {
 			h.Cmd.Process.Kill()
 			h.Cmd.Wait()
 		}
@@ -105,25 +119,39 @@ func TestLifecycleScoped(t *testing.T) {
 		}
 		defer v.Close()
 		w, err := v.Workloads()
-		if err != nil || len(w) != 1 || w[selID] != 0 {
-			t.Fatalf("%s: workloads map %v (%v), want exactly the selected cgroup %d", step, w, err, selID)
+		if err != nil || len(w) != 2 || w[selID] != 0 || w[patID] == 0 {
+			t.Fatalf("%s: workloads map %v (%v), want exactly the selected cgroup %d (shared, class 0) and pat %d (a class of its own)", step, w, err, selID, patID)
 		}
-		if _, in := w[selID]; !in {
-			t.Fatalf("%s: the selected cgroup is not in the workloads map", step)
+		bulk, err := v.WorkloadBulkheads()
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
 		}
+		selPool, patPool := l.pool, l.pool
+		selPool.Class, patPool.Class = bulk[selID], w[patID]
 		all, err := v.AllLimits()
-		lim, ok := all[l.pool]
-		if err != nil || !ok || len(all) != 1 {
-			t.Fatalf("%s: pinned limits %v (%v), want the pool's only", step, all, err)
+		if err != nil || len(all) != 2 {
+			t.Fatalf("%s: pinned limits %v (%v), want the pool's of sel and of pat only", step, all, err)
 		}
-		var got maps.BulkCount
-		if !kerneltest.WaitFor(3*time.Second, func() bool { got, _ = v.BulkCount(lim.Slot); return got.Connections == 3 }) {
-			t.Fatalf("%s: the pool's slot counts %+v; the selected process holds 3 (the unselected one's 5 must not count)", step, got)
+		for _, want := range []struct {
+			who  string
+			dst  maps.Dest
+			held int64
+		}{{"sel", selPool, 3}, {"pat", patPool, 2}} {
+			lim, ok := all[want.dst]
+			if !ok {
+				t.Fatalf("%s: no pinned limit of %s (%v) in %v", step, want.who, want.dst, all)
+			}
+			var got maps.BulkCount
+			if !kerneltest.WaitFor(3*time.Second, func() bool { got, _ = v.BulkCount(lim.Slot); return got.Connections == want.held }) {
+				t.Fatalf("%s: %s's pool slot counts %+v; it holds %d (the unselected process's 5 must not count)", step, want.who, got, want.held)
+			}
 		}
 	}
 	check("start")
-	if got := errnos(l.topo.Client.Dial(t, sel, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr})); got[unix.EAGAIN] != 1 {
-		t.Fatalf("the selected process over the pool's limit: %v, want EAGAIN", got)
+	for _, cg := range []*kerneltest.Cgroup{sel, pat} {
+		if got := errnos(l.topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr})); got[unix.EAGAIN] != 1 {
+			t.Fatalf("%s over its pool's limit: %v, want EAGAIN", cg.Path, got)
+		}
 	}
 
 	l.sigterm(p)

@@ -1,0 +1,262 @@
+package maps
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+)
+
+func (e *env) putWorkload(t *testing.T, cg *kerneltest.Cgroup, class, bulkhead uint8) uint64 {
+	t.Helper()
+	id, err := cg.ID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.k.PutWorkload(id, class, bulkhead); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// With Classes on and Scoped off (patterns in a source, no workloads
+// listed), a cgroup with an entry is keyed by its class and a cgroup
+// without one is still protected, in class 0: nothing is left unprotected.
+func TestClassesWithoutScoping(t *testing.T) {
+	e := newEnv(t, Options{})
+	a, other := e.cg.Child(t, "a"), e.cg.Child(t, "other")
+	e.putWorkload(t, a, 3, 3)
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, Classes: true}); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := e.k.Settings(); err != nil || !s.Classes || s.Scoped {
+		t.Fatalf("settings read back %+v (%v)", s, err)
+	}
+	w := e.watch(t)
+	const port = 8230
+	e.srv.ServeHold(t, port)
+	shared := e.dest(port, false)
+	if err := e.k.PutVerdict(shared, Verdict{State: ForcedOpen, CircuitID: 31}); err != nil {
+		t.Fatal(err)
+	}
+	if got := errnos(e.dial(t, other, kerneltest.DialSpec{Network: "tcp4", Addr: shared.Addr, Count: 2})); got[0] != 0 {
+		t.Fatalf("a cgroup of no workload, class-0 verdict open: errnos %v, want rejected (protected in class 0)", got)
+	}
+	if got := errnos(e.dial(t, a, kerneltest.DialSpec{Network: "tcp4", Addr: shared.Addr, Count: 2})); got[0] != 2 {
+		t.Fatalf("class 3, class-0 verdict open: errnos %v, want 2 successes", got)
+	}
+	if err := e.k.DeleteVerdict(shared); err != nil {
+		t.Fatal(err)
+	}
+	if got := errnos(e.dial(t, other, kerneltest.DialSpec{Network: "tcp4", Addr: shared.Addr})); got[0] != 1 {
+		t.Fatalf("a cgroup of no workload, no verdict: errnos %v, want success", got)
+	}
+	evs := w.wait(port, 3, 2*time.Second)
+	classes := map[uint8]int{}
+	for _, ev := range evs {
+		if ev.Outcome == Established {
+			classes[ev.Dest.Class]++
+		}
+	}
+	if classes[3] != 2 || classes[0] != 1 || len(classes) != 2 {
+		t.Fatalf("established records by class %v, want 2 of class 3 and 1 of class 0 (no workload: reported, class 0)", classes)
+	}
+}
+
+// Two workloads that share a circuit (class 0) have bulkheads of their
+// own (bulkhead classes 1 and 2): each gets its own limit, counted in its
+// own slot, while the shared verdict still rejects both.
+func TestBulkheadClassPerWorkload(t *testing.T) {
+	e := newEnv(t, Options{})
+	a, b := e.cg.Child(t, "a"), e.cg.Child(t, "b")
+	e.putWorkload(t, a, 0, 1)
+	e.putWorkload(t, b, 0, 2)
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, Scoped: true, Limits: true}); err != nil {
+		t.Fatal(err)
+	}
+	const port = 8232
+	e.srv.ServeHold(t, port)
+	d := e.dest(port, false)
+	da, db := d, d
+	da.Class, db.Class = 1, 2
+	if err := e.k.PutLimit(da, Limit{Slot: 41, MaxConnections: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.k.PutLimit(db, Limit{Slot: 42, MaxConnections: 3}); err != nil {
+		t.Fatal(err)
+	}
+	ha := e.topo.Client.StartDial(t, a, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 5, Parallel: 5, Hold: time.Minute})
+	hb := e.topo.Client.StartDial(t, b, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 5, Parallel: 5, Hold: time.Minute})
+	var ca, cb BulkCount
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		ca, _ = e.k.BulkCount(41)
+		cb, _ = e.k.BulkCount(42)
+		ra, _ := e.k.Counters(41)
+		rb, _ := e.k.Counters(42)
+		return ca.Connections == 2 && cb.Connections == 3 && ra.BulkheadRejected == 3 && rb.BulkheadRejected == 2
+	}) {
+		ra, _ := e.k.Counters(41)
+		rb, _ := e.k.Counters(42)
+		t.Fatalf("slot of a: %+v (rejected %d), of b: %+v (rejected %d); want 2 (3 rejected) and 3 (2 rejected)", ca, ra.BulkheadRejected, cb, rb.BulkheadRejected)
+	}
+	if c, _ := e.k.BulkCount(0); c.Connections != 0 {
+		t.Fatalf("slot 0 counts %+v", c)
+	}
+	// The circuit is shared: a class-0 verdict rejects both.
+	if err := e.k.PutVerdict(d, Verdict{State: ForcedOpen, CircuitID: 43}); err != nil {
+		t.Fatal(err)
+	}
+	for _, cg := range []*kerneltest.Cgroup{a, b} {
+		if got := errnos(e.dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr})); got[0] != 0 {
+			t.Fatalf("%s with the shared verdict open: %v, want rejected", cg.Path, got)
+		}
+	}
+	for _, h := range []*kerneltest.Process{ha, hb} {
+		h.Cmd.Process.Kill()
+		h.Cmd.Wait()
+	}
+	if !kerneltest.WaitFor(3*time.Second, func() bool {
+		ca, _ = e.k.BulkCount(41)
+		cb, _ = e.k.BulkCount(42)
+		return ca == (BulkCount{}) && cb == (BulkCount{})
+	}) {
+		t.Fatalf("after the holders died: a %+v, b %+v, want both 0", ca, cb)
+	}
+}
+
+// clobberHandoff attaches, after breakerd's connect4 at the same cgroup,
+// a connect4 program that zeroes the handoff's cookie: sockops then never
+// finds its socket there, as when the connecting task was preempted and
+// another connect on its CPU overwrote the handoff. It returns the link.
+func (e *env) clobberHandoff(t *testing.T) link.Link {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:       ebpf.CGroupSockAddr,
+		AttachType: ebpf.AttachCGroupInet4Connect,
+		License:    "GPL",
+		Instructions: asm.Instructions{
+			asm.StoreImm(asm.RFP, -4, 0, asm.Word),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, -4),
+			asm.LoadMapPtr(asm.R1, e.k.objs.Handoff.FD()),
+			asm.FnMapLookupElem.Call(),
+			asm.JEq.Imm(asm.R0, 0, "out"),
+			asm.Mov.Imm(asm.R1, 0),
+			asm.StoreMem(asm.R0, 0, asm.R1, asm.DWord),
+			asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
+			asm.Return(),
+		},
+	})
+	if err != nil {
+		t.Fatalf("loading the handoff clobber: %v", err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: e.cg.Path, Attach: ebpf.AttachCGroupInet4Connect, Program: prog})
+	if err != nil {
+		t.Fatalf("attaching the handoff clobber: %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// When sockops does not find its socket in the handoff, the socket's own
+// cgroup decides whether it is observed and in which class, and a
+// bulkhead count connect took is given back all the same. Provoked
+// deterministically: a second connect4 program, run after breakerd's,
+// clears the handoff. The test process makes each socket in one cgroup
+// and connects from another, so the two decisions differ and the records
+// show which one was taken.
+func TestHandoffLostFallsBackToSocketCgroup(t *testing.T) {
+	e := newEnv(t, Options{})
+	sel, made, unsel := e.cg.Child(t, "sel"), e.cg.Child(t, "made"), e.cg.Child(t, "unsel")
+	e.putWorkload(t, sel, 2, 2)
+	e.putWorkload(t, made, 3, 3)
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, Scoped: true, Limits: true}); err != nil {
+		t.Fatal(err)
+	}
+	w := e.watch(t)
+	const port = 8234
+	e.srv.ServeHold(t, port)
+	d := e.dest(port, false)
+	d.Class = 2
+	if err := e.k.PutLimit(d, Limit{Slot: 51, MaxConnections: 10, MaxConnecting: 10}); err != nil {
+		t.Fatal(err)
+	}
+	home := selfCgroup(t)
+	moveSelf := func(dir string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+			t.Fatalf("moving the test process to %s: %v", dir, err)
+		}
+	}
+	defer moveSelf(home)
+	// connect makes a socket in from, connects it from sel (class 2,
+	// bulkhead counted in slot 51), checks the count and closes it.
+	connect := func(from *kerneltest.Cgroup) {
+		t.Helper()
+		moveSelf(from.Path)
+		var cerr error
+		var held BulkCount
+		err := e.topo.Client.Do(func() error {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			moveSelf(sel.Path)
+			cerr = unix.Connect(fd, &unix.SockaddrInet4{Addr: d.Addr.Addr().As4(), Port: int(d.Addr.Port())})
+			held, _ = e.k.BulkCount(51)
+			return nil
+		})
+		moveSelf(home)
+		if err != nil || cerr != nil {
+			t.Fatalf("connect: %v %v", err, cerr)
+		}
+		if held.Connections != 1 || held.Connecting != 0 {
+			t.Fatalf("an established socket counted from sel: slot %+v, want 1 connection and none connecting", held)
+		}
+		var got BulkCount
+		if !kerneltest.WaitFor(2*time.Second, func() bool { got, _ = e.k.BulkCount(51); return got == (BulkCount{}) }) {
+			t.Fatalf("after close: slot %+v, want nothing (a count leaked)", got)
+		}
+	}
+	established := func(n int) map[uint8]int {
+		t.Helper()
+		evs := w.wait(port, n, 2*time.Second)
+		out := map[uint8]int{}
+		for _, ev := range evs {
+			if ev.Outcome == Established {
+				out[ev.Dest.Class]++
+			}
+		}
+		return out
+	}
+
+	// The handoff intact: connect-time cgroup (sel, class 2) decides.
+	connect(unsel)
+	connect(made)
+	if got := established(2); got[2] != 2 || len(got) != 1 {
+		t.Fatalf("records with the handoff intact by class %v, want 2 of class 2", got)
+	}
+	e.clobberHandoff(t)
+	// The handoff lost: the socket's cgroup decides. Made in unsel (no
+	// workload): not observed, no record, count still given back. Made in
+	// made (class 3): observed, its records carry class 3.
+	connect(unsel)
+	connect(made)
+	if got := established(3); got[2] != 2 || got[3] != 1 || len(got) != 2 {
+		t.Fatalf("records with the handoff lost by class %v, want still 2 of class 2 and 1 of class 3 (none for the socket made in unsel)", got)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if got := established(3); got[2] != 2 || got[3] != 1 || len(got) != 2 {
+		t.Fatalf("late records: by class %v", got)
+	}
+}
