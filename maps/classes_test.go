@@ -1,9 +1,6 @@
 package maps
 
 import (
-	"os"
-	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -191,12 +188,7 @@ func TestHandoffLostFallsBackToSocketCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	home := selfCgroup(t)
-	moveSelf := func(dir string) {
-		t.Helper()
-		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
-			t.Fatalf("moving the test process to %s: %v", dir, err)
-		}
-	}
+	moveSelf := func(dir string) { t.Helper(); moveSelfTo(t, dir) }
 	defer moveSelf(home)
 	// connect makes a socket in from, connects it from sel (class 2,
 	// bulkhead counted in slot 51), checks the count and closes it.

@@ -35,28 +35,22 @@ func (k *Kernel) DeleteWorkload(cgroupID uint64) error {
 
 // Workloads returns every entry of the workloads map: cgroup id to class.
 func (v *View) Workloads() (map[uint64]uint8, error) {
-	out := map[uint64]uint8{}
-	var id uint64
-	var w bpf.BreakerWorkload
-	it := v.workloads.Iterate()
-	for it.Next(&id, &w) {
-		out[id] = uint8(w.Class)
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading the workloads map: %w", err)
-	}
-	return out, nil
+	return v.workloadEntries(func(w bpf.BreakerWorkload) uint32 { return w.Class })
 }
 
 // WorkloadBulkheads returns every entry of the workloads map: cgroup id
 // to bulkhead class.
 func (v *View) WorkloadBulkheads() (map[uint64]uint8, error) {
+	return v.workloadEntries(func(w bpf.BreakerWorkload) uint32 { return w.Bulkhead })
+}
+
+func (v *View) workloadEntries(field func(bpf.BreakerWorkload) uint32) (map[uint64]uint8, error) {
 	out := map[uint64]uint8{}
 	var id uint64
 	var w bpf.BreakerWorkload
 	it := v.workloads.Iterate()
 	for it.Next(&id, &w) {
-		out[id] = uint8(w.Bulkhead)
+		out[id] = uint8(field(w))
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("reading the workloads map: %w", err)

@@ -152,6 +152,14 @@ func selfCgroup(t *testing.T) string {
 	return ""
 }
 
+// moveSelfTo moves the test process (every thread) to the cgroup dir.
+func moveSelfTo(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+		t.Fatalf("moving the test process to %s: %v", dir, err)
+	}
+}
+
 // A process is judged by the cgroup it is in when it connects, not the one
 // its socket was made in: the test process makes a socket in the
 // unselected cgroup, moves to the selected one and is rejected; makes one
@@ -168,12 +176,7 @@ func TestScopedJudgedAtConnectTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	home := selfCgroup(t)
-	moveSelf := func(dir string) {
-		t.Helper()
-		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
-			t.Fatalf("moving the test process to %s: %v", dir, err)
-		}
-	}
+	moveSelf := func(dir string) { t.Helper(); moveSelfTo(t, dir) }
 	defer moveSelf(home)
 	connectAfterMove := func(from, to *kerneltest.Cgroup) error {
 		moveSelf(from.Path)
