@@ -85,6 +85,12 @@ type CircuitInfo struct {
 	// 6.1 no). The kernel does not report which cgroup a rejection was
 	// for, so rejected pods are not listed.
 	FailedPods []string `json:"failed_pods,omitempty"`
+	// Bulkheads are the bulkheads of the workloads sharing the circuit,
+	// by workload: each workload's connections are counted and limited
+	// apart (connections, connecting and bulkhead_rejected above include
+	// them). Absent for an isolated workload's circuit and without a
+	// workloads list.
+	Bulkheads map[string]BulkheadCount `json:"bulkheads,omitempty"`
 }
 
 // circuitSnap is what is copied of a circuit under the lock; complete
@@ -96,6 +102,7 @@ type circuitSnap struct {
 	round uint32 // the half-open round the circuit's verdict admits probes of
 	// cgroups whose connections failed, named as pods by complete.
 	cgroups []uint64
+	bulk    []bulkSlot // the sharing workloads' bulkheads
 }
 
 // snap copies what the API shows of c. Called under d.mu; no kernel reads.
@@ -114,6 +121,7 @@ func snap(c *circuit, now time.Time) circuitSnap {
 		dests:   slices.Clone(c.dests()[:min(len(c.dests()), listedDests)]),
 		round:   st.Round,
 		cgroups: c.failedCgroups(),
+		bulk:    c.bulkSlots(),
 	}
 }
 
@@ -143,6 +151,7 @@ func (d *Daemon) complete(s circuitSnap) CircuitInfo {
 	if b, err := d.k.BulkCount(ci.CircuitID); err == nil {
 		ci.Connections, ci.Connecting = b.Connections, b.Connecting
 	}
+	d.completeBulkheads(&ci, s.bulk)
 	return ci
 }
 

@@ -59,6 +59,9 @@ type circuitExtra struct {
 	// failedCgroups are the cgroups whose connections to it failed last
 	// (at most maxFailedCgroups, most recent last; kube.go).
 	failedCgroups []uint64
+	// bulkSlots are a shared circuit's bulkheads of the workloads that
+	// share it, by bulkhead class (bulkheads.go).
+	bulkSlots map[uint8]bulkSlot
 }
 
 // isNamed reports whether c is a named target's circuit.
@@ -508,15 +511,17 @@ func (d *Daemon) writeLimit(c *circuit, dst maps.Dest) {
 	}
 	o := c.machine.Options()
 	if !o.HasLimits() {
-		if err := d.k.DeleteLimit(dst); err != nil {
-			d.log.Warn("deleting bulkhead limits", "circuit", c.name(), "dest", dst, "err", err)
-		}
+		d.deleteLimits(c, dst)
+		d.syncBulkSlots(c)
 		return
 	}
-	l := maps.Limit{Slot: c.id, MaxConnections: uint32(o.MaxConnections), MaxConnecting: uint32(o.MaxConnecting), Errno: o.BulkheadRejectErrno}
-	if err := d.k.PutLimit(dst, l); err != nil {
-		d.metrics.verdictWriteErrors.Inc()
-		d.log.Error("writing bulkhead limits (not enforced for this destination)", "circuit", c.name(), "dest", dst, "err", err)
+	d.syncBulkSlots(c)
+	for _, e := range d.bulkheadEntries(c, dst) {
+		l := maps.Limit{Slot: e.slot, MaxConnections: uint32(o.MaxConnections), MaxConnecting: uint32(o.MaxConnecting), Errno: o.BulkheadRejectErrno}
+		if err := d.k.PutLimit(e.dst, l); err != nil {
+			d.metrics.verdictWriteErrors.Inc()
+			d.log.Error("writing bulkhead limits (not enforced for this destination)", "circuit", c.name(), "dest", e.dst, "err", err)
+		}
 	}
 }
 
@@ -592,20 +597,14 @@ func (d *Daemon) drop(c *circuit) {
 		if err := d.k.DeleteVerdict(dst); err != nil {
 			d.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
-		if err := d.k.DeleteLimit(dst); err != nil {
-			d.log.Warn("deleting bulkhead limits", "dest", dst, "err", err)
-		}
+		d.deleteLimits(c, dst)
 		delete(d.reg.byDest, dst.Compact())
 		d.reg.version++
 	}
 	// Keep its kernel counts so the per-target counters never go down.
-	if cnt, err := d.k.Counters(c.id); err == nil {
-		r := d.retired[c.target()]
-		r.Rejected += cnt.Rejected
-		r.ShadowRejected += cnt.ShadowRejected
-		r.Probes += cnt.Probes
-		r.BulkheadRejected += cnt.BulkheadRejected
-		d.retired[c.target()] = r
+	d.retire(c.target(), c.id)
+	for _, s := range c.bulkSlots() {
+		d.releaseBulkSlot(c, s)
 	}
 	c.machine.Release()
 	if s := c.machine.State(); s == policy.ForcedOpen || s == policy.ForcedClosed || s == policy.Disabled {

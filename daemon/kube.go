@@ -202,9 +202,7 @@ func (d *Daemon) detach(c *circuit, gone []maps.Dest) {
 		if err := d.k.DeleteVerdict(dst); err != nil {
 			d.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
-		if err := d.k.DeleteLimit(dst); err != nil {
-			d.log.Warn("deleting bulkhead limits", "dest", dst, "err", err)
-		}
+		d.deleteLimits(c, dst)
 		delete(d.reg.byDest, dst.Compact())
 		d.reg.version++
 		c.removeDest(dst)

@@ -120,6 +120,11 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 		}
 	}
 	for dst := range limits {
+		// A sharing workload's bulkhead entry belongs to the shared
+		// circuit of its destination (class 0).
+		if d.classes.SharedOfBulkhead(policy.Class(dst.Class)) != "" {
+			dst.Class = 0
+		}
 		d.lookup(dst, now) // reconcileLimits keeps or removes the entry
 	}
 	if adopted > 0 {
@@ -139,20 +144,26 @@ func (d *Daemon) keepAlive() {
 }
 
 // reconcileLimits makes the kernel's limits map hold exactly the bulkheads
-// of the current circuits: an entry per TCP destination of a circuit with a
-// limit, in that circuit's slot. Anything else (a limit the configuration
-// dropped, a destination that moved, an entry a previous daemon left) is
-// removed; sockets it counted still release into their slot.
+// of the current circuits: entries per TCP destination of a circuit with a
+// limit (bulkheadEntries: also one per sharing workload for a shared
+// circuit), each in its slot. Anything else (a limit the configuration
+// dropped, a destination that moved, a workload no longer sharing, an
+// entry a previous daemon left) is removed; sockets it counted still
+// release into their slot.
 func (d *Daemon) reconcileLimits() error {
 	want := map[maps.Dest]maps.Limit{}
 	for c := range d.reg.all() {
+		d.syncBulkSlots(c)
 		o := c.machine.Options()
 		if !o.HasLimits() {
 			continue
 		}
 		for _, dst := range c.dests() {
-			if dst.Proto == maps.TCP {
-				want[dst] = maps.Limit{Slot: c.id, MaxConnections: uint32(o.MaxConnections), MaxConnecting: uint32(o.MaxConnecting), Errno: o.BulkheadRejectErrno}
+			if dst.Proto != maps.TCP {
+				continue
+			}
+			for _, e := range d.bulkheadEntries(c, dst) {
+				want[e.dst] = maps.Limit{Slot: e.slot, MaxConnections: uint32(o.MaxConnections), MaxConnecting: uint32(o.MaxConnecting), Errno: o.BulkheadRejectErrno}
 			}
 		}
 	}

@@ -167,6 +167,9 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if perTarget[c.target()] != nil {
 			slots = append(slots, slot{target: c.target(), id: c.id, limits: c.machine.Options().HasLimits()})
+			for _, b := range c.bulkSlots() {
+				slots = append(slots, slot{target: c.target(), id: b.id, limits: true})
+			}
 		}
 	}
 	d.mu.Unlock()

@@ -104,11 +104,15 @@ type Class uint8
 type Classes struct {
 	byName map[string]Class
 	names  map[Class]string
+	// bulkheads is each workload's bulkhead class (its position plus
+	// one); shared lists those of the workloads of class 0.
+	bulkheads map[string]Class
+	shared    []Class
 }
 
 // Classes computes the classes of c's workloads.
 func (c *Config) Classes() Classes {
-	cl := Classes{byName: map[string]Class{}, names: map[Class]string{0: SharedWorkload}}
+	cl := Classes{byName: map[string]Class{}, names: map[Class]string{0: SharedWorkload}, bulkheads: map[string]Class{}}
 	sourced := map[string]bool{}
 	for _, t := range c.Targets {
 		for _, s := range t.Source {
@@ -122,13 +126,36 @@ func (c *Config) Classes() Classes {
 			cl.names[k] = w.Name
 		}
 		cl.byName[w.Name] = k
+		cl.bulkheads[w.Name] = Class(i + 1)
+		if k == 0 {
+			cl.shared = append(cl.shared, Class(i+1))
+		}
 	}
 	return cl
 }
 
 // Bulkhead returns the class the named workload's bulkhead limits are
-// keyed by in the kernel: its class.
-func (cl Classes) Bulkhead(workload string) Class { return cl.byName[workload] }
+// keyed by in the kernel: its position in the list plus one, for an
+// isolated workload its class. Every workload has a bulkhead of its own,
+// also one that shares circuits (class 0); processes of no workload (no
+// list) count in class 0's.
+func (cl Classes) Bulkhead(workload string) Class { return cl.bulkheads[workload] }
+
+// SharedBulkheads returns the bulkhead classes of the workloads that share
+// circuits (class 0), in the list's order: a shared circuit's bulkhead is
+// one per class here (and class 0's, for processes of no workload).
+func (cl Classes) SharedBulkheads() []Class { return cl.shared }
+
+// SharedOfBulkhead returns the workload whose bulkhead class is k when it
+// shares circuits, and "" otherwise.
+func (cl Classes) SharedOfBulkhead(k Class) string {
+	for w, b := range cl.bulkheads {
+		if b == k && cl.byName[w] == 0 {
+			return w
+		}
+	}
+	return ""
+}
 
 // Of returns the class of the named workload.
 func (cl Classes) Of(workload string) Class { return cl.byName[workload] }

@@ -126,7 +126,7 @@ func run(args []string, out io.Writer) error {
 			}
 			conns := "-"
 			if mc, _ := ci.Options["max_connections"].(float64); mc > 0 {
-				conns = fmt.Sprintf("%d/%d", ci.Connections, int(mc))
+				conns = connsOf(ci, int(mc))
 			}
 			pods := "-"
 			if len(ci.FailedPods) > 0 {
@@ -372,4 +372,18 @@ func decode(resp *http.Response, v any) error {
 		return fmt.Errorf("decoding breakerd's answer: %w", err)
 	}
 	return nil
+}
+
+// connsOf shows a circuit's bulkhead use against its limit: its count, or,
+// for a circuit whose sharing workloads have bulkheads of their own, the
+// fullest workload's count and how many there are.
+func connsOf(ci daemon.CircuitInfo, limit int) string {
+	if len(ci.Bulkheads) == 0 {
+		return fmt.Sprintf("%d/%d", ci.Connections, limit)
+	}
+	fullest := int64(0)
+	for _, b := range ci.Bulkheads {
+		fullest = max(fullest, b.Connections)
+	}
+	return fmt.Sprintf("%d/%d (fullest of %d workloads)", fullest, limit, len(ci.Bulkheads))
 }

@@ -266,7 +266,7 @@ func (m *topModel) View() string {
 		}
 		bulk := "-"
 		if mc, _ := ci.Options["max_connections"].(float64); mc > 0 {
-			bulk = fmt.Sprintf("%d/%d", ci.Connections, int(mc))
+			bulk = connsOf(ci, int(mc))
 		} else if mc, _ := ci.Options["max_connecting"].(float64); mc > 0 {
 			bulk = fmt.Sprintf("%d/%d conn.", ci.Connecting, int(mc))
 		}

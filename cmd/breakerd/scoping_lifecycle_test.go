@@ -19,9 +19,10 @@ import (
 // The lifecycle invariants with workloads selected: a selected process is
 // never rejected on its healthy destination and always on the open
 // circuit; an unselected sibling is never rejected at all and never counted
-// in a bulkhead; the workloads map holds exactly the selected cgroup and
-// the cgroup of a target's source pattern (pat, whose pool has a limit of
-// its own), and each bulkhead counts exactly its own workload's sockets.
+// in a bulkhead; the workloads map holds exactly the selected cgroups (sel
+// and sel2, sharing circuits) and the cgroup of a target's source pattern
+// (pat, whose pool has a limit of its own); each workload has its own
+// bulkhead, sel and sel2 included, counting exactly its own sockets.
 // Checked across a SIGTERM restart, reloads, a SIGKILL and a second start
 // on the same pins.
 const scopedLifecycleConfig = lifecycleConfig + `  pool-p:
@@ -32,6 +33,8 @@ const scopedLifecycleConfig = lifecycleConfig + `  pool-p:
 workloads:
   - name: sel
     cgroups: [CGROUP/sel]
+  - name: sel2
+    cgroups: [CGROUP/sel2]
 `
 
 type scopedLoop struct {
@@ -49,8 +52,12 @@ func TestLifecycleScoped(t *testing.T) {
 	rel, _ := filepath.Rel(root, l.cg.Path)
 	cfg := strings.ReplaceAll(scopedLifecycleConfig, "CGROUP", rel)
 	l.writeConfig(cfg)
-	sel, unsel, pat := l.cg.Child(t, "sel"), l.cg.Child(t, "unsel"), l.cg.Child(t, "pat")
+	sel, unsel, pat, sel2 := l.cg.Child(t, "sel"), l.cg.Child(t, "unsel"), l.cg.Child(t, "pat"), l.cg.Child(t, "sel2")
 	selID, err := sel.ID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sel2ID, err := sel2.ID()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +70,7 @@ func TestLifecycleScoped(t *testing.T) {
 	var lp scopedLoop
 	lp.wg.Go(func() {
 		for !lp.stop.Load() {
-			for _, cg := range []*kerneltest.Cgroup{sel, pat} {
+			for _, cg := range []*kerneltest.Cgroup{sel, sel2, pat} {
 				for _, r := range l.topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.web.Addr, Count: 10}) {
 					if r.Errno != 0 {
 						lp.healthyRejected.Add(1)
@@ -89,10 +96,12 @@ func TestLifecycleScoped(t *testing.T) {
 	// none is counted, so the selected process still gets its 3.
 	uholder := l.topo.Client.StartDial(t, unsel, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr, Count: 5, Parallel: 5, Hold: time.Minute})
 	holder := l.topo.Client.StartDial(t, sel, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr, Count: 3, Parallel: 3, Hold: time.Minute})
-	// The pattern's workload holds its own limit of 2 to the same pool.
+	// The pattern's workload holds its own limit of 2 to the same pool,
+	// and sel2, sharing the pool's circuit with sel, its own 3.
 	pholder := l.topo.Client.StartDial(t, pat, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr, Count: 2, Parallel: 2, Hold: time.Minute})
+	s2holder := l.topo.Client.StartDial(t, sel2, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr, Count: 3, Parallel: 3, Hold: time.Minute})
 	t.Cleanup(func() {
-		for _, h := range []*kerneltest.Process{uholder, holder, pholder} {
+		for _, h := range []*kerneltest.Process{uholder, holder, pholder, s2holder} {
 			h.Cmd.Process.Kill()
 			h.Cmd.Wait()
 		}
@@ -119,24 +128,27 @@ func TestLifecycleScoped(t *testing.T) {
 		}
 		defer v.Close()
 		w, err := v.Workloads()
-		if err != nil || len(w) != 2 || w[selID] != 0 || w[patID] == 0 {
-			t.Fatalf("%s: workloads map %v (%v), want exactly the selected cgroup %d (shared, class 0) and pat %d (a class of its own)", step, w, err, selID, patID)
+		if err != nil || len(w) != 3 || w[selID] != 0 || w[sel2ID] != 0 || w[patID] == 0 {
+			t.Fatalf("%s: workloads map %v (%v), want exactly the selected cgroups %d and %d (shared, class 0) and pat %d (a class of its own)", step, w, err, selID, sel2ID, patID)
 		}
 		bulk, err := v.WorkloadBulkheads()
 		if err != nil {
 			t.Fatalf("%s: %v", step, err)
 		}
-		selPool, patPool := l.pool, l.pool
-		selPool.Class, patPool.Class = bulk[selID], w[patID]
+		selPool, sel2Pool, patPool := l.pool, l.pool, l.pool
+		selPool.Class, sel2Pool.Class, patPool.Class = bulk[selID], bulk[sel2ID], w[patID]
+		if selPool.Class == sel2Pool.Class {
+			t.Fatalf("%s: sel and sel2 share bulkhead class %d", step, selPool.Class)
+		}
 		all, err := v.AllLimits()
-		if err != nil || len(all) != 2 {
-			t.Fatalf("%s: pinned limits %v (%v), want the pool's of sel and of pat only", step, all, err)
+		if err != nil || len(all) != 3 {
+			t.Fatalf("%s: pinned limits %v (%v), want the pool's of sel, sel2 and pat only", step, all, err)
 		}
 		for _, want := range []struct {
 			who  string
 			dst  maps.Dest
 			held int64
-		}{{"sel", selPool, 3}, {"pat", patPool, 2}} {
+		}{{"sel", selPool, 3}, {"sel2", sel2Pool, 3}, {"pat", patPool, 2}} {
 			lim, ok := all[want.dst]
 			if !ok {
 				t.Fatalf("%s: no pinned limit of %s (%v) in %v", step, want.who, want.dst, all)
@@ -148,7 +160,7 @@ func TestLifecycleScoped(t *testing.T) {
 		}
 	}
 	check("start")
-	for _, cg := range []*kerneltest.Cgroup{sel, pat} {
+	for _, cg := range []*kerneltest.Cgroup{sel, sel2, pat} {
 		if got := errnos(l.topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr})); got[unix.EAGAIN] != 1 {
 			t.Fatalf("%s over its pool's limit: %v, want EAGAIN", cg.Path, got)
 		}

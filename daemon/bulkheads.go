@@ -1,0 +1,192 @@
+package daemon
+
+import (
+	"sort"
+
+	"github.com/breakerd/breakerd/maps"
+	"github.com/breakerd/breakerd/policy"
+)
+
+// Bulkheads per workload. Workloads share circuits by default (one
+// circuit per destination for the node: failure detection sees every
+// workload's failures), but each has a bulkhead of its own, so one
+// tenant's connections never fill another's. The kernel looks a
+// connection's limits up by its workload's bulkhead class (the workloads
+// map's `bulkhead`, policy.Classes.Bulkhead), so a shared circuit with a
+// limit has one limits entry per destination and sharing workload, each
+// with a slot of its own, taken from the circuit ids: extra.bulkSlots. Its
+// own id keeps the verdict's counters and, without a workloads list, the
+// bulkhead of the processes of no workload (class 0). An isolated
+// workload's circuit is its own bulkhead, as before.
+
+// bulkSlot is one sharing workload's bulkhead slot of a circuit.
+type bulkSlot struct {
+	id       uint32
+	workload string
+}
+
+// bulkEntry is one limits-map entry of a circuit: its key and slot.
+type bulkEntry struct {
+	dst  maps.Dest
+	slot uint32
+}
+
+// bulkSlotName names a workload's bulkhead slot of circuit c for the id
+// allocator (a reload that keeps it takes the same slot back).
+func bulkSlotName(c *circuit, workload string) string { return c.name() + "#" + workload }
+
+// syncBulkSlots gives a shared circuit with limits one bulkhead slot per
+// sharing workload of the current configuration, and releases the slots
+// of workloads that no longer share it (or all, without limits). Stale
+// limits entries are left to reconcileLimits, which follows every change
+// of the configuration.
+func (d *Daemon) syncBulkSlots(c *circuit) {
+	want := map[uint8]string{}
+	if c.workload() == policy.SharedWorkload && c.machine.Options().HasLimits() {
+		for _, k := range d.classes.SharedBulkheads() {
+			want[uint8(k)] = d.classes.SharedOfBulkhead(k)
+		}
+	}
+	if c.extra != nil {
+		for k, s := range c.extra.bulkSlots {
+			if want[k] != s.workload {
+				d.releaseBulkSlot(c, s)
+				delete(c.extra.bulkSlots, k)
+			}
+		}
+	}
+	if len(want) == 0 {
+		return
+	}
+	if c.extra == nil {
+		c.extra = &circuitExtra{}
+	}
+	if c.extra.bulkSlots == nil {
+		c.extra.bulkSlots = map[uint8]bulkSlot{}
+	}
+	for k, w := range want {
+		if _, ok := c.extra.bulkSlots[k]; ok {
+			continue
+		}
+		// A slot a previous daemon left for this workload's entry is
+		// inherited, with the sockets it counts.
+		dst := c.first[0]
+		if ds := c.dests(); len(ds) > 0 {
+			dst = ds[0]
+		}
+		dst.Class = k
+		name := bulkSlotName(c, w)
+		id, inherited, ok := d.reg.ids.alloc(name, dst)
+		if !ok {
+			d.metrics.circuitsRefused.WithLabelValues(c.target()).Inc()
+			d.log.Error("no circuit id free for a workload's bulkhead; its connections are not limited", "circuit", c.name(), "workload", w)
+			continue
+		}
+		if !inherited {
+			if err := d.k.ResetCounters(id); err != nil {
+				d.log.Warn("resetting counters", "circuit", name, "err", err)
+			}
+		}
+		c.extra.bulkSlots[k] = bulkSlot{id: id, workload: w}
+	}
+}
+
+// releaseBulkSlot gives a workload's bulkhead slot back, keeping its
+// kernel counts in the target's retired counters.
+func (d *Daemon) releaseBulkSlot(c *circuit, s bulkSlot) {
+	d.retire(c.target(), s.id)
+	d.reg.ids.release(s.id, bulkSlotName(c, s.workload))
+}
+
+// retire adds the kernel counts of slot id to target's retired counters,
+// so the per-target counters never go down when a circuit goes.
+func (d *Daemon) retire(target string, id uint32) {
+	if cnt, err := d.k.Counters(id); err == nil {
+		r := d.retired[target]
+		r.Rejected += cnt.Rejected
+		r.ShadowRejected += cnt.ShadowRejected
+		r.Probes += cnt.Probes
+		r.BulkheadRejected += cnt.BulkheadRejected
+		d.retired[target] = r
+	}
+}
+
+// bulkheadEntries are the limits entries of destination dst of c (which
+// has limits): an isolated workload's circuit, or a shared one without a
+// workloads list, is keyed as the destination with its own id; a shared
+// circuit has an entry per sharing workload besides (syncBulkSlots first).
+func (d *Daemon) bulkheadEntries(c *circuit, dst maps.Dest) []bulkEntry {
+	var out []bulkEntry
+	if c.workload() != policy.SharedWorkload || !d.cfg.Scoped() {
+		out = append(out, bulkEntry{dst, c.id})
+	}
+	if c.extra == nil {
+		return out
+	}
+	for k, s := range c.extra.bulkSlots {
+		b := dst
+		b.Class = k
+		out = append(out, bulkEntry{b, s.id})
+	}
+	return out
+}
+
+// deleteLimits removes every limits entry of dst of c.
+func (d *Daemon) deleteLimits(c *circuit, dst maps.Dest) {
+	keys := []maps.Dest{dst}
+	if c.extra != nil {
+		for k := range c.extra.bulkSlots {
+			b := dst
+			b.Class = k
+			keys = append(keys, b)
+		}
+	}
+	for _, k := range keys {
+		if err := d.k.DeleteLimit(k); err != nil {
+			d.log.Warn("deleting bulkhead limits", "circuit", c.name(), "dest", k, "err", err)
+		}
+	}
+}
+
+// bulkSlots lists c's sharing workloads' slots by workload name (a copy).
+func (c *circuit) bulkSlots() []bulkSlot {
+	if c.extra == nil || len(c.extra.bulkSlots) == 0 {
+		return nil
+	}
+	out := make([]bulkSlot, 0, len(c.extra.bulkSlots))
+	for _, s := range c.extra.bulkSlots {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].workload < out[j].workload })
+	return out
+}
+
+// BulkheadCount is one workload's bulkhead of a shared circuit, as
+// /v1/circuits reports it.
+type BulkheadCount struct {
+	Connections      int64  `json:"connections"`
+	Connecting       int64  `json:"connecting"`
+	BulkheadRejected uint64 `json:"bulkhead_rejected"`
+}
+
+// completeBulkheads adds the sharing workloads' bulkheads to ci: each by
+// workload name, and into the circuit's totals.
+func (d *Daemon) completeBulkheads(ci *CircuitInfo, slots []bulkSlot) {
+	if len(slots) == 0 {
+		return
+	}
+	ci.Bulkheads = map[string]BulkheadCount{}
+	for _, s := range slots {
+		var b BulkheadCount
+		if cnt, err := d.k.Counters(s.id); err == nil {
+			b.BulkheadRejected = cnt.BulkheadRejected
+		}
+		if n, err := d.k.BulkCount(s.id); err == nil {
+			b.Connections, b.Connecting = n.Connections, n.Connecting
+		}
+		ci.Bulkheads[s.workload] = b
+		ci.Connections += b.Connections
+		ci.Connecting += b.Connecting
+		ci.BulkheadRejected += b.BulkheadRejected
+	}
+}
