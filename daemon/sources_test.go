@@ -142,7 +142,11 @@ func TestScopingBulkheadsPerWorkload(t *testing.T) {
 		}
 	}
 	want("start", 3, 3)
-	if c, _ := f.circuit("pool"); c.Bulkheads["a"].BulkheadRejected != 2 || c.Bulkheads["b"].BulkheadRejected != 2 || c.BulkheadRejected != 4 {
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		c, _ := f.circuit("pool")
+		return c.Bulkheads["a"].BulkheadRejected == 2 && c.Bulkheads["b"].BulkheadRejected == 2 && c.BulkheadRejected == 4
+	}) {
+		c, _ := f.circuit("pool")
 		t.Fatalf("pool %+v, want 2 rejected in each workload's bulkhead", c)
 	}
 	// The circuit is still shared: a's failures open it for b too.
