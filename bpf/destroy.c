@@ -1,0 +1,192 @@
+//go:build ignore
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The close pass of `close_established` (issue #19): a TCP socket iterator
+ * (iter/tcp, 6.5+ for bpf_sock_destroy) that the daemon runs once per
+ * network namespace of the protected processes when a circuit opens. It
+ * closes, with bpf_sock_destroy (the peer gets an RST, the owner sees
+ * ECONNABORTED), every established client socket that
+ *   - goes to a destination of close_targets (address, port and the
+ *     socket's workload class), and
+ *   - was made in a cgroup below the attach point (sk_cgrp_data, CO-RE),
+ *     and when scoped, in a cgroup of the workloads map, and
+ *   - is not server side (its local port is not a listening port).
+ * Anything else is left alone. No program of this object is attached to a
+ * hook: it runs only when the daemon reads the iterator, so the healthy
+ * path pays nothing.
+ */
+#include "destroy.h"
+
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+
+#define AF_INET 2
+#define AF_INET6 10
+#define IPPROTO_TCP 6
+#define TCP_ESTABLISHED 1
+#define TCP_LISTEN 10
+
+/* Deepest cgroup nesting the ancestry walk follows below the attach point
+ * (cgroup v2 allows more, but kubelet's deepest is five). A socket deeper
+ * than that is left open: the fail-open direction. */
+#define MAX_CGROUP_DEPTH 32
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Minimal CO-RE views of kernel structs: only the fields read here. */
+struct kernfs_node {
+	__u64 id;
+} __attribute__((preserve_access_index));
+
+struct cgroup_subsys_state {
+	struct cgroup *cgroup;
+	struct cgroup_subsys_state *parent;
+} __attribute__((preserve_access_index));
+
+struct cgroup {
+	struct cgroup_subsys_state self;
+	struct kernfs_node *kn;
+} __attribute__((preserve_access_index));
+
+struct sock_cgroup_data {
+	struct cgroup *cgroup;
+} __attribute__((preserve_access_index));
+
+struct in6_addr {
+	union {
+		__u8 u6_addr8[16];
+	} in6_u;
+} __attribute__((preserve_access_index));
+
+struct sock_common {
+	__u32 skc_daddr;
+	__u16 skc_dport;
+	__u16 skc_num;
+	__u16 skc_family;
+	__u8 skc_state;
+	__u8 _pad;
+	struct in6_addr skc_v6_daddr;
+	__u32 _pad1; /* (CO-RE relocates by name; the local layout is only -Wpadded's) */
+} __attribute__((preserve_access_index));
+
+struct sock {
+	struct sock_common __sk_common;
+	struct sock_cgroup_data sk_cgrp_data;
+} __attribute__((preserve_access_index));
+
+struct bpf_iter_meta {
+	void *seq;
+} __attribute__((preserve_access_index));
+
+struct bpf_iter__tcp {
+	struct bpf_iter_meta *meta;
+	struct sock_common *sk_common;
+} __attribute__((preserve_access_index));
+
+extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct dest_key);
+	__type(value, struct close_count);
+} close_targets SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct close_config);
+} close_settings SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct listen_ports);
+} listeners SEC(".maps");
+
+/* The main object's workloads map (bpf/breaker.c), handed to this object
+ * at load (the same definition, so the loader accepts it). */
+#define MAX_WORKLOAD_CGROUPS (1 << 16)
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_WORKLOAD_CGROUPS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u64);
+	__type(value, struct workload);
+} workloads SEC(".maps");
+
+/* below reports whether cgroup cg is the attach point or below it. */
+static __always_inline int below(struct cgroup *cg, __u64 attach, __u32 max_depth)
+{
+	for (__u32 i = 0; i <= MAX_CGROUP_DEPTH; i++) {
+		if (!cg || i > max_depth)
+			return 0;
+		if (BPF_CORE_READ(cg, kn, id) == attach)
+			return 1;
+		struct cgroup_subsys_state *parent = BPF_CORE_READ(cg, self.parent);
+		if (!parent)
+			return 0;
+		cg = BPF_CORE_READ(parent, cgroup);
+	}
+	return 0;
+}
+
+SEC("iter/tcp")
+int close_established(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	if (!skc)
+		return 0;
+	__u32 zero = 0;
+	struct listen_ports *lp = bpf_map_lookup_elem(&listeners, &zero);
+	struct close_config *cfg = bpf_map_lookup_elem(&close_settings, &zero);
+	if (!lp || !cfg)
+		return 0;
+
+	__u16 family = BPF_CORE_READ(skc, skc_family);
+	if (family != AF_INET && family != AF_INET6)
+		return 0;
+	__u8 state = BPF_CORE_READ(skc, skc_state);
+	__u16 lport = BPF_CORE_READ(skc, skc_num);
+	__u32 word = (lport >> 6) & (LISTEN_WORDS - 1);
+	__u64 bit = 1ULL << (lport & 63);
+	if (state == TCP_LISTEN) {
+		lp->bits[word] |= bit;
+		return 0;
+	}
+	if (state != TCP_ESTABLISHED || (lp->bits[word] & bit))
+		return 0;
+
+	struct dest_key key = {.proto = IPPROTO_TCP, .port = BPF_CORE_READ(skc, skc_dport)};
+	if (family == AF_INET) {
+		__u32 a = BPF_CORE_READ(skc, skc_daddr);
+		key.addr[10] = 0xff;
+		key.addr[11] = 0xff;
+		__builtin_memcpy(&key.addr[12], &a, 4);
+	} else {
+		BPF_CORE_READ_INTO(&key.addr, skc, skc_v6_daddr.in6_u.u6_addr8);
+	}
+
+	/* ESTABLISHED is a full socket: its cgroup is the one it was made in. */
+	struct sock *sk = (struct sock *)skc;
+	struct cgroup *cg = BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
+	if (!cg || !below(cg, cfg->cgroup_id, cfg->max_depth))
+		return 0;
+	if (cfg->scoped) {
+		__u64 id = BPF_CORE_READ(cg, kn, id);
+		struct workload *w = bpf_map_lookup_elem(&workloads, &id);
+		if (!w)
+			return 0;
+		key.class = (__u8)w->class;
+	}
+	struct close_count *cnt = bpf_map_lookup_elem(&close_targets, &key);
+	if (!cnt)
+		return 0;
+	if (bpf_sock_destroy(skc) == 0)
+		__sync_fetch_and_add(&cnt->closed, 1);
+	else
+		__sync_fetch_and_add(&cnt->failed, 1);
+	return 0;
+}

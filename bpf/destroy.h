@@ -1,0 +1,38 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The contract of destroy.c, the close pass of `close_established`: what
+ * the daemon writes before it runs the TCP socket iterator and what it
+ * reads back. Nothing here is pinned: the maps live as long as the
+ * daemon's handle on the object, so this is not part of the layout
+ * version (bpf/breaker.h is).
+ */
+#ifndef DESTROY_H
+#define DESTROY_H
+
+#include "breaker.h"
+
+/* Value of close_targets (key: struct dest_key): one entry per destination
+ * of the circuits being opened, counted by the pass. */
+struct close_count {
+	__u32 closed; /* sockets bpf_sock_destroy closed */
+	__u32 failed; /* sockets it refused to close (its error) */
+};
+
+/* The one entry of close_settings, written before every pass. */
+struct close_config {
+	__u64 cgroup_id; /* the attach point (--cgroup): only sockets made below it */
+	__u32 scoped;    /* 1: only sockets of cgroups in the workloads map, by class */
+	__u32 max_depth; /* levels between the attach point and the deepest cgroup */
+};
+
+/* Listening ports of the network namespace being walked, one bit per port
+ * (host order), set by the pass as it meets the listeners (the iterator
+ * walks them before the established sockets). An established socket
+ * whose local port is a listening port is taken for server side and left
+ * alone. */
+#define LISTEN_WORDS 1024
+struct listen_ports {
+	__u64 bits[LISTEN_WORDS];
+};
+
+#endif /* DESTROY_H */

@@ -1,0 +1,203 @@
+package maps
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+)
+
+// closers returns the mechanisms this kernel offers, each as a Closer of
+// its own: the iterator (6.5+) and the sock_diag fallback. On a kernel
+// without bpf_sock_destroy, NewCloser must not pick the iterator.
+func closers(t *testing.T, k *Kernel) map[CloseMechanism]*Closer {
+	t.Helper()
+	best := k.NewCloser()
+	t.Cleanup(func() { best.Release() })
+	t.Logf("close mechanism %s (%s)", best.Mechanism(), best.Reason())
+	out := map[CloseMechanism]*Closer{}
+	switch best.Mechanism() {
+	case CloseIterator:
+		out[CloseIterator] = best
+		if probeSockDiagDestroy() == nil {
+			out[CloseSockDiag] = &Closer{k: k, cgroup: best.cgroup, mech: CloseSockDiag, log: k.log, selfIno: best.selfIno}
+		}
+	case CloseSockDiag:
+		if !strings.Contains(best.Reason(), "bpf_sock_destroy") {
+			t.Fatalf("reason %q does not say why the iterator is not used", best.Reason())
+		}
+		out[CloseSockDiag] = best
+	default:
+		// Neither: Close must close nothing (and say so).
+		if !strings.Contains(best.Reason(), "sock_diag") {
+			t.Fatalf("reason %q does not say why sock_diag is not used", best.Reason())
+		}
+	}
+	if hasSockDestroy() && best.Mechanism() != CloseIterator {
+		t.Fatalf("this kernel has bpf_sock_destroy, but the mechanism is %s: %s", best.Mechanism(), best.Reason())
+	}
+	if kerneltest.InCI() && len(out) == 0 {
+		t.Fatalf("no close mechanism on this kernel: %s", best.Reason())
+	}
+	return out
+}
+
+// hasSockDestroy reports whether the kernel's BTF names bpf_sock_destroy.
+func hasSockDestroy() bool {
+	b, err := os.ReadFile("/proc/kallsyms")
+	return err == nil && strings.Contains(string(b), " bpf_sock_destroy\n")
+}
+
+// The close pass closes exactly the protected cgroup's established client
+// connections to the given destinations, in the client's own network
+// namespace: not those to another port, not a sibling cgroup's (outside
+// the attach point), not a server-side socket whose peer is the
+// destination; and a new connect after it works (no verdict here).
+func TestCloseEstablishedFilters(t *testing.T) {
+	e := newEnv(t, Options{})
+	mechs := closers(t, e.k)
+	for _, mech := range []CloseMechanism{CloseIterator, CloseSockDiag} {
+		c := mechs[mech]
+		if c == nil {
+			continue
+		}
+		t.Run(string(mech), func(t *testing.T) {
+			const a, b, srvSide = 8301, 8302, 8303
+			base := uint16(0)
+			if mech == CloseSockDiag {
+				base = 10
+			}
+			pa, pb, ps := a+base, b+base, srvSide+base
+			e.srv.ServeHold(t, pa)
+			e.srv.ServeHold(t, pb)
+			protected := e.cg.Child(t, "pool-"+string(mech[:4]))
+			outside := kerneltest.NewCgroup(t) // a sibling of the attach point
+			da, db := e.dest(pa, false), e.dest(pb, false)
+			da6 := e.dest(pa, true)
+			pool := e.topo.Client.StartPool(t, protected, []kerneltest.PoolTarget{
+				{Addr: da.Addr, N: 3}, {Addr: da6.Addr, N: 2}, {Addr: db.Addr, N: 2}}, ps)
+			other := e.topo.Client.StartPool(t, outside, []kerneltest.PoolTarget{{Addr: da.Addr, N: 2}}, 0)
+
+			// A server-side socket of the protected process whose peer
+			// is the destination (ps on the server, connecting from
+			// port ps to the pool's listener on ps).
+			var peer net.Conn
+			err := e.srv.Do(func() error {
+				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: e.srv.IPv4.AsSlice(), Port: int(ps)}, Timeout: 3 * time.Second}
+				var err error
+				peer, err = d.Dial("tcp4", netip.AddrPortFrom(e.topo.Client.IPv4, ps).String())
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer peer.Close()
+			pool.Accept(t)
+			dsrv := e.dest(ps, false)
+
+			if got := pool.Check(t); slices.ContainsFunc(got, func(s string) bool { return s != "open" }) {
+				t.Fatalf("before the pass: %v", got)
+			}
+			counts, st, err := c.Close([]Dest{da, da6, dsrv}, false)
+			if err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			t.Logf("pass: %+v, counts %v", st, counts)
+			if got := counts[da]; got.Closed != 3 || got.Failed != 0 {
+				t.Errorf("closed to %s: %+v, want 3", da, got)
+			}
+			if got := counts[da6]; got.Closed != 2 || got.Failed != 0 {
+				t.Errorf("closed to %s: %+v, want 2", da6, got)
+			}
+			if got := counts[dsrv]; got != (CloseCount{}) {
+				t.Errorf("server-side socket counted: %+v", got)
+			}
+			want := []string{"ECONNABORTED", "ECONNABORTED", "ECONNABORTED", "ECONNABORTED", "ECONNABORTED", "open", "open", "open"}
+			if got := pool.Check(t); !slices.Equal(got, want) {
+				t.Errorf("pool after the pass: %v, want %v (the pool's 5 to %d closed; 2 to %d and the accepted one open)", got, want, pa, pb)
+			}
+			if got := other.Check(t); !slices.Equal(got, []string{"open", "open"}) {
+				t.Errorf("the sibling cgroup's connections: %v, want open", got)
+			}
+			// A second pass finds nothing left to close.
+			counts, _, err = c.Close([]Dest{da, da6}, false)
+			if err != nil || len(counts) != 0 {
+				t.Errorf("second pass: %v %v, want nothing closed", counts, err)
+			}
+			// Nothing is blocked: the pool's destination takes new
+			// connections.
+			if got := errnos(e.dial(t, protected, kerneltest.DialSpec{Network: "tcp4", Addr: da.Addr, Count: 2})); got[0] != 2 {
+				t.Errorf("connects after the pass: %v", got)
+			}
+		})
+	}
+}
+
+// With workloads, only sockets of cgroups in the workloads map are
+// closed, by class: the shared class's destination closes the shared
+// workload's sockets, not an isolated workload's nor an unselected
+// cgroup's.
+func TestCloseEstablishedScoped(t *testing.T) {
+	e := newEnv(t, Options{})
+	mechs := closers(t, e.k)
+	for _, mech := range []CloseMechanism{CloseIterator, CloseSockDiag} {
+		c := mechs[mech]
+		if c == nil {
+			continue
+		}
+		t.Run(string(mech), func(t *testing.T) {
+			port := uint16(8321)
+			if mech == CloseSockDiag {
+				port += 10
+			}
+			e.srv.ServeHold(t, port)
+			tag := string(mech[:4])
+			shared, isolated, unsel := e.cg.Child(t, "sh-"+tag), e.cg.Child(t, "iso-"+tag), e.cg.Child(t, "un-"+tag)
+			e.selectCgroup(t, shared, 0)
+			e.selectCgroup(t, isolated, 2)
+			d := e.dest(port, false)
+			ps := e.topo.Client.StartPool(t, shared, []kerneltest.PoolTarget{{Addr: d.Addr, N: 2}}, 0)
+			pi := e.topo.Client.StartPool(t, isolated, []kerneltest.PoolTarget{{Addr: d.Addr, N: 2}}, 0)
+			pu := e.topo.Client.StartPool(t, unsel, []kerneltest.PoolTarget{{Addr: d.Addr, N: 2}}, 0)
+
+			counts, _, err := c.Close([]Dest{d}, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := counts[d]; got.Closed != 2 {
+				t.Errorf("shared class: %+v, want 2 closed", got)
+			}
+			closed := []string{"ECONNABORTED", "ECONNABORTED"}
+			open := []string{"open", "open"}
+			if got := ps.Check(t); !slices.Equal(got, closed) {
+				t.Errorf("shared workload: %v", got)
+			}
+			if got := pi.Check(t); !slices.Equal(got, open) {
+				t.Errorf("isolated workload after the shared class's pass: %v", got)
+			}
+			if got := pu.Check(t); !slices.Equal(got, open) {
+				t.Errorf("unselected cgroup: %v", got)
+			}
+			iso := d
+			iso.Class = 2
+			counts, _, err = c.Close([]Dest{iso}, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := counts[iso]; got.Closed != 2 {
+				t.Errorf("isolated class: %+v, want 2 closed", got)
+			}
+			if got := pi.Check(t); !slices.Equal(got, closed) {
+				t.Errorf("isolated workload after its own pass: %v", got)
+			}
+			if got := pu.Check(t); !slices.Equal(got, open) {
+				t.Errorf("unselected cgroup: %v", got)
+			}
+		})
+	}
+}
