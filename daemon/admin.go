@@ -91,6 +91,12 @@ type CircuitInfo struct {
 	// them). Absent for an isolated workload's circuit and without a
 	// workloads list.
 	Bulkheads map[string]BulkheadCount `json:"bulkheads,omitempty"`
+	// With close_established: how this kernel closes the circuit's
+	// established connections when it opens (bpf_sock_destroy, sock_diag,
+	// or none: they stay open), and how many its passes closed since the
+	// daemon started.
+	CloseMechanism    string `json:"close_mechanism,omitempty"`
+	ClosedEstablished uint64 `json:"closed_established,omitempty"`
 }
 
 // circuitSnap is what is copied of a circuit under the lock; complete
@@ -116,7 +122,7 @@ func snap(c *circuit, now time.Time) circuitSnap {
 		info: CircuitInfo{Name: c.name(), Target: c.target(), Workload: c.workload(), Scope: scope, State: st.State.String(),
 			FailureRate: st.FailureRate, SlowRate: st.SlowRate, Calls: st.Calls, Failures: st.Failures, Slow: st.Slow,
 			ConsecutiveFailures: st.ConsecutiveFailures, OpenUntil: st.OpenUntil, Trip: st.Trip, CircuitID: c.id,
-			DestinationsTotal: len(c.dests())},
+			DestinationsTotal: len(c.dests()), ClosedEstablished: c.closedEstablished()},
 		opts:    c.machine.Options(),
 		dests:   slices.Clone(c.dests()[:min(len(c.dests()), listedDests)]),
 		round:   st.Round,
@@ -131,6 +137,12 @@ func (d *Daemon) complete(s circuitSnap) CircuitInfo {
 	ci := s.info
 	ci.Options = optionsMap(s.opts)
 	ci.FailedPods = d.podNames(s.cgroups)
+	if s.opts.CloseEstablished {
+		ci.CloseMechanism = string(maps.CloseNone)
+		if m, ok := d.closeMech.Load().(maps.CloseMechanism); ok {
+			ci.CloseMechanism = string(m)
+		}
+	}
 	ci.Destinations = make([]string, 0, len(s.dests))
 	for _, dst := range s.dests {
 		ci.Destinations = append(ci.Destinations, dst.String())
@@ -164,6 +176,7 @@ func optionsMap(o *policy.Options) map[string]any {
 		"half_open_probes": o.HalfOpenProbes, "half_open_success_threshold": o.HalfOpenSuccessThreshold, "probe_timeout": o.ProbeTimeout.String(),
 		"reject_errno": policy.ErrnoName(o.RejectErrno), "count_abandoned": o.CountAbandoned, "reset_failure_window": o.ResetFailureWindow.String(),
 		"max_connections": o.MaxConnections, "max_connecting": o.MaxConnecting, "bulkhead_reject_errno": policy.ErrnoName(o.BulkheadRejectErrno),
+		"close_established": o.CloseEstablished,
 	}
 }
 
@@ -293,6 +306,7 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	}
 	d.reg.track(c)
 	d.writeVerdicts(c, t)
+	d.opened(c, t.From, t.To, now)
 	d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.workload()).Inc()
 	d.log.Info("circuit changed by hand", "circuit", c.name(), "action", action, "from", t.From.String(), "to", t.To.String())
 	d.events.add(TransitionEvent{Time: now, Circuit: c.name(), Target: c.target(), Workload: c.workload(), From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})

@@ -62,6 +62,9 @@ type circuitExtra struct {
 	// bulkSlots are a shared circuit's bulkheads of the workloads that
 	// share it, by bulkhead class (bulkheads.go).
 	bulkSlots map[uint8]bulkSlot
+	// closed counts the established connections its close passes
+	// closed since the daemon started (close_established).
+	closed uint64
 }
 
 // isNamed reports whether c is a named target's circuit.
@@ -452,6 +455,7 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 	d.reg.track(c)
 	if ov == policy.ForceOpen {
 		d.writeVerdicts(c, policy.Transition{To: policy.ForcedOpen, At: now})
+		d.opened(c, policy.Closed, policy.ForcedOpen, now)
 	}
 	return c
 }

@@ -31,6 +31,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -114,6 +115,11 @@ type Daemon struct {
 	lastLostCheck time.Time
 	// endpointIdle: see the constant (tests shorten it).
 	endpointIdle time.Duration
+	// closer runs the close passes of close_established (closer.go); nil
+	// until a configuration asks for it. closeJobs feeds its goroutine.
+	closer    *maps.Closer
+	closeJobs chan closeJob
+	closeMech atomic.Value // the closer's maps.CloseMechanism, read outside mu
 }
 
 type pendingConn struct {
@@ -137,6 +143,10 @@ type TransitionEvent struct {
 	Calls       int       `json:"calls"`
 	OpenUntil   time.Time `json:"open_until,omitzero"`
 	Trip        int       `json:"trip"`
+	// ClosedEstablished is how many established connections the
+	// transition's close pass closed (close_established), filled in when
+	// the pass is over.
+	ClosedEstablished uint64 `json:"closed_established,omitempty"`
 }
 
 const maxEvents = 1000
@@ -194,7 +204,7 @@ func New(opts Options) (*Daemon, error) {
 		opts: opts, log: opts.Logger, rand: rng.Float64,
 		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{},
 		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{}, retired: map[string]maps.Counters{},
-		endpointIdle: endpointIdle,
+		endpointIdle: endpointIdle, closeJobs: make(chan closeJob, closeQueue),
 	}
 	d.metrics = newMetrics(d)
 	srv, err := d.startAdmin()
@@ -268,6 +278,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.watchConfig(ctx, watcher) })
 	wg.Go(func() { d.watchGround(ctx) })
 	wg.Go(func() { d.scope.run(ctx) })
+	wg.Go(func() { d.closeLoop(ctx) })
 	d.mu.Lock()
 	d.ready = d.problems == nil
 	d.admin = srv.tcp
@@ -288,6 +299,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	rd.Close()
 	wg.Wait()
 	srv.shutdown()
+	d.mu.Lock()
+	if d.closer != nil {
+		_ = d.closer.Release()
+	}
+	d.mu.Unlock()
 	return d.k.Close()
 }
 
@@ -477,6 +493,7 @@ func (d *Daemon) apply(c *circuit, t policy.Transition) {
 	if t.From != t.To {
 		if t.To != policy.HalfOpen { // the kernel began the round itself
 			d.writeVerdicts(c, t)
+			d.opened(c, t.From, t.To, t.At)
 		}
 		d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.workload()).Inc()
 	} else if t.Reason == policy.ReasonNewRound {
@@ -596,6 +613,7 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 	old := d.cfg
 	d.cfg = cfg
 	d.classes = cfg.Classes()
+	d.ensureCloser(cfg)
 	// The kernel's workloads map first: cgroups of a newly selected
 	// workload are protected before the settings say scoped.
 	d.scope.apply(cfg)

@@ -1,5 +1,7 @@
 package daemon
 
+import "time"
+
 // eventRing keeps the last maxEvents transitions in a fixed array: adding
 // to a full ring overwrites the oldest, so it never grows. It is used
 // under Daemon.mu.
@@ -13,6 +15,18 @@ func (r *eventRing) add(ev TransitionEvent) {
 	r.buf[r.next] = ev
 	r.next = (r.next + 1) % len(r.buf)
 	r.n = min(r.n+1, len(r.buf))
+}
+
+// noteClosed sets the close pass's count on the transition of circuit
+// at time at (the newest such event; none when it is gone from the ring).
+func (r *eventRing) noteClosed(circuit string, at time.Time, n uint64) {
+	for i := range r.n {
+		ev := &r.buf[(r.next-1-i+2*len(r.buf))%len(r.buf)]
+		if ev.Circuit == circuit && ev.Time.Equal(at) {
+			ev.ClosedEstablished = n
+			return
+		}
+	}
 }
 
 // list returns a copy of the events, oldest first (never nil).

@@ -27,6 +27,8 @@ type metrics struct {
 	circuitsRefused    *prometheus.CounterVec
 	protected          prometheus.Gauge
 	groundProblems     *prometheus.CounterVec
+	closed             *prometheus.CounterVec // close_established: connections closed or not, by target and workload
+	closeMechanism     *prometheus.GaugeVec
 	targets            map[string]*targetMetrics // by target and workload, used under Daemon.mu
 }
 
@@ -81,6 +83,8 @@ func newMetrics(d *Daemon) *metrics {
 	for _, p := range []maps.Problem{maps.CgroupRemoved, maps.CgroupRecreated, maps.PinsRemoved, maps.BPFFSUnmounted} {
 		m.groundProblems.WithLabelValues(string(p))
 	}
+	m.closed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_established_closed_total", Help: "Established connections closed when a circuit with close_established opened (result closed), or that the kernel refused to close (result failed), by target and workload."}, []string{"target", "workload", "result"})
+	m.closeMechanism = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "breakerd_close_established_mechanism", Help: "1 for how this kernel closes established connections for close_established (bpf_sock_destroy, sock_diag, or none: they stay open); no series until a target asks for it."}, []string{"mechanism"})
 	version := "devel"
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
 		version = bi.Main.Version
@@ -88,7 +92,7 @@ func newMetrics(d *Daemon) *metrics {
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "breakerd_build_info", Help: "Build information.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
 	m.collectors = []prometheus.Collector{m.transitions, m.outcomes, m.handshake, m.reloadOK, m.reloadTime, m.verdictWriteErrors,
-		m.circuitsEvicted, m.circuitsRefused, m.protected, m.groundProblems, build, &stateCollector{d: d}, &workloadCollector{d: d},
+		m.circuitsEvicted, m.circuitsRefused, m.protected, m.groundProblems, m.closed, m.closeMechanism, build, &stateCollector{d: d}, &workloadCollector{d: d},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})}
 	if d.opts.Cluster != nil {
 		m.collectors = append(m.collectors, d.opts.Cluster)

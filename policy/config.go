@@ -471,6 +471,9 @@ func (d *decoder) target(name string, val any) *Target {
 	if len(t.Match.Prefixes) == 0 && len(t.Match.Hosts) == 0 && t.Match.Service == "" {
 		d.add(path+".match", "names no cidrs, hosts or service")
 	}
+	if t.Options.CloseEstablished && t.Match.Proto == "udp" {
+		d.add(path+".close_established", "closes TCP connections, but match.protocol is udp")
+	}
 	if v, ok := m["scope"]; ok && v != nil {
 		s, _ := asString(v)
 		switch Scope(s) {

@@ -360,3 +360,32 @@ func TestMaxCircuitsBoundedByIDs(t *testing.T) {
 		}
 	}
 }
+
+// close_established closes TCP connections: on a UDP-only target it is an
+// error naming the key; a value that is not a boolean names it too.
+func TestCloseEstablishedValidation(t *testing.T) {
+	got := strings.Join(problems(t, `
+targets:
+  dns:
+    match: {cidrs: [10.0.0.10], ports: ["53"], protocol: udp}
+    close_established: true
+  web:
+    match: {cidrs: [10.0.0.0/24]}
+    close_established: sometimes
+`), "\n")
+	for _, want := range []string{
+		"targets.dns.close_established: closes TCP connections, but match.protocol is udp",
+		`targets.web.close_established: "sometimes" is not true or false`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("problems:\n%s\nwant %q", got, want)
+		}
+	}
+	cfg, err := Parse([]byte("targets:\n  web:\n    match: {cidrs: [10.0.0.0/24], protocol: any}\n    close_established: true\n"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Targets["web"].Options.CloseEstablished || cfg.All.CloseEstablished {
+		t.Fatalf("close_established: target %v, all %v; want true, false", cfg.Targets["web"].Options.CloseEstablished, cfg.All.CloseEstablished)
+	}
+}

@@ -69,6 +69,10 @@ type Options struct {
 	MaxConnecting int
 	// BulkheadRejectErrno is what a connect over a bulkhead limit sees.
 	BulkheadRejectErrno syscall.Errno
+	// CloseEstablished: when the circuit opens, the daemon closes the
+	// protected processes' established TCP connections to its
+	// destinations, so a connection pool reconnects and is rejected.
+	CloseEstablished bool
 }
 
 // HasLimits reports whether the options set a bulkhead limit.
@@ -135,6 +139,8 @@ var optionFields = []optionField{
 		func(o *Options, r any) error { return setInt(&o.MaxConnecting, r, 0, 10_000_000) }},
 	{"bulkhead_reject_errno", "EAGAIN", "errno name", "What a connect over a bulkhead limit sees: the overload errno, distinct from `reject_errno`, and counted apart in metrics. Bulkhead rejections never enter the failure window.",
 		func(o *Options, r any) error { return setErrno(&o.BulkheadRejectErrno, r) }},
+	{"close_established", "false", "bool", "When the circuit opens (from closed or half-open, or forced open), close the established TCP connections protected processes hold to its destinations, so a keep-alive pool reconnects and is rejected in `connect()`. TCP only. See *Closing established connections*.",
+		func(o *Options, r any) error { return setBool(&o.CloseEstablished, r) }},
 }
 
 // DefaultOptions returns the built-in defaults.

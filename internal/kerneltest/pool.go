@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -145,4 +148,97 @@ func (p *Pool) Check(tb testing.TB) []string {
 		tb.Fatalf("pool check: %q: %v", l, err)
 	}
 	return out
+}
+
+// httpPoolScript keeps N keep-alive http.client connections to one server
+// and on "round" makes one GET on each: "ok:STATUS:LOCALPORT" (the local
+// port tells a reused connection from a new one), or the error's errno
+// name (the connection is then closed, and the next round reconnects).
+const httpPoolScript = `
+import errno, http.client, json, socket, sys
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+conns = [http.client.HTTPConnection(host, port, timeout=3) for _ in range(n)]
+def get(c):
+    try:
+        c.request("GET", "/")
+        r = c.getresponse()
+        r.read()
+        return "ok:%d:%d" % (r.status, c.sock.getsockname()[1])
+    except OSError as e:
+        c.close()
+        return errno.errorcode.get(e.errno, type(e).__name__) if e.errno else type(e).__name__
+    except http.client.HTTPException as e:
+        c.close()
+        return type(e).__name__
+print("ready", flush=True)
+for line in sys.stdin:
+    if line.strip() == "round":
+        print(json.dumps([get(c) for c in conns]), flush=True)
+`
+
+// StartHTTPPool starts a python3 http.client pool of n keep-alive
+// connections to addr in h and cg (Round makes one request on each).
+func (h *Host) StartHTTPPool(tb testing.TB, cg *Cgroup, addr netip.AddrPort, n int) *Pool {
+	tb.Helper()
+	p := &Pool{proc: h.Command(cg, "python3", "-c", httpPoolScript, addr.Addr().String(), fmt.Sprint(addr.Port()), fmt.Sprint(n))}
+	var err error
+	if p.in, err = p.proc.Cmd.StdinPipe(); err != nil {
+		tb.Fatal(err)
+	}
+	stdout, err := p.proc.Cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var stderr strings.Builder
+	p.proc.Cmd.Stderr = &stderr
+	p.out = bufio.NewReader(stdout)
+	if err := p.proc.Start(tb); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { p.in.Close() })
+	if line, err := p.line(10 * time.Second); err != nil || line != "ready" {
+		tb.Fatalf("http pool did not start: %q %v: %s", line, err, stderr.String())
+	}
+	return p
+}
+
+// Round makes one request on every connection of an http pool.
+func (p *Pool) Round(tb testing.TB) []string {
+	tb.Helper()
+	fmt.Fprintln(p.in, "round")
+	l, err := p.line(15 * time.Second)
+	if err != nil {
+		tb.Fatalf("http pool round: %v", err)
+	}
+	var out []string
+	if err := json.Unmarshal([]byte(l), &out); err != nil {
+		tb.Fatalf("http pool round: %q: %v", l, err)
+	}
+	return out
+}
+
+// RefuseNewConnections makes the host answer every new connection's SYN
+// to port with a reset, while connections already established go on.
+func (h *Host) RefuseNewConnections(tb testing.TB, port uint16) {
+	tb.Helper()
+	h.addRule(tb, port, "tcp flags & (syn|ack) == syn reject with tcp reset")
+}
+
+// ServeHTTP serves HTTP/1.1 with keep-alive on port in the host until the
+// test ends: 200 "ok" at once, or after the delay a "/slow?ms=N" path asks
+// for. It returns the count of requests served.
+func (h *Host) ServeHTTP(tb testing.TB, port uint16) *atomic.Int64 {
+	tb.Helper()
+	var n atomic.Int64
+	l := h.Listen(tb, "tcp", port)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ms, err := strconv.Atoi(r.URL.Query().Get("ms")); err == nil && r.URL.Path == "/slow" {
+			time.Sleep(time.Duration(ms) * time.Millisecond)
+		}
+		n.Add(1)
+		io.WriteString(w, "ok\n")
+	})}
+	go srv.Serve(l)
+	tb.Cleanup(func() { srv.Close() })
+	return &n
 }

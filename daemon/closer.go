@@ -1,0 +1,200 @@
+package daemon
+
+import (
+	"context"
+	"time"
+
+	"github.com/breakerd/breakerd/maps"
+	"github.com/breakerd/breakerd/policy"
+)
+
+// close_established: when a circuit whose options ask for it opens, the
+// protected processes' established TCP connections to its destinations
+// are closed (maps.Closer), so a keep-alive pool reconnects and is
+// rejected in connect(). The verdict is written first, in the event loop
+// (apply, Force); the pass itself runs on a goroutine of its own (a pass
+// enters every network namespace of the protected processes and takes
+// milliseconds), which takes every queued circuit in one pass, so the
+// event loop never waits for it. Nothing of this runs for a circuit
+// without the option, nor on any healthy path: the kernel iterator runs
+// only when the daemon reads it.
+//
+// What triggers a pass: a transition the running daemon makes into open
+// or forced open from a state that is neither (closed → open, half-open →
+// open, closed or half-open → forced open, by the state machine, the API
+// or a reload's `state`), and a circuit made forced open after start-up.
+// Not a circuit found open at start-up (adopted from the pinned verdicts,
+// or forced open by the configuration or a kept override): its
+// connections were closed when it opened, and whatever connected since
+// was a probe the kernel admitted or was made before a restart and is
+// left alone. Not half-open: the probes a half-open circuit admits are
+// never closed while it is half-open (they are closed if it reopens).
+
+// closeJob is one opened circuit waiting for its pass.
+type closeJob struct {
+	circuit, target, workload string
+	dests                     []maps.Dest
+	scoped                    bool
+	at                        time.Time // the transition's time, to find its event
+}
+
+const closeQueue = 4096
+
+// ensureCloser prepares the close pass when the configuration asks for it
+// (once; a later configuration without the option keeps it, idle). Used
+// under d.mu.
+func (d *Daemon) ensureCloser(cfg *policy.Config) {
+	if d.closer != nil || !wantsClose(cfg) {
+		return
+	}
+	d.closer = d.k.NewCloser()
+	d.closeMech.Store(d.closer.Mechanism())
+	d.metrics.closeMechanism.WithLabelValues(string(d.closer.Mechanism())).Set(1)
+	if d.closer.Mechanism() == maps.CloseNone {
+		d.log.Error("close_established is configured, but this kernel offers no way to close established connections: they stay open when a circuit opens (new connects are still rejected)",
+			"reason", d.closer.Reason())
+		return
+	}
+	d.log.Info("close_established ready", "mechanism", string(d.closer.Mechanism()), "fallback_reason", d.closer.Reason())
+}
+
+func wantsClose(cfg *policy.Config) bool {
+	if cfg.All.CloseEstablished {
+		return true
+	}
+	for _, t := range cfg.Targets {
+		if t.Options.CloseEstablished {
+			return true
+		}
+	}
+	return false
+}
+
+// closedEstablished is how many connections c's close passes closed.
+func (c *circuit) closedEstablished() uint64 {
+	if c.extra == nil {
+		return 0
+	}
+	return c.extra.closed
+}
+
+func isOpen(s policy.State) bool { return s == policy.Open || s == policy.ForcedOpen }
+
+// opened queues c's close pass when it has just opened (from a state that
+// does not reject) and asks for it. Used under d.mu.
+func (d *Daemon) opened(c *circuit, from, to policy.State, at time.Time) {
+	if !isOpen(to) || isOpen(from) || !c.machine.Options().CloseEstablished || d.runCtx == nil {
+		return
+	}
+	if d.closer == nil || d.closer.Mechanism() == maps.CloseNone {
+		d.log.Warn("circuit opened; this kernel cannot close its established connections (see the close_established start-up line)", "circuit", c.name())
+		return
+	}
+	job := closeJob{circuit: c.name(), target: c.target(), workload: c.workload(), dests: c.dests(), scoped: d.cfg.Scoped(), at: at}
+	select {
+	case d.closeJobs <- job:
+	default:
+		d.log.Error("close pass queue full; established connections of this circuit stay open", "circuit", c.name())
+	}
+}
+
+// closeLoop runs the queued passes until ctx ends.
+func (d *Daemon) closeLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case j := <-d.closeJobs:
+			batch := []closeJob{j}
+		drain:
+			for {
+				select {
+				case j := <-d.closeJobs:
+					batch = append(batch, j)
+				default:
+					break drain
+				}
+			}
+			d.runClose(batch)
+		}
+	}
+}
+
+// runClose runs one pass for every job of batch whose circuit is still
+// open (one that closed again meanwhile is skipped: its connections are
+// healthy ones), and reports what each closed.
+func (d *Daemon) runClose(batch []closeJob) {
+	d.mu.Lock()
+	closer := d.closer
+	owner := map[maps.Dest]int{}
+	var dests [2][]maps.Dest // by scoped
+	for i, j := range batch {
+		c, ok := d.reg.get(j.circuit)
+		if !ok || !isOpen(c.machine.State()) {
+			batch[i].dests = nil
+			continue
+		}
+		for _, dst := range j.dests {
+			if _, dup := owner[dst]; !dup {
+				dests[boolIndex(j.scoped)] = append(dests[boolIndex(j.scoped)], dst)
+			}
+			owner[dst] = i
+		}
+	}
+	d.mu.Unlock()
+	counts := map[maps.Dest]maps.CloseCount{}
+	var stats maps.PassStats
+	for scoped, ds := range dests {
+		if len(ds) == 0 {
+			continue
+		}
+		got, st, err := closer.Close(ds, scoped == 1)
+		if err != nil {
+			d.log.Warn("closing established connections", "err", err)
+		}
+		for dst, n := range got {
+			counts[dst] = n
+		}
+		stats.Namespaces += st.Namespaces
+		stats.Skipped += st.Skipped
+		stats.Duration += st.Duration
+	}
+	closed, failed := make([]uint64, len(batch)), make([]uint64, len(batch))
+	for dst, n := range counts {
+		i := owner[dst]
+		closed[i] += uint64(n.Closed)
+		failed[i] += uint64(n.Failed)
+	}
+	d.mu.Lock()
+	for i, j := range batch {
+		if j.dests == nil {
+			continue
+		}
+		d.metrics.closed.WithLabelValues(j.target, j.workload, "closed").Add(float64(closed[i]))
+		d.metrics.closed.WithLabelValues(j.target, j.workload, "failed").Add(float64(failed[i]))
+		if c, ok := d.reg.get(j.circuit); ok {
+			if c.extra == nil {
+				c.extra = &circuitExtra{}
+			}
+			c.extra.closed += closed[i]
+		}
+		d.events.noteClosed(j.circuit, j.at, closed[i])
+	}
+	d.mu.Unlock()
+	for i, j := range batch {
+		if j.dests == nil {
+			d.log.Info("circuit no longer open; its established connections are left alone", "circuit", j.circuit)
+			continue
+		}
+		d.log.Info("closed established connections", "circuit", j.circuit, "target", j.target, "workload", j.workload,
+			"closed", closed[i], "failed", failed[i], "mechanism", string(closer.Mechanism()),
+			"namespaces", stats.Namespaces, "pass", stats.Duration.Round(time.Microsecond).String())
+	}
+}
+
+func boolIndex(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,311 @@
+package daemon
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/maps"
+)
+
+const closeConfig = `
+failsafe_timeout: 30s
+targets:
+  web:
+    match: {cidrs: [SRV], ports: ["8601"]}
+    close_established: true
+    consecutive_failures: 3
+    open_duration: 1m
+    connect_timeout: 1s
+  plain:
+    match: {cidrs: [SRV], ports: ["8602"]}
+    consecutive_failures: 3
+    open_duration: 1m
+`
+
+// closeMechanism returns the mechanism the daemon uses, failing the test
+// when a target asks for close_established and it has none while CI asks
+// for every kernel test to run.
+func closeMechanism(t *testing.T, d *Daemon) maps.CloseMechanism {
+	t.Helper()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closer == nil {
+		t.Fatal("a target asks for close_established, but the daemon made no closer")
+	}
+	m := d.closer.Mechanism()
+	t.Logf("close mechanism %s (%s)", m, d.closer.Reason())
+	return m
+}
+
+// ports returns the local ports of "ok:STATUS:PORT" results (0 for others).
+func ports(round []string) []int {
+	out := make([]int, len(round))
+	for i, r := range round {
+		if f := strings.Split(r, ":"); len(f) == 3 && f[0] == "ok" {
+			out[i], _ = strconv.Atoi(f[2])
+		}
+	}
+	return out
+}
+
+func allOK(round []string) bool {
+	return !slices.ContainsFunc(round, func(s string) bool { return !strings.HasPrefix(s, "ok:200:") })
+}
+
+// An http.client keep-alive pool against a close_established target: when
+// the circuit is forced open its established connections are closed (the
+// next request on each fails, the reconnect is rejected in connect());
+// after release the pool works again on new connections. A pool to
+// another target without the option keeps its connections, and so do a
+// pool in a sibling cgroup outside the attach point and a pool to the
+// same server on another port. Then the circuit opens by failures (new
+// connects refused by the server) and closes the pool's connections
+// again; the log line, the event and the metric say how many.
+func TestCloseEstablishedPoolForcedAndTripped(t *testing.T) {
+	f := newFixture(t, closeConfig)
+	served := f.srv.ServeHTTP(t, 8601)
+	f.srv.ServeHTTP(t, 8602)
+	f.srv.ServeHold(t, 8603)
+	d := f.start()
+	if m := closeMechanism(t, d); m == maps.CloseNone {
+		if kerneltest.InCI() {
+			t.Fatalf("no close mechanism on this kernel")
+		}
+		t.Skip("no close mechanism on this kernel")
+	}
+	web := netip.AddrPortFrom(f.srv.IPv4, 8601)
+	pool := f.topo.Client.StartHTTPPool(t, f.cg, web, 4)
+	plain := f.topo.Client.StartHTTPPool(t, f.cg, netip.AddrPortFrom(f.srv.IPv4, 8602), 2)
+	outside := f.topo.Client.StartPool(t, kerneltest.NewCgroup(t), []kerneltest.PoolTarget{{Addr: web, N: 2}}, 0)
+	otherPort := f.topo.Client.StartPool(t, f.cg, []kerneltest.PoolTarget{{Addr: netip.AddrPortFrom(f.srv.IPv4, 8603), N: 2}}, 0)
+
+	first := pool.Round(t)
+	plainFirst := plain.Round(t)
+	if !allOK(first) || !allOK(plainFirst) {
+		t.Fatalf("before: %v %v", first, plainFirst)
+	}
+	if r := pool.Round(t); !slices.Equal(ports(r), ports(first)) {
+		t.Fatalf("the pool does not reuse its connections: %v then %v", first, r)
+	}
+
+	if _, err := d.Force("web", "open"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Force("plain", "open"); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, f, "closed established connections", "circuit=web", "closed=4")
+	before := served.Load()
+	r := pool.Round(t)
+	for _, s := range r {
+		if strings.HasPrefix(s, "ok") || s == "TimeoutError" {
+			t.Fatalf("a request on a connection of the open circuit: %v (want each connection closed)", r)
+		}
+	}
+	if r := pool.Round(t); !slices.Equal(r, []string{"ECONNREFUSED", "ECONNREFUSED", "ECONNREFUSED", "ECONNREFUSED"}) {
+		t.Fatalf("reconnects to the open circuit: %v, want each rejected in connect()", r)
+	}
+	if n := served.Load() - before; n != 0 {
+		t.Fatalf("%d requests reached the server of the open circuit", n)
+	}
+	if r := plain.Round(t); !slices.Equal(ports(r), ports(plainFirst)) || !allOK(r) {
+		t.Fatalf("the pool of a target without close_established: %v, want its connections kept (%v)", r, plainFirst)
+	}
+	if got := outside.Check(t); !slices.Equal(got, []string{"open", "open"}) {
+		t.Fatalf("a sibling cgroup's connections to the same destination: %v, want open", got)
+	}
+	if got := otherPort.Check(t); !slices.Equal(got, []string{"open", "open"}) {
+		t.Fatalf("connections to another port of the same server: %v, want open", got)
+	}
+	if c, _ := f.d.Circuit("web"); c.ClosedEstablished != 4 || c.CloseMechanism == "" || c.Options["close_established"] != true {
+		t.Fatalf("circuit web: closed %d, mechanism %q, options %v", c.ClosedEstablished, c.CloseMechanism, c.Options)
+	}
+	if c, _ := f.d.Circuit("plain"); c.ClosedEstablished != 0 || c.CloseMechanism != "" {
+		t.Fatalf("circuit plain: closed %d, mechanism %q", c.ClosedEstablished, c.CloseMechanism)
+	}
+	if ev := lastEvent(f.d, "web"); ev.ClosedEstablished != 4 {
+		t.Fatalf("the forced open's event says %d closed, want 4", ev.ClosedEstablished)
+	}
+
+	// Released (closed): the pool works again, on new connections.
+	if _, err := d.Force("web", "release"); err != nil {
+		t.Fatal(err)
+	}
+	f.waitState("web", "closed", time.Second)
+	again := pool.Round(t)
+	if !allOK(again) {
+		t.Fatalf("after recovery: %v", again)
+	}
+	for i, p := range ports(again) {
+		if p == ports(first)[i] {
+			t.Fatalf("connection %d reused its old local port %d", i, p)
+		}
+	}
+
+	// Tripped by failures: the server refuses new connections while the
+	// pool's established ones go on; three refused connects open the
+	// circuit, and the pool's connections are closed.
+	f.srv.RefuseNewConnections(t, 8601)
+	if got := errnos(f.dial(8601, 3, 0)); got[0] != 0 {
+		t.Fatalf("refused connects: %v", got)
+	}
+	f.waitState("web", "open", 2*time.Second)
+	waitLog(t, f, "closed established connections", "circuit=web", "closed=4")
+	before = served.Load()
+	for _, s := range pool.Round(t) {
+		if strings.HasPrefix(s, "ok") {
+			t.Fatalf("a request got through on a connection of the tripped circuit")
+		}
+	}
+	if n := served.Load() - before; n != 0 {
+		t.Fatalf("%d requests reached the server of the tripped circuit", n)
+	}
+	if c, _ := f.d.Circuit("web"); c.ClosedEstablished != 8 {
+		t.Fatalf("circuit web closed %d in all, want 8", c.ClosedEstablished)
+	}
+	if ev := lastEvent(f.d, "web"); ev.To != "open" || ev.ClosedEstablished != 4 {
+		t.Fatalf("the trip's event %+v, want to=open with 4 closed", ev)
+	}
+	if got := testutil.ToFloat64(f.d.metrics.closed.WithLabelValues("web", "shared", "closed")); got != 8 {
+		t.Fatalf("breakerd_established_closed_total{target=web,result=closed} %v, want 8", got)
+	}
+	if got := testutil.ToFloat64(f.d.metrics.closed.WithLabelValues("web", "shared", "failed")); got != 0 {
+		t.Fatalf("failures to close: %v", got)
+	}
+	if got := outside.Check(t); !slices.Equal(got, []string{"open", "open"}) {
+		t.Fatalf("the sibling cgroup's connections after the trip: %v", got)
+	}
+}
+
+// waitLog waits for a log line containing every part.
+func waitLog(t *testing.T, f *fixture, parts ...string) {
+	t.Helper()
+	ok := kerneltest.WaitFor(5*time.Second, func() bool {
+		for _, l := range strings.Split(f.logs.String(), "\n") {
+			if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(l, p) }) {
+				return true
+			}
+		}
+		return false
+	})
+	if !ok {
+		t.Fatalf("no log line with %q:\n%s", parts, f.logs.String())
+	}
+}
+
+func lastEvent(d *Daemon, circuit string) TransitionEvent {
+	evs := d.Events()
+	for i := len(evs) - 1; i >= 0; i-- {
+		if evs[i].Circuit == circuit {
+			return evs[i]
+		}
+	}
+	return TransitionEvent{}
+}
+
+// curl fetching several URLs over one keep-alive connection and wrk's
+// keep-alive connections, unmodified: once the circuit is forced open, the
+// connection in use is closed, every later request fails in connect(),
+// and no request reaches the server.
+func TestCloseEstablishedCurlAndWrk(t *testing.T) {
+	f := newFixture(t, closeConfig)
+	served := f.srv.ServeHTTP(t, 8601)
+	d := f.start()
+	if m := closeMechanism(t, d); m == maps.CloseNone {
+		if kerneltest.InCI() {
+			t.Fatalf("no close mechanism on this kernel")
+		}
+		t.Skip("no close mechanism on this kernel")
+	}
+	base := fmt.Sprintf("http://%s:8601", f.srv.IPv4)
+
+	// curl: six URLs, each answered after 400 ms, on one connection; the
+	// circuit opens during the third.
+	args := []string{"-s", "-w", "%{http_code} %{num_connects} %{errormsg}\\n"}
+	for range 6 {
+		args = append(args, "-o", "/dev/null", base+"/slow?ms=400")
+	}
+	cmd := f.topo.Client.Command(f.cg, "curl", args...)
+	go func() {
+		time.Sleep(1000 * time.Millisecond)
+		if _, err := d.Force("web", "open"); err != nil {
+			t.Error(err)
+		}
+	}()
+	out, _ := cmd.Run(t)
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	t.Logf("curl:\n%s", out)
+	if len(lines) != 6 || !strings.HasPrefix(lines[0], "200 1") || !strings.HasPrefix(lines[1], "200 0") {
+		t.Fatalf("curl: %q, want the first two transfers on one connection", lines)
+	}
+	failed := 0
+	for _, l := range lines[2:] {
+		if strings.HasPrefix(l, "200") {
+			continue
+		}
+		failed++
+	}
+	if failed < 3 || !strings.Contains(lines[5], "onnect") {
+		t.Fatalf("curl after the circuit opened: %q, want the last transfers failed in connect", lines[2:])
+	}
+	servedByCurl := served.Load()
+	if servedByCurl > 3 {
+		t.Fatalf("the server answered %d of curl's requests, want at most 3 (one in flight when the circuit opened)", servedByCurl)
+	}
+
+	// wrk: 4 keep-alive connections for 3 s; the circuit is closed for
+	// the first second, then forced open.
+	if _, err := d.Force("web", "release"); err != nil {
+		t.Fatal(err)
+	}
+	f.waitState("web", "closed", time.Second)
+	var atOpen atomic.Int64
+	passes := strings.Count(f.logs.String(), "closed established connections")
+	go func() {
+		time.Sleep(time.Second)
+		if _, err := d.Force("web", "open"); err != nil {
+			t.Error(err)
+			return
+		}
+		if kerneltest.WaitFor(2*time.Second, func() bool {
+			return strings.Count(f.logs.String(), "closed established connections") > passes
+		}) {
+			// Requests in flight when the pass ran may still be counted
+			// for a moment; from then on nothing may arrive.
+			time.Sleep(300 * time.Millisecond)
+			atOpen.Store(served.Load())
+		}
+	}()
+	wrk := f.topo.Client.Command(f.cg, "wrk", "-t1", "-c4", "-d3s", base+"/")
+	out, err := wrk.Run(t)
+	t.Logf("wrk:\n%s", out)
+	if err != nil {
+		t.Fatalf("wrk: %v", err)
+	}
+	if atOpen.Load() == 0 {
+		t.Fatal("the circuit was not open (or its pass not done) while wrk ran")
+	}
+	if !strings.Contains(f.logs.String(), "closed=4") {
+		t.Fatalf("the pass did not close wrk's 4 connections:\n%s", grepLines(f.logs.String(), "closed established"))
+	}
+	if n := served.Load() - atOpen.Load(); n != 0 {
+		t.Fatalf("%d requests reached the server after the pass closed wrk's connections", n)
+	}
+	m := regexp.MustCompile(`Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)`).FindStringSubmatch(string(out))
+	if m == nil {
+		t.Fatalf("wrk reported no socket errors; its connections were not closed")
+	}
+	if connect, _ := strconv.Atoi(m[1]); connect == 0 {
+		t.Fatalf("wrk saw no failed connect after its connections were closed: %s", m[0])
+	}
+}
