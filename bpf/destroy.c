@@ -9,7 +9,8 @@
  *   - goes to a destination of close_targets (address, port and the
  *     socket's workload class), and
  *   - was made in a cgroup below the attach point (sk_cgrp_data, CO-RE),
- *     and when scoped, in a cgroup of the workloads map, and
+ *     and when scoped, in a cgroup of the workloads map (whose entry
+ *     gives the socket its class), and
  *   - is not server side (its local port is not a listening port).
  * Anything else is left alone. No program of this object is attached to a
  * hook: it runs only when the daemon reads the iterator, so the healthy
@@ -174,12 +175,13 @@ int close_established(struct bpf_iter__tcp *ctx)
 	struct cgroup *cg = BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
 	if (!cg || !below(cg, cfg->cgroup_id, cfg->max_depth))
 		return 0;
-	if (cfg->scoped) {
+	if (cfg->workloads != CLOSE_UNCLASSED) {
 		__u64 id = BPF_CORE_READ(cg, kn, id);
 		struct workload *w = bpf_map_lookup_elem(&workloads, &id);
-		if (!w)
+		if (w)
+			key.class = (__u8)w->class;
+		else if (cfg->workloads == CLOSE_SCOPED)
 			return 0;
-		key.class = (__u8)w->class;
 	}
 	struct close_count *cnt = bpf_map_lookup_elem(&close_targets, &key);
 	if (!cnt)

@@ -11,6 +11,14 @@
 
 #include "breaker.h"
 
+/* How the workloads map decides a socket's class in a pass (the main
+ * object's CONFIG_SCOPED and CONFIG_CLASSES). */
+enum close_workloads {
+	CLOSE_UNCLASSED = 0, /* every socket is of class 0 */
+	CLOSE_SCOPED = 1,    /* only sockets of cgroups in the workloads map, in their class */
+	CLOSE_CLASSED = 2,   /* a cgroup in the map gives its class; the others class 0 */
+};
+
 /* Value of close_targets (key: struct dest_key): one entry per destination
  * of the circuits being opened, counted by the pass. */
 struct close_count {
@@ -18,10 +26,11 @@ struct close_count {
 	__u32 failed; /* sockets it refused to close (its error) */
 };
 
+
 /* The one entry of close_settings, written before every pass. */
 struct close_config {
 	__u64 cgroup_id; /* the attach point (--cgroup): only sockets made below it */
-	__u32 scoped;    /* 1: only sockets of cgroups in the workloads map, by class */
+	enum close_workloads workloads;
 	__u32 max_depth; /* levels between the attach point and the deepest cgroup */
 };
 

@@ -14,10 +14,10 @@ import (
 )
 
 type DestroyCloseConfig struct {
-	_        structs.HostLayout
-	CgroupId uint64
-	Scoped   uint32
-	MaxDepth uint32
+	_         structs.HostLayout
+	CgroupId  uint64
+	Workloads DestroyCloseWorkloads
+	MaxDepth  uint32
 }
 
 type DestroyCloseCount struct {
@@ -25,6 +25,14 @@ type DestroyCloseCount struct {
 	Closed uint32
 	Failed uint32
 }
+
+type DestroyCloseWorkloads uint32
+
+const (
+	DestroyCloseWorkloadsCLOSE_UNCLASSED DestroyCloseWorkloads = 0
+	DestroyCloseWorkloadsCLOSE_SCOPED    DestroyCloseWorkloads = 1
+	DestroyCloseWorkloadsCLOSE_CLASSED   DestroyCloseWorkloads = 2
+)
 
 type DestroyDestKey struct {
 	_     structs.HostLayout
@@ -40,9 +48,9 @@ type DestroyListenPorts struct {
 }
 
 type DestroyWorkload struct {
-	_     structs.HostLayout
-	Class uint32
-	Pad   uint32
+	_        structs.HostLayout
+	Class    uint32
+	Bulkhead uint32
 }
 
 // Names of all BPF objects in the ELF.

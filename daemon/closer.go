@@ -34,7 +34,7 @@ import (
 type closeJob struct {
 	circuit, target, workload string
 	dests                     []maps.Dest
-	scoped                    bool
+	workloads                 maps.CloseWorkloads
 	at                        time.Time // the transition's time, to find its event
 }
 
@@ -78,6 +78,18 @@ func (c *circuit) closedEstablished() uint64 {
 	return c.extra.closed
 }
 
+// closeWorkloads is how a pass classes sockets under cfg, as the kernel
+// programs do (the settings' Scoped and Classes).
+func closeWorkloads(cfg *policy.Config) maps.CloseWorkloads {
+	switch {
+	case cfg.Scoped():
+		return maps.CloseScoped
+	case cfg.Classed():
+		return maps.CloseClassed
+	}
+	return maps.CloseUnclassed
+}
+
 func isOpen(s policy.State) bool { return s == policy.Open || s == policy.ForcedOpen }
 
 // opened queues c's close pass when it has just opened (from a state that
@@ -90,7 +102,7 @@ func (d *Daemon) opened(c *circuit, from, to policy.State, at time.Time) {
 		d.log.Warn("circuit opened; this kernel cannot close its established connections (see the close_established start-up line)", "circuit", c.name())
 		return
 	}
-	job := closeJob{circuit: c.name(), target: c.target(), workload: c.workload(), dests: c.dests(), scoped: d.cfg.Scoped(), at: at}
+	job := closeJob{circuit: c.name(), target: c.target(), workload: c.workload(), dests: c.dests(), workloads: closeWorkloads(d.cfg), at: at}
 	select {
 	case d.closeJobs <- job:
 	default:
@@ -127,7 +139,7 @@ func (d *Daemon) runClose(batch []closeJob) {
 	d.mu.Lock()
 	closer := d.closer
 	owner := map[maps.Dest]int{}
-	var dests [2][]maps.Dest // by scoped
+	var dests [3][]maps.Dest // by workloads
 	for i, j := range batch {
 		c, ok := d.reg.get(j.circuit)
 		if !ok || !isOpen(c.machine.State()) {
@@ -136,7 +148,7 @@ func (d *Daemon) runClose(batch []closeJob) {
 		}
 		for _, dst := range j.dests {
 			if _, dup := owner[dst]; !dup {
-				dests[boolIndex(j.scoped)] = append(dests[boolIndex(j.scoped)], dst)
+				dests[j.workloads] = append(dests[j.workloads], dst)
 			}
 			owner[dst] = i
 		}
@@ -144,11 +156,11 @@ func (d *Daemon) runClose(batch []closeJob) {
 	d.mu.Unlock()
 	counts := map[maps.Dest]maps.CloseCount{}
 	var stats maps.PassStats
-	for scoped, ds := range dests {
+	for w, ds := range dests {
 		if len(ds) == 0 {
 			continue
 		}
-		got, st, err := closer.Close(ds, scoped == 1)
+		got, st, err := closer.Close(ds, maps.CloseWorkloads(w))
 		if err != nil {
 			d.log.Warn("closing established connections", "err", err)
 		}
@@ -190,11 +202,4 @@ func (d *Daemon) runClose(batch []closeJob) {
 			"closed", closed[i], "failed", failed[i], "mechanism", string(closer.Mechanism()),
 			"namespaces", stats.Namespaces, "pass", stats.Duration.Round(time.Microsecond).String())
 	}
-}
-
-func boolIndex(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }

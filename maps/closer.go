@@ -39,6 +39,22 @@ const (
 	CloseNone CloseMechanism = "none"
 )
 
+// CloseWorkloads says how a pass finds a socket's workload class from the
+// cgroup it was made in (the main programs' Settings.Scoped and Classes).
+type CloseWorkloads uint32
+
+// The ways.
+const (
+	// CloseUnclassed: every socket is of class 0 (no workloads).
+	CloseUnclassed = CloseWorkloads(bpf.DestroyCloseWorkloadsCLOSE_UNCLASSED)
+	// CloseScoped: only sockets of cgroups in the workloads map count,
+	// in their class.
+	CloseScoped = CloseWorkloads(bpf.DestroyCloseWorkloadsCLOSE_SCOPED)
+	// CloseClassed: a cgroup in the workloads map gives its class, every
+	// other cgroup below the attach point class 0.
+	CloseClassed = CloseWorkloads(bpf.DestroyCloseWorkloadsCLOSE_CLASSED)
+)
+
 // MaxCloseTargets is how many destinations one iterator run takes; a
 // pass over more runs the iterator again for the rest.
 const MaxCloseTargets = 4096
@@ -140,11 +156,11 @@ func (c *Closer) loadIterator() error {
 
 // Close closes, in every network namespace of a process below the attach
 // point, the established client connections to dests made in a cgroup
-// below it (with scoped, in a cgroup of the workloads map, whose class
-// must be the destination's). Server-side sockets (whose local port is a
+// below it (and as w says, in a cgroup of the workloads map; the class
+// the map gives must be the destination's). Server-side sockets (whose local port is a
 // listening port of their namespace) and every other socket are left
 // alone. It returns the count per destination.
-func (c *Closer) Close(dests []Dest, scoped bool) (map[Dest]CloseCount, PassStats, error) {
+func (c *Closer) Close(dests []Dest, w CloseWorkloads) (map[Dest]CloseCount, PassStats, error) {
 	start := time.Now()
 	out := map[Dest]CloseCount{}
 	var st PassStats
@@ -165,7 +181,7 @@ func (c *Closer) Close(dests []Dest, scoped bool) (map[Dest]CloseCount, PassStat
 	var errs []error
 	switch c.mech {
 	case CloseIterator:
-		if err := c.settings(tree.depth, scoped); err != nil {
+		if err := c.settings(tree.depth, w); err != nil {
 			return out, st, err
 		}
 		for chunk := range chunks(tcp, MaxCloseTargets) {
@@ -187,7 +203,7 @@ func (c *Closer) Close(dests []Dest, scoped bool) (map[Dest]CloseCount, PassStat
 		for _, d := range tcp {
 			want[d] = true
 		}
-		run = func() error { return c.sockDiagPass(want, tree.ids, scoped, out) }
+		run = func() error { return c.sockDiagPass(want, tree.ids, w, out) }
 		st.Namespaces, st.Skipped, errs = c.eachNetns(tree, run)
 	}
 	st.Duration = time.Since(start)
@@ -206,12 +222,12 @@ func chunks(ds []Dest, n int) func(func([]Dest) bool) {
 	}
 }
 
-func (c *Closer) settings(depth int, scoped bool) error {
+func (c *Closer) settings(depth int, w CloseWorkloads) error {
 	cgID, err := cgroupID(c.cgroup)
 	if err != nil {
 		return err
 	}
-	v := bpf.DestroyCloseConfig{CgroupId: cgID, Scoped: boolU32(scoped), MaxDepth: uint32(depth)}
+	v := bpf.DestroyCloseConfig{CgroupId: cgID, Workloads: bpf.DestroyCloseWorkloads(w), MaxDepth: uint32(depth)}
 	if err := c.objs.CloseSettings.Put(uint32(0), &v); err != nil {
 		return fmt.Errorf("writing the close settings: %w", err)
 	}

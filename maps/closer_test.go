@@ -103,7 +103,7 @@ func TestCloseEstablishedFilters(t *testing.T) {
 			if got := pool.Check(t); slices.ContainsFunc(got, func(s string) bool { return s != "open" }) {
 				t.Fatalf("before the pass: %v", got)
 			}
-			counts, st, err := c.Close([]Dest{da, da6, dsrv}, false)
+			counts, st, err := c.Close([]Dest{da, da6, dsrv}, CloseUnclassed)
 			if err != nil {
 				t.Fatalf("Close: %v", err)
 			}
@@ -125,7 +125,7 @@ func TestCloseEstablishedFilters(t *testing.T) {
 				t.Errorf("the sibling cgroup's connections: %v, want open", got)
 			}
 			// A second pass finds nothing left to close.
-			counts, _, err = c.Close([]Dest{da, da6}, false)
+			counts, _, err = c.Close([]Dest{da, da6}, CloseUnclassed)
 			if err != nil || len(counts) != 0 {
 				t.Errorf("second pass: %v %v, want nothing closed", counts, err)
 			}
@@ -141,7 +141,8 @@ func TestCloseEstablishedFilters(t *testing.T) {
 // With workloads, only sockets of cgroups in the workloads map are
 // closed, by class: the shared class's destination closes the shared
 // workload's sockets, not an isolated workload's nor an unselected
-// cgroup's.
+// cgroup's. With classes only (no scoping), a cgroup of no workload is of
+// class 0.
 func TestCloseEstablishedScoped(t *testing.T) {
 	e := newEnv(t, Options{})
 	mechs := closers(t, e.k)
@@ -165,7 +166,7 @@ func TestCloseEstablishedScoped(t *testing.T) {
 			pi := e.topo.Client.StartPool(t, isolated, []kerneltest.PoolTarget{{Addr: d.Addr, N: 2}}, 0)
 			pu := e.topo.Client.StartPool(t, unsel, []kerneltest.PoolTarget{{Addr: d.Addr, N: 2}}, 0)
 
-			counts, _, err := c.Close([]Dest{d}, true)
+			counts, _, err := c.Close([]Dest{d}, CloseScoped)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -185,7 +186,7 @@ func TestCloseEstablishedScoped(t *testing.T) {
 			}
 			iso := d
 			iso.Class = 2
-			counts, _, err = c.Close([]Dest{iso}, true)
+			counts, _, err = c.Close([]Dest{iso}, CloseScoped)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -197,6 +198,19 @@ func TestCloseEstablishedScoped(t *testing.T) {
 			}
 			if got := pu.Check(t); !slices.Equal(got, open) {
 				t.Errorf("unselected cgroup: %v", got)
+			}
+			// Classes without scoping (a source pattern's workload): a
+			// cgroup of no workload is protected in class 0, so class 0's
+			// pass closes its connections too.
+			counts, _, err = c.Close([]Dest{d}, CloseClassed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := counts[d]; got.Closed != 2 {
+				t.Errorf("class 0 with classes only: %+v, want the unselected cgroup's 2 closed", got)
+			}
+			if got := pu.Check(t); !slices.Equal(got, closed) {
+				t.Errorf("cgroup of no workload after class 0's pass (classes only): %v", got)
 			}
 		})
 	}

@@ -196,9 +196,10 @@ func probeSockDiagDestroy() error {
 
 // sockDiagPass closes, in the calling thread's network namespace, the
 // sockets the iterator would: established, not server side, made in a
-// cgroup of ids (the tree below the attach point) and, when scoped, in a
-// cgroup of the workloads map, to a destination of want in that class.
-func (c *Closer) sockDiagPass(want map[Dest]bool, ids map[uint64]bool, scoped bool, out map[Dest]CloseCount) error {
+// cgroup of ids (the tree below the attach point), of the class w says
+// (CloseScoped: only cgroups in the workloads map), to a destination of
+// want in that class.
+func (c *Closer) sockDiagPass(want map[Dest]bool, ids map[uint64]bool, w CloseWorkloads, out map[Dest]CloseCount) error {
 	fd, err := diagSocket()
 	if err != nil {
 		return err
@@ -223,9 +224,9 @@ func (c *Closer) sockDiagPass(want map[Dest]bool, ids map[uint64]bool, scoped bo
 				continue
 			}
 			d := Dest{Proto: TCP, Addr: s.remote()}
-			if scoped {
+			if w != CloseUnclassed {
 				class, ok, err := c.k.Workload(s.cgroup)
-				if err != nil || !ok {
+				if err != nil || (!ok && w == CloseScoped) {
 					continue
 				}
 				d.Class = class
