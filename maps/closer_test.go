@@ -215,3 +215,48 @@ func TestCloseEstablishedScoped(t *testing.T) {
 		})
 	}
 }
+
+// One pass over 1,000 established sockets to the opening destination and
+// 1,000 to another one (plus the listeners and the rest of the client's
+// namespace): every one of the first closed, none of the others; the
+// pass's time is logged (BENCHMARKS.md, "Closing established
+// connections").
+func TestClosePassThousandSockets(t *testing.T) {
+	e := newEnv(t, Options{})
+	mechs := closers(t, e.k)
+	for _, mech := range []CloseMechanism{CloseIterator, CloseSockDiag} {
+		c := mechs[mech]
+		if c == nil {
+			continue
+		}
+		t.Run(string(mech), func(t *testing.T) {
+			const n = 1000
+			port := uint16(8341)
+			if mech == CloseSockDiag {
+				port += 10
+			}
+			e.srv.ServeHold(t, port)
+			e.srv.ServeHold(t, port+1)
+			d, other := e.dest(port, false), e.dest(port+1, false)
+			cg := e.cg.Child(t, "many-"+string(mech[:4]))
+			pool := e.topo.Client.StartPool(t, cg, []kerneltest.PoolTarget{{Addr: d.Addr, N: n}, {Addr: other.Addr, N: n}}, 0)
+			counts, st, err := c.Close([]Dest{d}, CloseUnclassed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s: one pass over %d sockets to close and %d to keep: %v (%d namespace)", mech, n, n, st.Duration, st.Namespaces)
+			if got := counts[d]; got.Closed != n || got.Failed != 0 {
+				t.Fatalf("closed %+v, want %d", got, n)
+			}
+			if _, st2, err := c.Close([]Dest{d}, CloseUnclassed); err == nil {
+				t.Logf("%s: a second pass, nothing left to close among the %d kept: %v", mech, n, st2.Duration)
+			}
+			states := pool.Check(t)
+			for i, s := range states {
+				if want := i >= n; (s == "open") != want {
+					t.Fatalf("socket %d is %s after the pass (the first %d go to the opening destination)", i, s, n)
+				}
+			}
+		})
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -182,7 +183,7 @@ func versionLess(a, b string) bool {
 // moduleNames single modules from elsewhere (any compression suffix).
 var (
 	moduleDirs  = []string{"kernel/net/netfilter/", "kernel/net/ipv4/netfilter/", "kernel/net/ipv6/netfilter/", "kernel/lib/", "kernel/crypto/"}
-	moduleNames = []string{"veth", "sch_netem"}
+	moduleNames = []string{"veth", "sch_netem", "inet_diag", "tcp_diag"} // the diag pair: close_established's sock_diag path
 )
 
 func wantModule(rel string) bool {
@@ -210,7 +211,7 @@ mkdir -p /run/netns /var /sys/fs/cgroup
 ln -s /run /var/run
 mount -t bpf bpf /sys/fs/bpf
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
-for m in veth nf_tables nft_reject_inet nft_reject nf_reject_ipv4 nf_reject_ipv6 nft_ct sch_netem; do modprobe $m 2>/dev/null; done
+for m in veth nf_tables nft_reject_inet nft_reject nf_reject_ipv4 nf_reject_ipv6 nft_ct sch_netem inet_diag tcp_diag; do modprobe $m 2>/dev/null; done
 ip link set lo up
 echo 1 > /proc/sys/kernel/panic_on_oops
 . /test/env
@@ -224,7 +225,10 @@ poweroff -f
 // baseInitramfs builds (once per kernel) the archive with busybox, nft,
 // bpftool, their libraries and the modules.
 func baseInitramfs(cache string, k *kernel) (string, error) {
-	out := filepath.Join(cache, k.version+".base.cpio.gz")
+	// The name carries what goes in (modules, init script), so a change
+	// to either builds a new archive instead of reusing a stale one.
+	sum := sha256.Sum256([]byte(strings.Join(moduleDirs, ",") + "|" + strings.Join(moduleNames, ",") + "|" + initScript))
+	out := filepath.Join(cache, fmt.Sprintf("%s.base-%x.cpio.gz", k.version, sum[:4]))
 	if _, err := os.Stat(out); err == nil {
 		return out, nil
 	}

@@ -21,8 +21,12 @@ import (
 // With a listening port it also accepts connections ("accept"), reported
 // after the pool's own.
 const poolScript = `
-import errno, json, socket, sys
+import errno, json, resource, socket, sys
 targets, listen = json.loads(sys.argv[1]), int(sys.argv[2])
+want = sum(n for _, _, n in targets) + 64
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if soft < want:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
 socks, accepted = [], []
 for host, port, n in targets:
     for _ in range(n):
