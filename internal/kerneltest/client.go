@@ -28,6 +28,9 @@ func Main(m *testing.M) {
 	if spec := os.Getenv(helperEnv); spec != "" {
 		os.Exit(runHelper(spec))
 	}
+	if spec := os.Getenv(poolEnv); spec != "" {
+		os.Exit(runPool(spec))
+	}
 	code := m.Run()
 	if left := Leftovers(); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "FAIL: kernel test harness left behind: %s\n", strings.Join(left, ", "))

@@ -7,59 +7,14 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 )
-
-// poolScript holds established connections open in a real process (a
-// connection pool that sends nothing), and on "check" reports, per
-// connection, whether it is still open: a non-blocking peek that would
-// block means open; an error or end of file means the kernel closed it.
-// With a listening port it also accepts connections ("accept"), reported
-// after the pool's own.
-const poolScript = `
-import errno, json, resource, socket, sys
-targets, listen = json.loads(sys.argv[1]), int(sys.argv[2])
-want = sum(n for _, _, n in targets) + 64
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-if soft < want:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
-socks, accepted = [], []
-for host, port, n in targets:
-    for _ in range(n):
-        s = socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET, socket.SOCK_STREAM)
-        s.settimeout(3)
-        s.connect((host, port))
-        s.settimeout(None)  # blocking, so MSG_DONTWAIT answers at once
-        socks.append(s)
-if listen:
-    l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    l.bind(("0.0.0.0", listen))
-    l.listen(16)
-    l.settimeout(5)
-print("ready", flush=True)
-def state(s):
-    try:
-        b = s.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK)
-        return "open" if b else "eof"
-    except BlockingIOError:
-        return "open"
-    except OSError as e:
-        return errno.errorcode.get(e.errno, str(e.errno))
-for line in sys.stdin:
-    cmd = line.strip()
-    if cmd == "accept":
-        c, _ = l.accept()
-        c.settimeout(None)
-        accepted.append(c)
-        print("ok", flush=True)
-    elif cmd == "check":
-        print(json.dumps([state(s) for s in socks + accepted]), flush=True)
-`
 
 // PoolTarget is one destination of a Pool and how many connections it
 // holds to it.
@@ -68,24 +23,38 @@ type PoolTarget struct {
 	N    int
 }
 
-// Pool is a real process in a cgroup holding established connections.
+// Pool is a real process in a cgroup holding established connections
+// (poolhelper.go).
 type Pool struct {
 	proc *Process
 	in   io.WriteCloser
 	out  *bufio.Reader
 }
 
-// StartPool starts a python3 process in h and cg that connects N times to
-// every target and holds the connections; with listen it also listens on
-// that port (Accept takes one connection).
+// StartPool starts a process in h and cg (a re-exec of the test binary,
+// so it runs where python does not, as in vmtest's VM) that connects N
+// times to every target and holds the connections; with listen it also
+// listens on that port (Accept takes one connection).
 func (h *Host) StartPool(tb testing.TB, cg *Cgroup, targets []PoolTarget, listen uint16) *Pool {
 	tb.Helper()
-	var ts [][]any
-	for _, t := range targets {
-		ts = append(ts, []any{t.Addr.Addr().String(), t.Addr.Port(), t.N})
+	return h.startPool(tb, cg, poolSpec{Mode: "hold", Targets: targets, Listen: listen})
+}
+
+// startPool starts the pool helper with spec.
+func (h *Host) startPool(tb testing.TB, cg *Cgroup, spec poolSpec) *Pool {
+	tb.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		tb.Fatalf("finding test binary: %v", err)
 	}
-	js, _ := json.Marshal(ts)
-	p := &Pool{proc: h.Command(cg, "python3", "-c", poolScript, string(js), fmt.Sprint(listen))}
+	js, _ := json.Marshal(spec)
+	p := &Pool{proc: h.Command(cg, self)}
+	p.proc.Cmd.Env = append(os.Environ(), poolEnv+"="+string(js), "GODEBUG=asyncpreemptoff=1") // as helperEnviron
+	return p.start(tb)
+}
+
+func (p *Pool) start(tb testing.TB) *Pool {
+	tb.Helper()
 	var err error
 	if p.in, err = p.proc.Cmd.StdinPipe(); err != nil {
 		tb.Fatal(err)
@@ -101,7 +70,7 @@ func (h *Host) StartPool(tb testing.TB, cg *Cgroup, targets []PoolTarget, listen
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { p.in.Close() })
-	if line, err := p.line(10 * time.Second); err != nil || line != "ready" {
+	if line, err := p.line(20 * time.Second); err != nil || line != "ready" {
 		tb.Fatalf("pool did not start: %q %v: %s", line, err, stderr.String())
 	}
 	return p
@@ -180,30 +149,18 @@ for line in sys.stdin:
         print(json.dumps([get(c) for c in conns]), flush=True)
 `
 
-// StartHTTPPool starts a python3 http.client pool of n keep-alive
-// connections to addr in h and cg (Round makes one request on each).
+// StartHTTPPool starts an HTTP/1.1 pool of n keep-alive connections to
+// addr in h and cg (Round makes one request on each): python3's
+// http.client where python3 is installed, else the test binary's own
+// client of the same behaviour (vmtest's VM has no python).
 func (h *Host) StartHTTPPool(tb testing.TB, cg *Cgroup, addr netip.AddrPort, n int) *Pool {
 	tb.Helper()
+	if _, err := exec.LookPath("python3"); err != nil {
+		tb.Logf("no python3: the http pool is the test binary's own keep-alive client")
+		return h.startPool(tb, cg, poolSpec{Mode: "http", Targets: []PoolTarget{{Addr: addr, N: n}}})
+	}
 	p := &Pool{proc: h.Command(cg, "python3", "-c", httpPoolScript, addr.Addr().String(), fmt.Sprint(addr.Port()), fmt.Sprint(n))}
-	var err error
-	if p.in, err = p.proc.Cmd.StdinPipe(); err != nil {
-		tb.Fatal(err)
-	}
-	stdout, err := p.proc.Cmd.StdoutPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var stderr strings.Builder
-	p.proc.Cmd.Stderr = &stderr
-	p.out = bufio.NewReader(stdout)
-	if err := p.proc.Start(tb); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { p.in.Close() })
-	if line, err := p.line(10 * time.Second); err != nil || line != "ready" {
-		tb.Fatalf("http pool did not start: %q %v: %s", line, err, stderr.String())
-	}
-	return p
+	return p.start(tb)
 }
 
 // Round makes one request on every connection of an http pool.
