@@ -47,6 +47,18 @@ func closers(t *testing.T, k *Kernel) map[CloseMechanism]*Closer {
 	return out
 }
 
+// eachCloser runs f as a subtest for each mechanism this kernel offers,
+// with a port offset of its own.
+func eachCloser(t *testing.T, e *env, f func(t *testing.T, mech CloseMechanism, c *Closer, offset uint16)) {
+	t.Helper()
+	mechs := closers(t, e.k)
+	for i, mech := range []CloseMechanism{CloseIterator, CloseSockDiag} {
+		if c := mechs[mech]; c != nil {
+			t.Run(string(mech), func(t *testing.T) { f(t, mech, c, uint16(10*i)) })
+		}
+	}
+}
+
 // hasSockDestroy reports whether the kernel's BTF names bpf_sock_destroy.
 func hasSockDestroy() bool {
 	b, err := os.ReadFile("/proc/kallsyms")
@@ -60,82 +72,72 @@ func hasSockDestroy() bool {
 // destination; and a new connect after it works (no verdict here).
 func TestCloseEstablishedFilters(t *testing.T) {
 	e := newEnv(t, Options{})
-	mechs := closers(t, e.k)
-	for _, mech := range []CloseMechanism{CloseIterator, CloseSockDiag} {
-		c := mechs[mech]
-		if c == nil {
-			continue
-		}
-		t.Run(string(mech), func(t *testing.T) {
-			const a, b, srvSide = 8301, 8302, 8303
-			base := uint16(0)
-			if mech == CloseSockDiag {
-				base = 10
-			}
-			pa, pb, ps := a+base, b+base, srvSide+base
-			e.srv.ServeHold(t, pa)
-			e.srv.ServeHold(t, pb)
-			protected := e.cg.Child(t, "pool-"+string(mech[:4]))
-			outside := kerneltest.NewCgroup(t) // a sibling of the attach point
-			da, db := e.dest(pa, false), e.dest(pb, false)
-			da6 := e.dest(pa, true)
-			pool := e.topo.Client.StartPool(t, protected, []kerneltest.PoolTarget{
-				{Addr: da.Addr, N: 3}, {Addr: da6.Addr, N: 2}, {Addr: db.Addr, N: 2}}, ps)
-			other := e.topo.Client.StartPool(t, outside, []kerneltest.PoolTarget{{Addr: da.Addr, N: 2}}, 0)
+	eachCloser(t, e, func(t *testing.T, mech CloseMechanism, c *Closer, offset uint16) {
+		const a, b, srvSide = 8301, 8302, 8303
+		base := offset
+		pa, pb, ps := a+base, b+base, srvSide+base
+		e.srv.ServeHold(t, pa)
+		e.srv.ServeHold(t, pb)
+		protected := e.cg.Child(t, "pool-"+string(mech[:4]))
+		outside := kerneltest.NewCgroup(t) // a sibling of the attach point
+		da, db := e.dest(pa, false), e.dest(pb, false)
+		da6 := e.dest(pa, true)
+		pool := e.topo.Client.StartPool(t, protected, []kerneltest.PoolTarget{
+			{Addr: da.Addr, N: 3}, {Addr: da6.Addr, N: 2}, {Addr: db.Addr, N: 2}}, ps)
+		other := e.topo.Client.StartPool(t, outside, []kerneltest.PoolTarget{{Addr: da.Addr, N: 2}}, 0)
 
-			// A server-side socket of the protected process whose peer
-			// is the destination (ps on the server, connecting from
-			// port ps to the pool's listener on ps).
-			var peer net.Conn
-			err := e.srv.Do(func() error {
-				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: e.srv.IPv4.AsSlice(), Port: int(ps)}, Timeout: 3 * time.Second}
-				var err error
-				peer, err = d.Dial("tcp4", netip.AddrPortFrom(e.topo.Client.IPv4, ps).String())
-				return err
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer peer.Close()
-			pool.Accept(t)
-			dsrv := e.dest(ps, false)
-
-			if got := pool.Check(t); slices.ContainsFunc(got, func(s string) bool { return s != "open" }) {
-				t.Fatalf("before the pass: %v", got)
-			}
-			counts, st, err := c.Close([]Dest{da, da6, dsrv}, CloseUnclassed)
-			if err != nil {
-				t.Fatalf("Close: %v", err)
-			}
-			t.Logf("pass: %+v, counts %v", st, counts)
-			if got := counts[da]; got.Closed != 3 || got.Failed != 0 {
-				t.Errorf("closed to %s: %+v, want 3", da, got)
-			}
-			if got := counts[da6]; got.Closed != 2 || got.Failed != 0 {
-				t.Errorf("closed to %s: %+v, want 2", da6, got)
-			}
-			if got := counts[dsrv]; got != (CloseCount{}) {
-				t.Errorf("server-side socket counted: %+v", got)
-			}
-			want := []string{"ECONNABORTED", "ECONNABORTED", "ECONNABORTED", "ECONNABORTED", "ECONNABORTED", "open", "open", "open"}
-			if got := pool.Check(t); !slices.Equal(got, want) {
-				t.Errorf("pool after the pass: %v, want %v (the pool's 5 to %d closed; 2 to %d and the accepted one open)", got, want, pa, pb)
-			}
-			if got := other.Check(t); !slices.Equal(got, []string{"open", "open"}) {
-				t.Errorf("the sibling cgroup's connections: %v, want open", got)
-			}
-			// A second pass finds nothing left to close.
-			counts, _, err = c.Close([]Dest{da, da6}, CloseUnclassed)
-			if err != nil || len(counts) != 0 {
-				t.Errorf("second pass: %v %v, want nothing closed", counts, err)
-			}
-			// Nothing is blocked: the pool's destination takes new
-			// connections.
-			if got := errnos(e.dial(t, protected, kerneltest.DialSpec{Network: "tcp4", Addr: da.Addr, Count: 2})); got[0] != 2 {
-				t.Errorf("connects after the pass: %v", got)
-			}
+		// A server-side socket of the protected process whose peer
+		// is the destination (ps on the server, connecting from
+		// port ps to the pool's listener on ps).
+		var peer net.Conn
+		err := e.srv.Do(func() error {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: e.srv.IPv4.AsSlice(), Port: int(ps)}, Timeout: 3 * time.Second}
+			var err error
+			peer, err = d.Dial("tcp4", netip.AddrPortFrom(e.topo.Client.IPv4, ps).String())
+			return err
 		})
-	}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer peer.Close()
+		pool.Accept(t)
+		dsrv := e.dest(ps, false)
+
+		if got := pool.Check(t); slices.ContainsFunc(got, func(s string) bool { return s != "open" }) {
+			t.Fatalf("before the pass: %v", got)
+		}
+		counts, st, err := c.Close([]Dest{da, da6, dsrv}, CloseUnclassed)
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		t.Logf("pass: %+v, counts %v", st, counts)
+		if got := counts[da]; got.Closed != 3 || got.Failed != 0 {
+			t.Errorf("closed to %s: %+v, want 3", da, got)
+		}
+		if got := counts[da6]; got.Closed != 2 || got.Failed != 0 {
+			t.Errorf("closed to %s: %+v, want 2", da6, got)
+		}
+		if got := counts[dsrv]; got != (CloseCount{}) {
+			t.Errorf("server-side socket counted: %+v", got)
+		}
+		want := []string{"ECONNABORTED", "ECONNABORTED", "ECONNABORTED", "ECONNABORTED", "ECONNABORTED", "open", "open", "open"}
+		if got := pool.Check(t); !slices.Equal(got, want) {
+			t.Errorf("pool after the pass: %v, want %v (the pool's 5 to %d closed; 2 to %d and the accepted one open)", got, want, pa, pb)
+		}
+		if got := other.Check(t); !slices.Equal(got, []string{"open", "open"}) {
+			t.Errorf("the sibling cgroup's connections: %v, want open", got)
+		}
+		// A second pass finds nothing left to close.
+		counts, _, err = c.Close([]Dest{da, da6}, CloseUnclassed)
+		if err != nil || len(counts) != 0 {
+			t.Errorf("second pass: %v %v, want nothing closed", counts, err)
+		}
+		// Nothing is blocked: the pool's destination takes new
+		// connections.
+		if got := errnos(e.dial(t, protected, kerneltest.DialSpec{Network: "tcp4", Addr: da.Addr, Count: 2})); got[0] != 2 {
+			t.Errorf("connects after the pass: %v", got)
+		}
+	})
 }
 
 // With workloads, only sockets of cgroups in the workloads map are
@@ -145,75 +147,65 @@ func TestCloseEstablishedFilters(t *testing.T) {
 // class 0.
 func TestCloseEstablishedScoped(t *testing.T) {
 	e := newEnv(t, Options{})
-	mechs := closers(t, e.k)
-	for _, mech := range []CloseMechanism{CloseIterator, CloseSockDiag} {
-		c := mechs[mech]
-		if c == nil {
-			continue
-		}
-		t.Run(string(mech), func(t *testing.T) {
-			port := uint16(8321)
-			if mech == CloseSockDiag {
-				port += 10
-			}
-			e.srv.ServeHold(t, port)
-			tag := string(mech[:4])
-			shared, isolated, unsel := e.cg.Child(t, "sh-"+tag), e.cg.Child(t, "iso-"+tag), e.cg.Child(t, "un-"+tag)
-			e.selectCgroup(t, shared, 0)
-			e.selectCgroup(t, isolated, 2)
-			d := e.dest(port, false)
-			ps := e.topo.Client.StartPool(t, shared, []kerneltest.PoolTarget{{Addr: d.Addr, N: 2}}, 0)
-			pi := e.topo.Client.StartPool(t, isolated, []kerneltest.PoolTarget{{Addr: d.Addr, N: 2}}, 0)
-			pu := e.topo.Client.StartPool(t, unsel, []kerneltest.PoolTarget{{Addr: d.Addr, N: 2}}, 0)
+	eachCloser(t, e, func(t *testing.T, mech CloseMechanism, c *Closer, offset uint16) {
+		port := 8321 + offset
+		e.srv.ServeHold(t, port)
+		tag := string(mech[:4])
+		shared, isolated, unsel := e.cg.Child(t, "sh-"+tag), e.cg.Child(t, "iso-"+tag), e.cg.Child(t, "un-"+tag)
+		e.selectCgroup(t, shared, 0)
+		e.selectCgroup(t, isolated, 2)
+		d := e.dest(port, false)
+		ps := e.topo.Client.StartPool(t, shared, []kerneltest.PoolTarget{{Addr: d.Addr, N: 2}}, 0)
+		pi := e.topo.Client.StartPool(t, isolated, []kerneltest.PoolTarget{{Addr: d.Addr, N: 2}}, 0)
+		pu := e.topo.Client.StartPool(t, unsel, []kerneltest.PoolTarget{{Addr: d.Addr, N: 2}}, 0)
 
-			counts, _, err := c.Close([]Dest{d}, CloseScoped)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := counts[d]; got.Closed != 2 {
-				t.Errorf("shared class: %+v, want 2 closed", got)
-			}
-			closed := []string{"ECONNABORTED", "ECONNABORTED"}
-			open := []string{"open", "open"}
-			if got := ps.Check(t); !slices.Equal(got, closed) {
-				t.Errorf("shared workload: %v", got)
-			}
-			if got := pi.Check(t); !slices.Equal(got, open) {
-				t.Errorf("isolated workload after the shared class's pass: %v", got)
-			}
-			if got := pu.Check(t); !slices.Equal(got, open) {
-				t.Errorf("unselected cgroup: %v", got)
-			}
-			iso := d
-			iso.Class = 2
-			counts, _, err = c.Close([]Dest{iso}, CloseScoped)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := counts[iso]; got.Closed != 2 {
-				t.Errorf("isolated class: %+v, want 2 closed", got)
-			}
-			if got := pi.Check(t); !slices.Equal(got, closed) {
-				t.Errorf("isolated workload after its own pass: %v", got)
-			}
-			if got := pu.Check(t); !slices.Equal(got, open) {
-				t.Errorf("unselected cgroup: %v", got)
-			}
-			// Classes without scoping (a source pattern's workload): a
-			// cgroup of no workload is protected in class 0, so class 0's
-			// pass closes its connections too.
-			counts, _, err = c.Close([]Dest{d}, CloseClassed)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := counts[d]; got.Closed != 2 {
-				t.Errorf("class 0 with classes only: %+v, want the unselected cgroup's 2 closed", got)
-			}
-			if got := pu.Check(t); !slices.Equal(got, closed) {
-				t.Errorf("cgroup of no workload after class 0's pass (classes only): %v", got)
-			}
-		})
-	}
+		counts, _, err := c.Close([]Dest{d}, CloseScoped)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := counts[d]; got.Closed != 2 {
+			t.Errorf("shared class: %+v, want 2 closed", got)
+		}
+		closed := []string{"ECONNABORTED", "ECONNABORTED"}
+		open := []string{"open", "open"}
+		if got := ps.Check(t); !slices.Equal(got, closed) {
+			t.Errorf("shared workload: %v", got)
+		}
+		if got := pi.Check(t); !slices.Equal(got, open) {
+			t.Errorf("isolated workload after the shared class's pass: %v", got)
+		}
+		if got := pu.Check(t); !slices.Equal(got, open) {
+			t.Errorf("unselected cgroup: %v", got)
+		}
+		iso := d
+		iso.Class = 2
+		counts, _, err = c.Close([]Dest{iso}, CloseScoped)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := counts[iso]; got.Closed != 2 {
+			t.Errorf("isolated class: %+v, want 2 closed", got)
+		}
+		if got := pi.Check(t); !slices.Equal(got, closed) {
+			t.Errorf("isolated workload after its own pass: %v", got)
+		}
+		if got := pu.Check(t); !slices.Equal(got, open) {
+			t.Errorf("unselected cgroup: %v", got)
+		}
+		// Classes without scoping (a source pattern's workload): a
+		// cgroup of no workload is protected in class 0, so class 0's
+		// pass closes its connections too.
+		counts, _, err = c.Close([]Dest{d}, CloseClassed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := counts[d]; got.Closed != 2 {
+			t.Errorf("class 0 with classes only: %+v, want the unselected cgroup's 2 closed", got)
+		}
+		if got := pu.Check(t); !slices.Equal(got, closed) {
+			t.Errorf("cgroup of no workload after class 0's pass (classes only): %v", got)
+		}
+	})
 }
 
 // One pass over 1,000 established sockets to the opening destination and
@@ -223,40 +215,30 @@ func TestCloseEstablishedScoped(t *testing.T) {
 // connections").
 func TestClosePassThousandSockets(t *testing.T) {
 	e := newEnv(t, Options{})
-	mechs := closers(t, e.k)
-	for _, mech := range []CloseMechanism{CloseIterator, CloseSockDiag} {
-		c := mechs[mech]
-		if c == nil {
-			continue
+	eachCloser(t, e, func(t *testing.T, mech CloseMechanism, c *Closer, offset uint16) {
+		const n = 1000
+		port := 8341 + offset
+		e.srv.ServeHold(t, port)
+		e.srv.ServeHold(t, port+1)
+		d, other := e.dest(port, false), e.dest(port+1, false)
+		cg := e.cg.Child(t, "many-"+string(mech[:4]))
+		pool := e.topo.Client.StartPool(t, cg, []kerneltest.PoolTarget{{Addr: d.Addr, N: n}, {Addr: other.Addr, N: n}}, 0)
+		counts, st, err := c.Close([]Dest{d}, CloseUnclassed)
+		if err != nil {
+			t.Fatal(err)
 		}
-		t.Run(string(mech), func(t *testing.T) {
-			const n = 1000
-			port := uint16(8341)
-			if mech == CloseSockDiag {
-				port += 10
+		t.Logf("%s: one pass over %d sockets to close and %d to keep: %v (%d namespace)", mech, n, n, st.Duration, st.Namespaces)
+		if got := counts[d]; got.Closed != n || got.Failed != 0 {
+			t.Fatalf("closed %+v, want %d", got, n)
+		}
+		if _, st2, err := c.Close([]Dest{d}, CloseUnclassed); err == nil {
+			t.Logf("%s: a second pass, nothing left to close among the %d kept: %v", mech, n, st2.Duration)
+		}
+		states := pool.Check(t)
+		for i, s := range states {
+			if want := i >= n; (s == "open") != want {
+				t.Fatalf("socket %d is %s after the pass (the first %d go to the opening destination)", i, s, n)
 			}
-			e.srv.ServeHold(t, port)
-			e.srv.ServeHold(t, port+1)
-			d, other := e.dest(port, false), e.dest(port+1, false)
-			cg := e.cg.Child(t, "many-"+string(mech[:4]))
-			pool := e.topo.Client.StartPool(t, cg, []kerneltest.PoolTarget{{Addr: d.Addr, N: n}, {Addr: other.Addr, N: n}}, 0)
-			counts, st, err := c.Close([]Dest{d}, CloseUnclassed)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("%s: one pass over %d sockets to close and %d to keep: %v (%d namespace)", mech, n, n, st.Duration, st.Namespaces)
-			if got := counts[d]; got.Closed != n || got.Failed != 0 {
-				t.Fatalf("closed %+v, want %d", got, n)
-			}
-			if _, st2, err := c.Close([]Dest{d}, CloseUnclassed); err == nil {
-				t.Logf("%s: a second pass, nothing left to close among the %d kept: %v", mech, n, st2.Duration)
-			}
-			states := pool.Check(t)
-			for i, s := range states {
-				if want := i >= n; (s == "open") != want {
-					t.Fatalf("socket %d is %s after the pass (the first %d go to the opening destination)", i, s, n)
-				}
-			}
-		})
-	}
+		}
+	})
 }
