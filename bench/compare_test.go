@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -216,11 +217,19 @@ func TestCompare(t *testing.T) {
 	kv, _ := os.ReadFile("/proc/sys/kernel/osrelease")
 	fmt.Fprintf(&report, "kernel %s, full=%v\n\n", strings.TrimSpace(string(kv)), *full)
 
-	// 1. Request latency: one new connection per request.
+	// 1. Request latency: one new connection per request. breakerd here
+	// is the real binary, as deployed (its default tick), on a cgroup of
+	// its own; the trip runs below use the rig's in-process daemon.
 	s := &httpServer{host: r.srv, port: latencyPort}
 	s.start(t)
 	defer s.stop()
 	r.waitHAProxy(latencyPort)
+	bin := *healthyBin
+	if bin == "" {
+		bin = buildBreakerd(t)
+	}
+	deployed := kerneltest.NewCgroup(t)
+	startBreakerd(t, bin, breakerConfig, deployed)
 	rounds, per := 3, 50
 	if *full {
 		rounds, per = 12, 200
@@ -233,11 +242,13 @@ func TestCompare(t *testing.T) {
 	}
 	lines := []*line{
 		{name: "direct", cg: r.plain, addr: netip.AddrPortFrom(r.srv.IPv4, latencyPort)},
-		{name: "direct, breakerd attached", cg: r.guarded, addr: netip.AddrPortFrom(r.srv.IPv4, latencyPort)},
+		{name: "direct, breakerd attached", cg: deployed, addr: netip.AddrPortFrom(r.srv.IPv4, latencyPort)},
 		{name: "through local HAProxy", cg: r.plain, addr: netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", latencyPort+10000))},
 	}
+	rng := rand.New(rand.NewPCG(1, 2))
 	for range rounds {
-		for _, l := range lines {
+		for _, i := range rng.Perm(len(lines)) { // each round in a new order
+			l := lines[i]
 			res := r.topo.Client.Dial(t, l.cg, kerneltest.DialSpec{Op: "http", Addr: l.addr, Count: per, Timeout: 2 * time.Second})
 			for _, x := range res {
 				if x.Status != 200 {

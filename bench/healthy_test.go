@@ -19,7 +19,7 @@ import (
 	"github.com/breakerd/breakerd/maps"
 )
 
-var healthyBin = flag.String("bench.breakerd", "", "breakerd binary TestHealthyPathCost measures (default: a build of ../cmd/breakerd)")
+var healthyBin = flag.String("bench.breakerd", "", "breakerd binary TestHealthyPathCost and TestCompare's latency lines measure (default: a build of ../cmd/breakerd)")
 
 // healthyConfig trips a dynamic circuit on one refusal, so the latency
 // probe's single refused connect opens its circuit.
