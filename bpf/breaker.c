@@ -34,6 +34,7 @@
 #define TCP_SYN_SENT 2
 #define TCP_FIN_WAIT1 4
 #define TCP_CLOSE 7
+#define TCP_CLOSE_WAIT 8
 #define TCP_LAST_ACK 9
 #define TCP_CLOSING 11
 
@@ -64,14 +65,31 @@ struct sock_cgroup_data {
 	struct cgroup *cgroup;
 } __attribute__((preserve_access_index));
 
+struct in6_addr {
+	__u32 u6_addr32[4];
+};
+
+/* The peer's address and port, and the state, as in the kernel's struct
+ * sock_common (CO-RE finds the names inside its anonymous unions). */
+struct sock_common {
+	__u32 skc_daddr;
+	__u16 skc_dport;
+	__u16 skc_family;
+	struct in6_addr skc_v6_daddr;
+	unsigned char skc_state;
+	unsigned char _pad[3];
+} __attribute__((preserve_access_index));
+
 struct sock {
-	int sk_err;
-	int _pad; /* (CO-RE relocates by name; the local layout is only -Wpadded's) */
+	struct sock_common __sk_common;
+	int sk_err; /* (CO-RE relocates by name; the local layout is only -Wpadded's) */
 	struct sock_cgroup_data sk_cgrp_data;
 } __attribute__((preserve_access_index));
 
 struct tcp_sock {
 	__u32 retrans_stamp;
+	__u8 bpf_sock_ops_cb_flags;
+	__u8 _pad[3];
 } __attribute__((preserve_access_index));
 
 struct {
@@ -755,10 +773,11 @@ static __always_inline __u8 report_class(struct sock *sk)
 
 /* observed reports whether sockops follows this socket: with scoping, only
  * sockets whose connect was judged protected, which on_connect marks by
- * setting the callback flags (they are set on no other socket). */
+ * setting the callback flags (they are set on no other socket; the RTO
+ * flag stays set for as long as the socket is followed). */
 static __always_inline int observed(struct bpf_sock_ops *ops)
 {
-	return !(workload_flags() & CONFIG_SCOPED) || (ops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_STATE_CB_FLAG);
+	return !(workload_flags() & CONFIG_SCOPED) || (ops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_RTO_CB_FLAG);
 }
 
 static __always_inline void track(struct bpf_sock_ops *ops, struct sock_state *st, struct sock *sk,
@@ -844,13 +863,17 @@ static __always_inline void on_established(struct bpf_sock_ops *ops, __u64 now)
 		if (st->flags & SOCK_PROBE)
 			wake = WAKE;
 	}
-	if (wake == LAZY) {
-		__u32 zero = 0;
-		struct settings *c = bpf_map_lookup_elem(&config, &zero);
-		if (c && c->wake_slow_ns && took >= c->wake_slow_ns)
-			wake = WAKE;
-	}
+	__u32 zero = 0;
+	struct settings *c = bpf_map_lookup_elem(&config, &zero);
+	if (wake == LAZY && c && c->wake_slow_ns && took >= c->wake_slow_ns)
+		wake = WAKE;
 	report(ops, st, sk, OUTCOME_ESTABLISHED, 0, took, 0, 0, now, wake);
+	/* Without storage, nothing is left to follow but a reset (which
+	 * reset_seen reports) and RTOs (which make storage, and turn the state
+	 * callbacks on again): no state callback is needed, and the one at the
+	 * application's close is saved. */
+	if (!st && c && (c->flags & CONFIG_RESET_TRACE))
+		bpf_sock_ops_cb_flags_set(ops, BPF_SOCK_OPS_RTO_CB_FLAG);
 }
 
 /* on_rto: the rare path that makes storage, to count the socket's RTOs and
@@ -869,8 +892,12 @@ static __always_inline void on_rto(struct bpf_sock_ops *ops, __u64 now)
 	if (!(st->flags & SOCK_TRACKED)) {
 		__u64 age = connecting ? connect_age(sk, now) : 0;
 		track(ops, st, sk, age ? now - age : 0, report_class(sk));
-		if (!connecting)
+		if (!connecting) {
 			st->flags |= SOCK_ESTABLISHED;
+			/* With storage from here on: its close is followed
+			 * again (on_close), and reset_seen leaves it alone. */
+			bpf_sock_ops_cb_flags_set(ops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RTO_CB_FLAG);
+		}
 	}
 	st->rtos += 1;
 	if (!(st->flags & SOCK_ESTABLISHED)) {
@@ -977,6 +1004,55 @@ int observe(struct bpf_sock_ops *ops)
 		break;
 	}
 	return 1;
+}
+
+/* reset_seen reports an incoming reset of an established connection that
+ * sockops no longer follows with state callbacks: one without storage,
+ * whose callback flags on_established left at exactly the RTO flag (a
+ * socket with storage has the state flag too, and its reset is reported
+ * by on_close). The tracepoint fires in tcp_reset() for every socket of
+ * the machine, before the reset is applied, so the state is still the
+ * one it came in: only ESTABLISHED and CLOSE_WAIT count, as on_close
+ * counts ECONNRESET and EPIPE (a reset after the application closed is no
+ * failure anyone saw). The record carries EVENT_NO_AGE: the daemon dates it
+ * by the socket's established record, and drops it if it has none (a
+ * socket some other breakerd follows). */
+SEC("tp_btf/tcp_receive_reset")
+int reset_seen(__u64 *ctx)
+{
+	struct sock *sk = (struct sock *)ctx[0];
+	if (!sk)
+		return 0;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp || tp->bpf_sock_ops_cb_flags != BPF_SOCK_OPS_RTO_CB_FLAG)
+		return 0;
+	__u8 state = sk->__sk_common.skc_state;
+	if (state != TCP_ESTABLISHED && state != TCP_CLOSE_WAIT)
+		return 0;
+	__u32 zero = 0;
+	struct settings *cfg = bpf_map_lookup_elem(&config, &zero);
+	if (!cfg || !(cfg->flags & CONFIG_RESET_TRACE))
+		return 0;
+	struct dest_key k;
+	__builtin_memset(&k, 0, sizeof(k));
+	if (sk->__sk_common.skc_family == AF_INET) {
+		__u32 ip = sk->__sk_common.skc_daddr;
+		k.addr[10] = 0xff;
+		k.addr[11] = 0xff;
+		__builtin_memcpy(&k.addr[12], &ip, 4);
+	} else {
+		__u32 *a = (__u32 *)k.addr;
+		a[0] = sk->__sk_common.skc_v6_daddr.u6_addr32[0];
+		a[1] = sk->__sk_common.skc_v6_daddr.u6_addr32[1];
+		a[2] = sk->__sk_common.skc_v6_daddr.u6_addr32[2];
+		a[3] = sk->__sk_common.skc_v6_daddr.u6_addr32[3];
+	}
+	k.port = sk->__sk_common.skc_dport;
+	k.proto = IPPROTO_TCP;
+	k.class = report_class(sk);
+	emit(&k, OUTCOME_RESET, EVENT_NO_AGE, 0, 0, state == TCP_CLOSE_WAIT ? EPIPE : ECONNRESET, 0,
+	     bpf_get_socket_cookie(sk), sock_cgroup(sk), bpf_ktime_get_ns(), WAKE);
+	return 0;
 }
 
 /* sock_release runs when a socket of the cgroup is released (close(), or

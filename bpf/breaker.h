@@ -107,6 +107,9 @@ enum config_flags {
 	CONFIG_SCOPED = 1 << 3, /* only cgroups in the workloads map are protected */
 	CONFIG_CLASSES = 1 << 4, /* the workloads map classes some cgroups; the others
 				  * are protected in class 0 (without CONFIG_SCOPED) */
+	CONFIG_RESET_TRACE = 1 << 5, /* reset_seen is attached (set by the loader, not
+				      * the daemon): sockops leaves an established
+				      * socket without storage to it (see on_established) */
 };
 
 struct settings {

@@ -31,11 +31,12 @@ type BreakerCircuitCounters struct {
 type BreakerConfigFlags uint32
 
 const (
-	BreakerConfigFlagsCONFIG_SHADOW  BreakerConfigFlags = 1
-	BreakerConfigFlagsCONFIG_LIMITS  BreakerConfigFlags = 2
-	BreakerConfigFlagsCONFIG_UDP     BreakerConfigFlags = 4
-	BreakerConfigFlagsCONFIG_SCOPED  BreakerConfigFlags = 8
-	BreakerConfigFlagsCONFIG_CLASSES BreakerConfigFlags = 16
+	BreakerConfigFlagsCONFIG_SHADOW      BreakerConfigFlags = 1
+	BreakerConfigFlagsCONFIG_LIMITS      BreakerConfigFlags = 2
+	BreakerConfigFlagsCONFIG_UDP         BreakerConfigFlags = 4
+	BreakerConfigFlagsCONFIG_SCOPED      BreakerConfigFlags = 8
+	BreakerConfigFlagsCONFIG_CLASSES     BreakerConfigFlags = 16
+	BreakerConfigFlagsCONFIG_RESET_TRACE BreakerConfigFlags = 32
 )
 
 type BreakerConnectHandoff struct {
@@ -196,6 +197,7 @@ const (
 	BreakerProgConnect4           = "connect4"
 	BreakerProgConnect6           = "connect6"
 	BreakerProgObserve            = "observe"
+	BreakerProgResetSeen          = "reset_seen"
 	BreakerProgSendmsg4           = "sendmsg4"
 	BreakerProgSendmsg6           = "sendmsg6"
 	BreakerProgSockRelease        = "sock_release"
@@ -259,6 +261,7 @@ type BreakerProgramSpecs struct {
 	Connect4    *ebpf.ProgramSpec `ebpf:"connect4"`
 	Connect6    *ebpf.ProgramSpec `ebpf:"connect6"`
 	Observe     *ebpf.ProgramSpec `ebpf:"observe"`
+	ResetSeen   *ebpf.ProgramSpec `ebpf:"reset_seen"`
 	Sendmsg4    *ebpf.ProgramSpec `ebpf:"sendmsg4"`
 	Sendmsg6    *ebpf.ProgramSpec `ebpf:"sendmsg6"`
 	SockRelease *ebpf.ProgramSpec `ebpf:"sock_release"`
@@ -378,6 +381,7 @@ type BreakerPrograms struct {
 	Connect4    *ebpf.Program `ebpf:"connect4"`
 	Connect6    *ebpf.Program `ebpf:"connect6"`
 	Observe     *ebpf.Program `ebpf:"observe"`
+	ResetSeen   *ebpf.Program `ebpf:"reset_seen"`
 	Sendmsg4    *ebpf.Program `ebpf:"sendmsg4"`
 	Sendmsg6    *ebpf.Program `ebpf:"sendmsg6"`
 	SockRelease *ebpf.Program `ebpf:"sock_release"`
@@ -388,6 +392,7 @@ func (p *BreakerPrograms) Close() error {
 		p.Connect4,
 		p.Connect6,
 		p.Observe,
+		p.ResetSeen,
 		p.Sendmsg4,
 		p.Sendmsg6,
 		p.SockRelease,

@@ -143,6 +143,14 @@ var hooks = []hook{
 	{"sock_release", ebpf.AttachCgroupInetSockRelease, func(o *bpf.BreakerObjects) *ebpf.Program { return o.SockRelease }, true},
 }
 
+func hookNames() []string {
+	names := make([]string, len(hooks))
+	for i, h := range hooks {
+		names[i] = h.name
+	}
+	return names
+}
+
 // ProbeFeatures asks the kernel what it supports. An inconclusive probe
 // counts as not supported (the fail-open direction).
 func ProbeFeatures() Features {
@@ -370,8 +378,89 @@ func (k *Kernel) attach(cgroup string) error {
 			return fmt.Errorf("pinning %s: %w", h.name, err)
 		}
 	}
+	k.attachTracer()
+	return k.syncTraceFlag()
+}
+
+// syncTraceFlag makes the settings' CONFIG_RESET_TRACE say whether
+// reset_seen is attached now (a previous daemon's settings may say
+// otherwise). Call with k.mu held.
+func (k *Kernel) syncTraceFlag() error {
+	var raw bpf.BreakerSettings
+	if err := k.objs.Config.Lookup(uint32(0), &raw); err != nil {
+		return fmt.Errorf("reading settings: %w", err)
+	}
+	bit := uint32(bpf.BreakerConfigFlagsCONFIG_RESET_TRACE)
+	want := raw.Flags &^ bit
+	if k.tracing() {
+		want |= bit
+	}
+	if want == raw.Flags {
+		return nil
+	}
+	raw.Flags = want
+	if err := k.objs.Config.Put(uint32(0), &raw); err != nil {
+		return fmt.Errorf("writing settings: %w", err)
+	}
 	return nil
 }
+
+// tracerName names reset_seen's link (link_reset_seen): a tracing link
+// on the tcp_receive_reset tracepoint, for the whole machine, not a
+// cgroup's.
+const tracerName = "reset_seen"
+
+// attachTracer attaches reset_seen and pins it, or adopts the pinned link
+// when it runs this very program. A pinned link of another build is
+// replaced: a tracing link takes no new program, so the old one goes
+// first (for a moment no reset of a storage-less connection is reported,
+// the fail-open direction; the other order could report one twice).
+// Without it (the kernel refuses the attachment), sockops keeps following
+// established connections with state callbacks, as before: the settings'
+// CONFIG_RESET_TRACE says which.
+func (k *Kernel) attachTracer() {
+	pin := filepath.Join(k.dir, "link_"+tracerName)
+	if old, err := link.LoadPinnedLink(pin, nil); err == nil {
+		if sameProgram(old, k.objs.ResetSeen) {
+			k.links[tracerName] = old
+			k.log.Info("adopted pinned link", "pin", pin)
+			return
+		}
+		_ = old.Unpin()
+		old.Close()
+	}
+	l, err := link.AttachTracing(link.TracingOptions{Program: k.objs.ResetSeen})
+	if err != nil {
+		k.log.Warn("resets of established connections are followed with sockops state callbacks (the reset tracepoint could not be attached)", "err", err)
+		return
+	}
+	if err := pinReplacing(l, pin); err != nil {
+		k.log.Warn("resets of established connections are followed with sockops state callbacks (pinning the reset tracepoint's link)", "err", err)
+		l.Close()
+		return
+	}
+	k.links[tracerName] = l
+}
+
+// sameProgram reports whether link l runs a program with p's instructions
+// (the kernel's tag of a program leaves its map references out).
+func sameProgram(l link.Link, p *ebpf.Program) bool {
+	li, err := l.Info()
+	if err != nil {
+		return false
+	}
+	running, err := ebpf.NewProgramFromID(li.Program)
+	if err != nil {
+		return false
+	}
+	defer running.Close()
+	a, err1 := running.Info()
+	b, err2 := p.Info()
+	return err1 == nil && err2 == nil && a.Tag == b.Tag
+}
+
+// tracing reports whether reset_seen is attached. Call with k.mu held.
+func (k *Kernel) tracing() bool { return k.links[tracerName] != nil }
 
 // needs reports whether optional hook h must be attached at load: it was
 // (its link is pinned, on any cgroup), or what it serves is in the maps

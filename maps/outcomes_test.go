@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -423,5 +424,57 @@ func TestWakeOnlyWithRecords(t *testing.T) {
 		}
 	case <-time.After(3 * time.Second):
 		t.Fatal("Wake with a record waiting did not wake the reader")
+	}
+}
+
+// A reset of an established connection without socket storage is seen by
+// reset_seen, not by sockops' state callbacks (which on_established turns
+// off for it): reported exactly once, for IPv4 and IPv6, also after a
+// restart on the same pins (which adopts the tracing link running the
+// same program). A connection the client resets itself (SO_LINGER 0)
+// reports no reset: only a reset received counts.
+func TestResetSeenOnceAcrossRestart(t *testing.T) {
+	e := newEnv(t, Options{})
+	w := e.watch(t)
+	e.srv.ServeReset(t, 9104)
+	e.srv.ServeHold(t, 9105)
+	e.srv.ServeHold(t, 9199)
+	// Resolve the neighbours both ways first, so no SYN waits on them.
+	for _, network := range []string{"tcp4", "tcp6"} {
+		e.dial(t, e.cg, kerneltest.DialSpec{Network: network, Addr: e.dest(9199, network == "tcp6").Addr})
+	}
+	pin := filepath.Join(e.k.PinDir(), "link_"+tracerName)
+	id := linkID(t, pin) // attached and pinned
+	n := 0
+	resetOnce := func(network string) {
+		t.Helper()
+		d := e.dest(9104, network == "tcp6")
+		e.dial(t, e.cg, kerneltest.DialSpec{Network: network, Addr: d.Addr, Op: "connect-read"})
+		n += 2
+		evs := w.wait(9104, n, 2*time.Second)
+		time.Sleep(100 * time.Millisecond) // a second report would come now
+		evs = w.wait(9104, n, 0)
+		if len(evs) != n {
+			t.Fatalf("%s: %d records for %d connections: %v", network, len(evs), n/2, outcomes(evs))
+		}
+		expectOutcomes(t, evs[n-2:], Established, Reset)
+		r := evs[n-1]
+		if r.Dest != d || !r.NoAge || r.Cookie != evs[n-2].Cookie || r.Err != unix.ECONNRESET {
+			t.Fatalf("%s: reset record %+v after %+v", network, r, evs[n-2])
+		}
+	}
+	resetOnce("tcp4")
+	resetOnce("tcp6")
+	e.restart(t)
+	if got := linkID(t, pin); got != id {
+		t.Fatalf("reset_seen's link %d after a restart, want %d adopted", got, id)
+	}
+	resetOnce("tcp4")
+	resetOnce("tcp6")
+
+	e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: e.dest(9105, false).Addr, Op: "connect-abort"})
+	time.Sleep(100 * time.Millisecond)
+	if evs := w.wait(9105, 0, 0); len(evs) != 1 || evs[0].Outcome != Established {
+		t.Fatalf("the client's own reset: %v, want only established", outcomes(evs))
 	}
 }

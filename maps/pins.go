@@ -167,8 +167,8 @@ func Uninstall(dir string) ([]string, error) {
 	for _, d := range otherLayouts(dir, "") {
 		// Detach explicitly too, so a link some other process still holds
 		// open stops running now.
-		for _, h := range hooks {
-			if l, err := link.LoadPinnedLink(filepath.Join(d, "link_"+h.name), nil); err == nil {
+		for _, name := range append(hookNames(), tracerName) {
+			if l, err := link.LoadPinnedLink(filepath.Join(d, "link_"+name), nil); err == nil {
 				_ = l.Detach()
 				l.Close()
 			}

@@ -44,7 +44,8 @@ type Settings struct {
 	Classes bool
 }
 
-// SetSettings writes the settings.
+// SetSettings writes the settings. Whether reset_seen is attached
+// (CONFIG_RESET_TRACE) is the loader's to say, not the caller's.
 func (k *Kernel) SetSettings(s Settings) error {
 	raw := bpf.BreakerSettings{
 		HeartbeatNs: uint64(s.Heartbeat),
@@ -67,6 +68,11 @@ func (k *Kernel) SetSettings(s Settings) error {
 	if s.Classes {
 		raw.Flags |= uint32(bpf.BreakerConfigFlagsCONFIG_CLASSES)
 	}
+	k.mu.Lock()
+	if k.tracing() {
+		raw.Flags |= uint32(bpf.BreakerConfigFlagsCONFIG_RESET_TRACE)
+	}
+	k.mu.Unlock()
 	if err := k.objs.Config.Put(uint32(0), &raw); err != nil {
 		return fmt.Errorf("writing settings: %w", err)
 	}

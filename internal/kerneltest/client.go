@@ -69,7 +69,9 @@ type DialSpec struct {
 	// Nanos), "connect-read" (connect, then read once:
 	// reports the read's errno), "sendto" (unconnected UDP datagram) or
 	// "abandon" (non-blocking connect, close after Hold) or
-	// "connect-send" (connect, wait Hold, write, wait Linger, close).
+	// "connect-send" (connect, wait Hold, write, wait Linger, close) or
+	// "connect-abort" (connect, wait Hold, close with SO_LINGER 0: the
+	// client resets the connection itself).
 	Op string
 	// Count connects are made, Parallel at a time (default 1 and 1).
 	Count, Parallel int
@@ -276,6 +278,12 @@ func dialOnce(spec DialSpec) DialResult {
 	case "abandon":
 		if r.Errno == unix.EINPROGRESS {
 			r.Errno = 0
+		}
+	case "connect-abort":
+		if err == nil {
+			time.Sleep(spec.Hold)
+			_ = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+			return r
 		}
 	case "connect-send":
 		if err == nil {
