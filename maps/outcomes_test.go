@@ -451,9 +451,9 @@ func TestResetSeenOnceAcrossRestart(t *testing.T) {
 		d := e.dest(9104, network == "tcp6")
 		e.dial(t, e.cg, kerneltest.DialSpec{Network: network, Addr: d.Addr, Op: "connect-read"})
 		n += 2
-		evs := w.wait(9104, n, 2*time.Second)
+		w.wait(9104, n, 2*time.Second)
 		time.Sleep(100 * time.Millisecond) // a second report would come now
-		evs = w.wait(9104, n, 0)
+		evs := w.wait(9104, n, 0)
 		if len(evs) != n {
 			t.Fatalf("%s: %d records for %d connections: %v", network, len(evs), n/2, outcomes(evs))
 		}
