@@ -171,6 +171,9 @@ func (d *Daemon) runClose(batch []closeJob) {
 		stats.Skipped += st.Skipped
 		stats.Duration += st.Duration
 	}
+	if stats.Namespaces == 0 && stats.Skipped == 0 {
+		d.log.Warn("the close pass found no process below the cgroup whose network namespace it could enter (in a container, breakerd needs the host's PID namespace to see them)")
+	}
 	closed, failed := make([]uint64, len(batch)), make([]uint64, len(batch))
 	for dst, n := range counts {
 		i := owner[dst]
