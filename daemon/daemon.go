@@ -70,6 +70,9 @@ type Options struct {
 	// bpf filesystem and its pins are as attached (default 1s; negative:
 	// never, for tests that run the checks themselves).
 	CheckInterval time.Duration
+	// MaxWorkloadCgroups overrides the capacity of the kernel's workloads
+	// map when it is made (default maps.MaxWorkloadCgroups; for tests).
+	MaxWorkloadCgroups uint32
 	// Resolver looks host names up (default net.DefaultResolver).
 	Resolver Resolver
 	// Cluster is the Kubernetes API client that resolves Service targets
@@ -212,7 +215,7 @@ func New(opts Options) (*Daemon, error) {
 		lock.Close()
 		return nil, err
 	}
-	k, err := maps.Load(maps.Options{Dir: opts.BPFFS, Cgroup: opts.Cgroup, Lock: lock, Logger: opts.Logger})
+	k, err := maps.Load(maps.Options{Dir: opts.BPFFS, Cgroup: opts.Cgroup, Lock: lock, Logger: opts.Logger, MaxWorkloadCgroups: opts.MaxWorkloadCgroups})
 	if err != nil {
 		srv.shutdown()
 		return nil, fmt.Errorf("loading the kernel side: %w", err)

@@ -50,6 +50,8 @@ type fixture struct {
 	checkEvery time.Duration
 	// cluster is the Kubernetes client the daemon gets (kube_test.go).
 	cluster *kube.Client
+	// maxWorkloadCgroups sizes the kernel's workloads map when set.
+	maxWorkloadCgroups uint32
 }
 
 // newFixture makes the cgroup, the hosts and a configuration file whose
@@ -87,6 +89,7 @@ func (f *fixture) start() *Daemon {
 		ConfigPath: f.config, Cgroup: f.cg.Path, BPFFS: f.bpffs, AdminSocket: f.socket, AdminAddr: f.admin,
 		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(f.logs), nil)), TickInterval: f.tick,
 		Resolver: f.resolver, ResolveInterval: f.resolveEvery, CheckInterval: f.checkEvery, Cluster: f.cluster,
+		MaxWorkloadCgroups: f.maxWorkloadCgroups,
 	})
 	if err != nil {
 		f.t.Fatalf("New: %v", err)

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -182,5 +183,135 @@ func TestScopingBulkheadsPerWorkload(t *testing.T) {
 	all, err := f.d.k.AllLimits()
 	if err != nil || len(all) != 2 {
 		t.Fatalf("limits %v (%v), want one entry per workload", all, err)
+	}
+}
+
+// The attach point removed and made again (with a selected child made at
+// once, before breakerd looks): the ground check re-attaches and rescans,
+// so the workloads map holds the new cgroup (the old entry is gone) and
+// its process is protected; a child made after that is found by the watch
+// on the new directory.
+func TestScopingAttachPointRecreated(t *testing.T) {
+	f := newScopedFixture(t, scopedConfig+"    state: forced_open\n")
+	f.checkEvery = -1 // checks run by hand below
+	sel := f.cg.Child(t, "sel")
+	oldID, _ := sel.ID()
+	f.start()
+	if m := f.workloadEntries(); len(m) != 1 || m[oldID] != 0 {
+		t.Fatalf("workloads map %v, want sel only", m)
+	}
+	if err := os.Remove(sel.Path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(f.cg.Path); err != nil {
+		t.Fatal(err)
+	}
+	f.d.checkGround(t.Context())
+	if f.ready() {
+		t.Fatal("ready with the attach point gone")
+	}
+	if !kerneltest.WaitFor(time.Second, func() bool { return len(f.workloadEntries()) == 0 }) {
+		t.Fatalf("entries of removed cgroups left: %v", f.workloadEntries())
+	}
+	if err := os.Mkdir(f.cg.Path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sel = f.cg.Child(t, "sel")
+	newID, _ := sel.ID()
+	if _, in := f.workloadEntries()[newID]; in {
+		t.Fatal("the new sel is in the map before any check: the test shows nothing")
+	}
+	f.d.checkGround(t.Context())
+	if !f.ready() {
+		t.Fatalf("not ready once the attach point is back:\n%s", f.logs.String())
+	}
+	if m := f.workloadEntries(); len(m) != 1 || m[newID] != 0 {
+		t.Fatalf("workloads map after the rescan %v, want the new sel (%d) only", m, newID)
+	}
+	if got := f.dialFrom(sel, 8400, 2); got[unix.EHOSTUNREACH] != 2 {
+		t.Fatalf("a process in the recreated sel: %v, want the forced-open circuit's EHOSTUNREACH", got)
+	}
+	late := f.cg.Child(t, "also-late")
+	lateID, _ := late.ID()
+	if !kerneltest.WaitFor(time.Second, func() bool { _, in := f.workloadEntries()[lateID]; return in }) {
+		t.Fatalf("a cgroup made in the recreated attach point is not in the map: %v", f.workloadEntries())
+	}
+	if got := f.dialFrom(late, 8400, 1); got[unix.EHOSTUNREACH] != 1 {
+		t.Fatalf("a process in also-late: %v, want rejected", got)
+	}
+	if got := f.dialFrom(f.cg.Child(t, "unsel"), 8400, 1); got[unix.ECONNREFUSED] != 1 {
+		t.Fatalf("an unselected process in the recreated attach point: %v, want refused by the server", got)
+	}
+}
+
+// gauge reads one series of a gauge from the daemon's registry (-1: none).
+func (f *fixture) gauge(name string, labels map[string]string) float64 {
+	f.t.Helper()
+	mfs, err := f.d.metrics.reg.Gather()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if labels[lp.GetName()] != lp.GetValue() {
+					continue next
+				}
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return -1
+}
+
+// A workloads map that is full (sized 2 here; 65,536 in production): a new
+// cgroup of a workload is not protected, which an error line and
+// breakerd_workload_cgroups_unprotected say, and it is protected as soon as
+// a removed cgroup makes room, without waiting for a rescan.
+func TestScopingWorkloadsMapFull(t *testing.T) {
+	f := newScopedFixture(t, scopedConfig+"    state: forced_open\n")
+	f.maxWorkloadCgroups = 2
+	f.cg.Child(t, "sel")
+	first := f.cg.Child(t, "also-1")
+	f.start()
+	sel := map[string]string{"workload": "sel"}
+	if n := len(f.workloadEntries()); n != 2 || f.gauge("breakerd_workload_cgroups_capacity", nil) != 2 || f.gauge("breakerd_workload_cgroups_unprotected", sel) != 0 {
+		t.Fatalf("%d entries, capacity %v, unprotected %v: want 2, 2, 0", n, f.gauge("breakerd_workload_cgroups_capacity", nil), f.gauge("breakerd_workload_cgroups_unprotected", sel))
+	}
+	late := f.cg.Child(t, "also-2")
+	lateID, _ := late.ID()
+	if !kerneltest.WaitFor(time.Second, func() bool { return f.gauge("breakerd_workload_cgroups_unprotected", sel) == 1 }) {
+		t.Fatalf("unprotected %v, want 1 (also-2)", f.gauge("breakerd_workload_cgroups_unprotected", sel))
+	}
+	if !strings.Contains(f.logs.String(), "cgroup not protected: writing its workload") || !strings.Contains(f.logs.String(), "workloads map is full") {
+		t.Fatalf("no error line for the full map:\n%s", f.logs.String())
+	}
+	if got := f.dialFrom(late, 8400, 1); got[unix.ECONNREFUSED] != 1 {
+		t.Fatalf("also-2, not in the full map: %v, want through (refused by the server)", got)
+	}
+	// A restart on the same pins finds the same: two entries, also-2 left
+	// out and said so.
+	f.restart()
+	if n := len(f.workloadEntries()); n != 2 || f.gauge("breakerd_workload_cgroups_unprotected", sel) != 1 {
+		t.Fatalf("after a restart: %d entries, unprotected %v; want 2 and 1", n, f.gauge("breakerd_workload_cgroups_unprotected", sel))
+	}
+	if err := os.Remove(first.Path); err != nil {
+		t.Fatal(err)
+	}
+	if !kerneltest.WaitFor(time.Second, func() bool { _, in := f.workloadEntries()[lateID]; return in }) {
+		t.Fatalf("also-2 not written within a second of also-1's removal: %v", f.workloadEntries())
+	}
+	if v := f.gauge("breakerd_workload_cgroups_unprotected", sel); v != 0 {
+		t.Fatalf("unprotected %v once there was room, want 0", v)
+	}
+	if got := f.dialFrom(late, 8400, 1); got[unix.EHOSTUNREACH] != 1 {
+		t.Fatalf("also-2, protected: %v, want rejected", got)
+	}
+	if n := strings.Count(f.logs.String(), "cgroup not protected: writing its workload"); n != 2 {
+		t.Fatalf("%d error lines for one cgroup over two daemons, want 2 (one each)", n)
 	}
 }

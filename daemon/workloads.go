@@ -53,6 +53,10 @@ type cgroupWatch struct {
 	classes policy.Classes
 	paths   map[string]uint64 // every cgroup below attach, watched: path → id
 	written map[uint64]entry  // entries this daemon knows are in the map
+	// full are the cgroups of a workload the map had no room for (by
+	// path): not protected; written again when an entry goes, and tried
+	// at every rescan.
+	full map[string]entry
 	// pods are the pod UIDs each pod-selecting workload selects (kube.go).
 	pods map[string]map[string]bool
 	// podOf maps the cgroup ids of pods' cgroups (and their containers')
@@ -80,7 +84,7 @@ func newCgroupWatch(k *maps.Kernel, log *slog.Logger, attach string) (*cgroupWat
 		return nil, err
 	}
 	return &cgroupWatch{k: k, log: log, root: root, attach: attach, w: w,
-		paths: map[string]uint64{}, written: map[uint64]entry{}}, nil
+		paths: map[string]uint64{}, written: map[uint64]entry{}, full: map[string]entry{}}, nil
 }
 
 // apply takes cfg's workloads and brings the map in line with them at
@@ -154,6 +158,7 @@ func (cw *cgroupWatch) addLocked(path string) {
 	}
 	name, class, ok := cw.classOf(path)
 	if !ok {
+		delete(cw.full, path)
 		if _, was := cw.written[id]; was {
 			cw.deleteLocked(id)
 		}
@@ -163,8 +168,18 @@ func (cw *cgroupWatch) addLocked(path string) {
 		return
 	}
 	if err := cw.k.PutWorkload(id, class, uint8(cw.classes.Bulkhead(name))); err != nil {
-		cw.log.Error("cgroup not protected: writing its workload", "cgroup", path, "workload", name, "err", err)
+		_, known := cw.full[path]
+		if errors.Is(err, maps.ErrWorkloadsFull) {
+			cw.full[path] = entry{name, class}
+		}
+		if !known { // once per cgroup, not at every rescan
+			cw.log.Error("cgroup not protected: writing its workload", "cgroup", path, "workload", name, "capacity", cw.k.WorkloadCapacity(), "err", err)
+		}
 		return
+	}
+	if _, was := cw.full[path]; was {
+		delete(cw.full, path)
+		cw.log.Info("cgroup protected: its workload written once the workloads map had room", "cgroup", path, "workload", name)
 	}
 	cw.written[id] = entry{name, class}
 }
@@ -188,6 +203,13 @@ func (cw *cgroupWatch) deleteLocked(id uint64) {
 		return
 	}
 	delete(cw.written, id)
+	// Room for a cgroup the full map turned away.
+	for p := range cw.full {
+		if _, watched := cw.paths[p]; watched {
+			cw.addLocked(p)
+			break
+		}
+	}
 }
 
 // forgetLocked drops path and everything below it: watches, paths and
@@ -197,6 +219,7 @@ func (cw *cgroupWatch) forgetLocked(path string) {
 		if p == path || strings.HasPrefix(p, path+"/") {
 			_ = cw.w.Remove(p)
 			delete(cw.paths, p)
+			delete(cw.full, p)
 			cw.podOf.Delete(id)
 			if _, ok := cw.written[id]; ok {
 				cw.deleteLocked(id)
@@ -272,13 +295,23 @@ func (cw *cgroupWatch) podUID(id uint64) (string, bool) {
 
 // counts returns how many cgroups each workload has in the map.
 func (cw *cgroupWatch) counts() map[string]int {
+	c, _ := cw.countsAndFull()
+	return c
+}
+
+// countsAndFull returns how many cgroups each workload has in the map, and
+// how many the full map had no room for.
+func (cw *cgroupWatch) countsAndFull() (in, full map[string]int) {
 	cw.mu.Lock()
 	defer cw.mu.Unlock()
-	out := map[string]int{}
+	in, full = map[string]int{}, map[string]int{}
 	for _, e := range cw.written {
-		out[e.workload]++
+		in[e.workload]++
 	}
-	return out
+	for _, e := range cw.full {
+		full[e.workload]++
+	}
+	return in, full
 }
 
 // run follows the tree until ctx ends.
@@ -324,10 +357,18 @@ func (cw *cgroupWatch) run(ctx context.Context) {
 // protects (label values: the configured workload names).
 type workloadCollector struct{ d *Daemon }
 
-var descWorkloadCgroups = prometheus.NewDesc("breakerd_workload_cgroups", "Cgroups in the kernel's workloads map, by workload (the configured names).", []string{"workload"}, nil)
+var (
+	descWorkloadCgroups     = prometheus.NewDesc("breakerd_workload_cgroups", "Cgroups in the kernel's workloads map, by workload (the configured names).", []string{"workload"}, nil)
+	descWorkloadUnprotected = prometheus.NewDesc("breakerd_workload_cgroups_unprotected", "Cgroups of a workload that are not protected because the kernel's workloads map is full, by workload.", []string{"workload"}, nil)
+	descWorkloadCapacity    = prometheus.NewDesc("breakerd_workload_cgroups_capacity", "How many cgroups the kernel's workloads map can hold.", nil, nil)
+)
 
-// Describe sends the collector's descriptor.
-func (w *workloadCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descWorkloadCgroups }
+// Describe sends the collector's descriptors.
+func (w *workloadCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descWorkloadCgroups
+	ch <- descWorkloadUnprotected
+	ch <- descWorkloadCapacity
+}
 
 // Collect reports every configured workload, 0 when it has no cgroup.
 func (w *workloadCollector) Collect(ch chan<- prometheus.Metric) {
@@ -338,8 +379,10 @@ func (w *workloadCollector) Collect(ch chan<- prometheus.Metric) {
 	if cfg == nil || cw == nil {
 		return
 	}
-	counts := cw.counts()
+	counts, full := cw.countsAndFull()
 	for _, wl := range cfg.Workloads {
 		ch <- prometheus.MustNewConstMetric(descWorkloadCgroups, prometheus.GaugeValue, float64(counts[wl.Name]), wl.Name)
+		ch <- prometheus.MustNewConstMetric(descWorkloadUnprotected, prometheus.GaugeValue, float64(full[wl.Name]), wl.Name)
 	}
+	ch <- prometheus.MustNewConstMetric(descWorkloadCapacity, prometheus.GaugeValue, float64(cw.k.WorkloadCapacity()))
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/breakerd/breakerd/bpf"
 )
@@ -20,10 +21,18 @@ const MaxWorkloadCgroups = 1 << 16
 func (k *Kernel) PutWorkload(cgroupID uint64, class, bulkhead uint8) error {
 	v := bpf.BreakerWorkload{Class: uint32(class), Bulkhead: uint32(bulkhead)}
 	if err := k.objs.Workloads.Put(cgroupID, &v); err != nil {
+		if errors.Is(err, unix.E2BIG) {
+			err = ErrWorkloadsFull
+		}
 		return fmt.Errorf("writing workload of cgroup %d: %w", cgroupID, err)
 	}
 	return nil
 }
+
+// ErrWorkloadsFull is returned by PutWorkload when the workloads map holds
+// as many cgroups as it can (MaxWorkloadCgroups): the cgroup is not
+// protected until an entry is deleted.
+var ErrWorkloadsFull = errors.New("workloads map is full")
 
 // DeleteWorkload forgets a cgroup; a missing entry is not an error.
 func (k *Kernel) DeleteWorkload(cgroupID uint64) error {
