@@ -41,8 +41,12 @@ func bulkSlotName(c *circuit, workload string) string { return c.name() + "#" + 
 // limits entries are left to reconcileLimits, which follows every change
 // of the configuration.
 func (d *Daemon) syncBulkSlots(c *circuit) {
+	sharing := c.workload() == policy.SharedWorkload && c.machine.Options().HasLimits() && len(d.classes.SharedBulkheads()) > 0
+	if !sharing && (c.extra == nil || len(c.extra.bulkSlots) == 0) {
+		return // the usual case: nothing to give or take back
+	}
 	want := map[uint8]string{}
-	if c.workload() == policy.SharedWorkload && c.machine.Options().HasLimits() {
+	if sharing {
 		for _, k := range d.classes.SharedBulkheads() {
 			want[uint8(k)] = d.classes.SharedOfBulkhead(k)
 		}
