@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sys/unix"
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
 	"github.com/breakerd/breakerd/maps"
@@ -317,5 +318,151 @@ func TestCloseEstablishedCurlAndWrk(t *testing.T) {
 	}
 	if connect, _ := strconv.Atoi(m[1]); connect == 0 {
 		t.Fatalf("wrk saw no failed connect after its connections were closed: %s", m[0])
+	}
+}
+
+const closeWorkloadsConfig = `
+failsafe_timeout: 30s
+workloads:
+  - name: shop
+    cgroups: [CGROUP/shop]
+  - name: tenant
+    cgroups: [CGROUP/tenant]
+    isolate: true
+targets:
+  web:
+    match: {cidrs: [SRV], ports: ["8611"]}
+    close_established: true
+    open_duration: 1m
+`
+
+// With workloads: an isolated workload's circuit closes only that
+// workload's connections; the shared circuit closes the sharing
+// workload's, never an isolated workload's nor those of a cgroup of no
+// workload below the attach point.
+func TestCloseEstablishedWorkloads(t *testing.T) {
+	f := newScopedFixture(t, closeWorkloadsConfig)
+	shop, tenant, none := f.cg.Child(t, "shop"), f.cg.Child(t, "tenant"), f.cg.Child(t, "none")
+	f.srv.ServeHold(t, 8611)
+	d := f.start()
+	if m := closeMechanism(t, d); m == maps.CloseNone {
+		if kerneltest.InCI() {
+			t.Fatalf("no close mechanism on this kernel")
+		}
+		t.Skip("no close mechanism on this kernel")
+	}
+	web := []kerneltest.PoolTarget{{Addr: netip.AddrPortFrom(f.srv.IPv4, 8611), N: 2}}
+	ps := f.topo.Client.StartPool(t, shop, web, 0)
+	pt := f.topo.Client.StartPool(t, tenant, web, 0)
+	pn := f.topo.Client.StartPool(t, none, web, 0)
+	open, closed := []string{"open", "open"}, []string{"ECONNABORTED", "ECONNABORTED"}
+
+	if _, err := d.Force("web@tenant", "open"); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, f, 1, "closed established connections", "circuit=web@tenant", "workload=tenant", "closed=2")
+	if got := pt.Check(t); !slices.Equal(got, closed) {
+		t.Fatalf("the isolated workload's pool after its circuit opened: %v", got)
+	}
+	if got := ps.Check(t); !slices.Equal(got, open) {
+		t.Fatalf("the sharing workload's pool after the isolated circuit opened: %v", got)
+	}
+
+	if _, err := d.Force("web", "open"); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, f, 1, "closed established connections", "circuit=web ", "workload=shared", "closed=2")
+	if got := ps.Check(t); !slices.Equal(got, closed) {
+		t.Fatalf("the sharing workload's pool after the shared circuit opened: %v", got)
+	}
+	if got := pn.Check(t); !slices.Equal(got, open) {
+		t.Fatalf("a cgroup of no workload (not protected): %v, want its connections open", got)
+	}
+	if got := testutil.ToFloat64(f.d.metrics.closed.WithLabelValues("web", "tenant", "closed")); got != 2 {
+		t.Fatalf("closed for the isolated workload: %v, want 2", got)
+	}
+}
+
+const closeProbeConfig = `
+failsafe_timeout: 30s
+targets:
+  web:
+    match: {cidrs: [SRV], ports: ["8621"]}
+    close_established: true
+    consecutive_failures: 3
+    open_duration: 300ms
+    jitter: 0
+    half_open_probes: 2
+    half_open_success_threshold: 2
+    connect_timeout: 1s
+    probe_timeout: 5s
+    reject_errno: EHOSTUNREACH
+`
+
+// A half-open circuit's probes are not closed while it is half-open; when
+// a failed probe reopens it, the probe that got through is closed.
+func TestCloseEstablishedProbes(t *testing.T) {
+	f := newFixture(t, closeProbeConfig)
+	d := f.start()
+	if m := closeMechanism(t, d); m == maps.CloseNone {
+		if kerneltest.InCI() {
+			t.Fatalf("no close mechanism on this kernel")
+		}
+		t.Skip("no close mechanism on this kernel")
+	}
+	if got := errnos(f.dial(8621, 3, 0)); got[unix.ECONNREFUSED] != 3 {
+		t.Fatalf("refused connects: %v", got)
+	}
+	f.waitState("web", "open", 2*time.Second)
+	waitLog(t, f, 1, "closed established connections", "circuit=web", "closed=0")
+
+	// The server is back; once due, the first probe gets through and
+	// stays connected: one success of two, still half-open.
+	f.srv.ServeHold(t, 8621)
+	time.Sleep(400 * time.Millisecond)
+	probe := f.topo.Client.StartPool(t, f.cg, []kerneltest.PoolTarget{{Addr: netip.AddrPortFrom(f.srv.IPv4, 8621), N: 1}}, 0)
+	f.waitState("web", "half_open", 2*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	if got := probe.Check(t); !slices.Equal(got, []string{"open"}) {
+		t.Fatalf("the half-open circuit's probe: %v, want it left open", got)
+	}
+	if n := strings.Count(f.logs.String(), "closed established connections"); n != 1 {
+		t.Fatalf("%d close passes, want only the first opening's", n)
+	}
+
+	// The second probe is refused: the circuit reopens, and the first
+	// probe's connection is closed.
+	f.srv.RefuseNewConnections(t, 8621)
+	if got := errnos(f.dial(8621, 1, 0)); got[unix.ECONNREFUSED] != 1 {
+		t.Fatalf("second probe: %v, want admitted and refused by the server", got)
+	}
+	f.waitState("web", "open", 2*time.Second)
+	waitLog(t, f, 1, "closed established connections", "circuit=web", "closed=1")
+	if got := probe.Check(t); !slices.Equal(got, []string{"ECONNABORTED"}) {
+		t.Fatalf("the probe after the circuit reopened: %v, want closed", got)
+	}
+}
+
+// A reload that sets a target's state to forced_open opens its circuit
+// anew: its pool's connections are closed.
+func TestCloseEstablishedOnReloadForcedOpen(t *testing.T) {
+	f := newFixture(t, closeConfig)
+	f.srv.ServeHold(t, 8601)
+	d := f.start()
+	if m := closeMechanism(t, d); m == maps.CloseNone {
+		if kerneltest.InCI() {
+			t.Fatalf("no close mechanism on this kernel")
+		}
+		t.Skip("no close mechanism on this kernel")
+	}
+	pool := f.topo.Client.StartPool(t, f.cg, []kerneltest.PoolTarget{{Addr: netip.AddrPortFrom(f.srv.IPv4, 8601), N: 2}}, 0)
+	f.writeConfig(strings.Replace(closeConfig, "    close_established: true\n", "    close_established: true\n    state: forced_open\n", 1))
+	if err := d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	f.waitState("web", "forced_open", time.Second)
+	waitLog(t, f, 1, "closed established connections", "circuit=web", "closed=2")
+	if got := pool.Check(t); !slices.Equal(got, []string{"ECONNABORTED", "ECONNABORTED"}) {
+		t.Fatalf("the pool after the reload forced its circuit open: %v", got)
 	}
 }
