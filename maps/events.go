@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
 
 	"github.com/breakerd/breakerd/bpf"
 )
@@ -107,9 +110,28 @@ func DecodeEvent(b []byte, e *Event) error {
 }
 
 // EventReader reads outcome records from the kernel's ring buffer.
+//
+// ReadBatch waits in Go's network poller, on a duplicate of the ring's
+// file descriptor: the waiting goroutine holds no thread. (The ring
+// reader's own wait is a blocking epoll_wait system call; a goroutine in a
+// system call keeps its scheduler slot until the runtime's monitor thread
+// takes it back, and each such retake puts that thread back to waking every
+// 20 µs for a while: at every read, a daemon that is idle most of the time
+// spent more on those wake-ups than on its records.) Where the poller does
+// not take the descriptor, it waits in the ring reader as before.
 type EventReader struct {
 	rd  *ringbuf.Reader
 	rec ringbuf.Record
+	// f is the poller's duplicate of the ring's descriptor (nil: not
+	// pollable); rc waits on it.
+	f  *os.File
+	rc syscall.RawConn
+	// woken is set by Wake for the next or current wait.
+	woken atomic.Bool
+	// mu is held by ReadBatch's check of the ring and by Close: the
+	// ring's memory is read only while it is mapped.
+	mu     sync.Mutex
+	closed bool
 }
 
 // ErrReaderClosed is returned by Read once the reader is closed.
@@ -122,7 +144,35 @@ func (k *Kernel) NewEventReader() (*EventReader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening ring buffer: %w", err)
 	}
-	return &EventReader{rd: rd}, nil
+	r := &EventReader{rd: rd}
+	if f, rc := pollable(k.objs.Events.FD()); f != nil {
+		r.f, r.rc = f, rc
+	}
+	return r, nil
+}
+
+// pollable puts a duplicate of fd in Go's poller, or returns nil.
+func pollable(fd int) (*os.File, syscall.RawConn) {
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil
+	}
+	if err := unix.SetNonblock(dup, true); err != nil {
+		unix.Close(dup)
+		return nil, nil
+	}
+	f := os.NewFile(uintptr(dup), "ringbuf")
+	// A file the poller took accepts deadlines.
+	if err := f.SetReadDeadline(time.Time{}); err != nil {
+		f.Close()
+		return nil, nil
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, nil
+	}
+	return f, rc
 }
 
 // Read blocks until a record arrives (or the deadline passes:
@@ -144,16 +194,30 @@ func (r *EventReader) Read(e *Event) error {
 // may be called from another goroutine than the reader's, but never after
 // or during Close (it reads the ring's memory, which Close unmaps).
 func (r *EventReader) Wake() {
-	if r.rd.AvailableBytes() > 0 {
-		_ = r.rd.Flush()
+	if r.rd.AvailableBytes() == 0 {
+		return
 	}
+	if r.f == nil {
+		_ = r.rd.Flush()
+		return
+	}
+	r.woken.Store(true)
+	_ = r.f.SetReadDeadline(time.Now())
 }
 
 // SetDeadline bounds the next Reads; the zero time removes the bound.
 func (r *EventReader) SetDeadline(t time.Time) { r.rd.SetDeadline(t) }
 
-// Close stops the reader; a blocked Read returns.
-func (r *EventReader) Close() error { return r.rd.Close() }
+// Close stops the reader; a blocked Read or ReadBatch returns.
+func (r *EventReader) Close() error {
+	if r.f != nil {
+		r.f.Close() // a ReadBatch waiting in the poller returns
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	return r.rd.Close()
+}
 
 // ReadBatch waits until a record arrives, until wait has passed (wait ≤ 0:
 // no bound), or until Wake, then decodes every record the ring holds
@@ -169,7 +233,32 @@ func (r *EventReader) ReadBatch(evs []Event, wait time.Duration) (int, error) {
 	if wait > 0 {
 		deadline = time.Now().Add(wait)
 	}
-	r.rd.SetDeadline(deadline)
+	if r.f == nil {
+		r.rd.SetDeadline(deadline)
+		return r.readAll(evs, true)
+	}
+	if err := r.f.SetReadDeadline(deadline); err != nil {
+		return 0, fmt.Errorf("reading ring buffer: %w", ErrReaderClosed)
+	}
+	// Wait in the poller: the ring's descriptor is readable when the
+	// kernel wakes its readers (a record that asks for it), or Wake
+	// passes the deadline. The check runs under mu, so never on an
+	// unmapped ring.
+	err := r.rc.Read(func(uintptr) bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.closed || r.woken.Swap(false) || r.rd.AvailableBytes() > 0
+	})
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		return 0, fmt.Errorf("reading ring buffer: %w", ErrReaderClosed)
+	}
+	r.rd.SetDeadline(time.Now())
+	return r.readAll(evs, false)
+}
+
+// readAll decodes records into evs until the ring is empty or evs full;
+// with block, the first read waits (until the ring reader's deadline).
+func (r *EventReader) readAll(evs []Event, block bool) (int, error) {
 	n := 0
 	for n < len(evs) {
 		// (Not AvailableBytes here: a concurrent Close unmaps the ring,
@@ -184,7 +273,7 @@ func (r *EventReader) ReadBatch(evs []Event, wait time.Duration) (int, error) {
 			return n, err
 		}
 		n++
-		if n == 1 {
+		if n == 1 && block {
 			// The rest of the batch: take what is there, never wait.
 			r.rd.SetDeadline(time.Now())
 		}

@@ -380,15 +380,29 @@ func TestHealthyRecordsWakeNoReader(t *testing.T) {
 
 // Wake makes a waiting reader return what the ring holds, and does nothing
 // when it holds nothing (an idle daemon's reader is never woken for
-// nothing).
+// nothing): waiting in Go's poller (which the ring's descriptor must
+// accept here), and in the ring reader, where the poller does not take it.
 func TestWakeOnlyWithRecords(t *testing.T) {
 	e := newEnv(t, Options{})
-	rd, err := e.k.NewEventReader()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rd.Close()
 	e.srv.ServeHold(t, 9030)
+	for _, poller := range []bool{true, false} {
+		rd, err := e.k.NewEventReader()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rd.f == nil {
+			t.Fatal("the ring's descriptor is not in Go's poller")
+		}
+		if !poller {
+			rd.f.Close()
+			rd.f, rd.rc = nil, nil
+		}
+		wakeOnlyWithRecords(t, e, rd)
+		rd.Close()
+	}
+}
+
+func wakeOnlyWithRecords(t *testing.T, e *env, rd *EventReader) {
 	batch := make([]Event, 8)
 	done := make(chan int, 1)
 	read := func() {
