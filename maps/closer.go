@@ -98,7 +98,7 @@ func (k *Kernel) NewCloser() *Closer {
 		c.selfIno = ino
 	}
 	var reasons []string
-	if err := c.loadIterator(); err == nil {
+	if err := c.loadIterator(k.objs.Workloads); err == nil {
 		c.mech = CloseIterator
 		return c
 	} else {
@@ -111,6 +111,23 @@ func (k *Kernel) NewCloser() *Closer {
 	}
 	c.why = strings.Join(reasons, "; ")
 	return c
+}
+
+// ProbeClose reports the mechanism NewCloser would pick on this kernel,
+// and why the better ones are not available, without a loaded Kernel
+// (breakerd probe).
+func ProbeClose() (CloseMechanism, string) {
+	c := &Closer{mech: CloseNone}
+	defer c.Release()
+	ierr := c.loadIterator(nil)
+	if ierr == nil {
+		return CloseIterator, ""
+	}
+	why := fmt.Sprintf("bpf_sock_destroy: %v", ierr)
+	if err := probeSockDiagDestroy(); err != nil {
+		return CloseNone, fmt.Sprintf("%s; sock_diag: %v", why, err)
+	}
+	return CloseSockDiag, why
 }
 
 // Mechanism is how this Closer closes connections.
@@ -130,14 +147,18 @@ func (c *Closer) Release() error {
 	return errors.Join(errs...)
 }
 
-func (c *Closer) loadIterator() error {
+// loadIterator loads the close object, sharing workloads (the Kernel's
+// map; nil: a map of its own, for a probe).
+func (c *Closer) loadIterator(workloads *ebpf.Map) error {
 	spec, err := bpf.LoadDestroy()
 	if err != nil {
 		return fmt.Errorf("reading the close object: %w", err)
 	}
-	err = spec.LoadAndAssign(&c.objs, &ebpf.CollectionOptions{
-		MapReplacements: map[string]*ebpf.Map{bpf.DestroyMapWorkloads: c.k.objs.Workloads},
-	})
+	var opts ebpf.CollectionOptions
+	if workloads != nil {
+		opts.MapReplacements = map[string]*ebpf.Map{bpf.DestroyMapWorkloads: workloads}
+	}
+	err = spec.LoadAndAssign(&c.objs, &opts)
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {

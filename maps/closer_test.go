@@ -242,3 +242,17 @@ func TestClosePassThousandSockets(t *testing.T) {
 		}
 	})
 }
+
+// breakerd probe's answer is the mechanism a loaded Kernel picks.
+func TestProbeCloseAgreesWithNewCloser(t *testing.T) {
+	e := newEnv(t, Options{})
+	c := e.k.NewCloser()
+	defer c.Release()
+	mech, why := ProbeClose()
+	if mech != c.Mechanism() {
+		t.Fatalf("ProbeClose: %s (%s); NewCloser: %s (%s)", mech, why, c.Mechanism(), c.Reason())
+	}
+	if (mech == CloseIterator) != (why == "") {
+		t.Fatalf("ProbeClose: %s with reason %q", mech, why)
+	}
+}

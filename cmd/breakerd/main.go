@@ -137,9 +137,15 @@ func run(args []string, stdout io.Writer) error {
 			return err
 		}
 		f := maps.ProbeFeatures()
-		out, _ := json.MarshalIndent(map[string]bool{
-			"set_retval": f.SetRetval,
-		}, "", "  ")
+		mech, why := maps.ProbeClose()
+		probe := map[string]any{
+			"set_retval":        f.SetRetval,
+			"close_established": string(mech), // bpf_sock_destroy, sock_diag or none
+		}
+		if why != "" {
+			probe["close_established_fallback"] = why
+		}
+		out, _ := json.MarshalIndent(probe, "", "  ")
 		fmt.Fprintln(stdout, string(out))
 		return nil
 	}
