@@ -38,6 +38,9 @@
 #define TCP_LAST_ACK 9
 #define TCP_CLOSING 11
 
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
+
 /* Sizes, mirrored in maps/ (MaxCircuitIDs, MaxDestinations) and stated with
  * the memory they take in README. Every map but `stats` is the same size on
  * any number of CPUs, so a 256-CPU node costs what a 2-CPU node does. */
@@ -183,9 +186,10 @@ struct {
 
 /* What the kernel remembers about one socket that needs it. A healthy
  * connection has no storage (creating it costs more than everything else
- * breakerd does per connection): connect makes it for a half-open probe or
- * a bulkheaded destination, and sockops for a socket's first
- * retransmission timeout. Everything else is read from the socket. */
+ * breakerd does per connection): connect makes it for a half-open probe, a
+ * bulkheaded destination or one whose responses are followed, and sockops
+ * for a socket's first retransmission timeout. Everything else is read
+ * from the socket. */
 enum sock_flags {
 	SOCK_PROBE = 1 << 0,       /* admitted as a half-open probe */
 	SOCK_TRACKED = 1 << 1,     /* dest, start_ns and cgroup_id are filled in */
@@ -209,6 +213,30 @@ struct sock_state {
 	__u32 bulk;      /* enum bulk_flags: what this socket holds */
 	__u32 bulk_slot; /* which bulk_count it holds it in */
 	__u32 round;     /* SOCK_PROBE: the half-open round that admitted it */
+	/* Responses (resp != 0, set by connect from limit.responses): */
+	__u32 resp;      /* enum response_flags */
+	__u32 turn;      /* request/response turns begun */
+	__u64 req_ns;    /* the current turn's first request byte */
+	__u64 first_ns;  /* its first response byte (HTTP: while the status line is read) */
+	__u32 snd_end;   /* sequence just past the last request byte sent (SEQ_SND) */
+	__u32 rcv_end;   /* response bytes before this are old (the request's ack) */
+	__u8 head[16];   /* the start of the response (HTTP/1.x status line) */
+	__u8 phase;      /* enum turn_phase */
+	__u8 head_len;   /* bytes in head */
+	__u8 seq;        /* enum seq_flags */
+	__u8 _pad0;
+	__u32 _pad1;
+};
+
+/* Where a socket whose responses are followed is in its turn. */
+enum turn_phase {
+	PHASE_IDLE = 0,       /* no request yet */
+	PHASE_AWAITING = 1,   /* request sent, no response byte yet */
+	PHASE_RESPONDING = 2, /* the response began; the next request sent begins a turn */
+};
+
+enum seq_flags {
+	SEQ_SND = 1 << 0, /* snd_end holds a sequence number */
 };
 
 /* Pinned like every other map: a socket counted in a bulkhead before a
@@ -236,6 +264,19 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } workloads SEC(".maps");
 
+#define MAX_INFLIGHT (1 << 16)
+
+/* Socket cookie -> the turn a request of it awaits (struct inflight_turn),
+ * sockets of destinations with response_timeout only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_INFLIGHT);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u64);
+	__type(value, struct inflight_turn);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} inflight SEC(".maps");
+
 /* connect4/6 -> sockops, within one connect() call (struct connect_handoff). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -258,6 +299,8 @@ const struct probe_budget *unused_budget __attribute__((unused));
 const enum override_state *unused_override_state __attribute__((unused));
 const struct workload *unused_workload __attribute__((unused));
 const struct connect_handoff *unused_handoff __attribute__((unused));
+const enum response_flags *unused_response_flags __attribute__((unused));
+const enum inflight_flags *unused_inflight_flags __attribute__((unused));
 
 /* count adds one to a shared counter. */
 #define count(field) __sync_fetch_and_add(&(field), 1)
@@ -462,6 +505,10 @@ static __always_inline int bulkhead_admits(struct bpf_sock_addr *ctx, struct lim
 		stat_inc(STAT_STORAGE_FAILED);
 		return 1;
 	}
+	if (l->responses)
+		st->resp = l->responses; /* the cgroup_skb programs follow its turns */
+	if (!l->max_connecting && !l->max_connections)
+		return 1; /* an entry for responses only */
 	if (st->bulk)
 		return 1; /* connect() called again on a counted socket */
 	__u32 slot = l->slot;
@@ -919,9 +966,47 @@ static __always_inline void on_rto(struct bpf_sock_ops *ops, __u64 now)
 	}
 }
 
+/* end_turn runs as a followed connection ends (or its peer closes its
+ * half): a request that still awaited its first response byte is reported
+ * (no_response: the peer dropped it, or the application gave up on it),
+ * and with `last` the socket's inflight entry goes. It reports whether it
+ * sent a record. */
+static __always_inline int end_turn(struct bpf_sock_ops *ops, struct sock_state *st, __u32 err,
+				    __u8 peer, __u64 now, int last)
+{
+	if (!st || !st->resp || !(st->flags & SOCK_TRACKED))
+		return 0;
+	int reported = 0;
+	__u64 cookie = bpf_get_socket_cookie(ops);
+	if (st->phase == PHASE_AWAITING) {
+		st->phase = PHASE_IDLE;
+		__u8 flags = peer ? EVENT_PEER_CLOSED : 0;
+		if (st->turn == 1)
+			flags |= probe_flag(st);
+		emit(&st->dest, OUTCOME_NO_RESPONSE, flags, now - st->req_ns, st->turn, err, st->round,
+		     cookie, st->cgroup_id, now, WAKE);
+		reported = 1;
+	}
+	if (st->resp & RESP_INFLIGHT) {
+		if (last) {
+			bpf_map_delete_elem(&inflight, &cookie);
+		} else if (reported) {
+			struct inflight_turn *f = bpf_map_lookup_elem(&inflight, &cookie);
+			if (f)
+				f->req_ns = 0;
+		}
+	}
+	return reported;
+}
+
 static __always_inline void on_close(struct bpf_sock_ops *ops, __u64 now)
 {
 	struct sock_state *st = ops->sk ? bpf_sk_storage_get(&socks, ops->sk, 0, 0) : 0;
+	int ended = 0;
+	if (st && st->resp) {
+		int e = sock_err(full_sock(ops));
+		ended = end_turn(ops, st, e, e != 0, now, 1);
+	}
 	if (st) {
 		bulk_release(st, BULK_CONNECTING | BULK_CONNECTIONS);
 		if (st->flags & SOCK_DONE)
@@ -960,6 +1045,8 @@ static __always_inline void on_close(struct bpf_sock_ops *ops, __u64 now)
 	} else if (err == ETIMEDOUT && !(st && (st->flags & SOCK_STALL_SENT))) {
 		outcome = OUTCOME_STALLED;
 	}
+	if (ended && (outcome == OUTCOME_RESET || outcome == OUTCOME_STALLED))
+		outcome = 0; /* the no_response record stands for it */
 	if (outcome)
 		report(ops, st, sk, outcome, flags, took, st ? st->rtos : 0, err, now, WAKE);
 }
@@ -986,13 +1073,24 @@ int observe(struct bpf_sock_ops *ops)
 		case TCP_CLOSE:
 			on_close(ops, bpf_ktime_get_ns());
 			break;
+		case TCP_CLOSE_WAIT: /* the peer closed its half */
+			if (ops->sk) {
+				struct sock_state *st = bpf_sk_storage_get(&socks, ops->sk, 0, 0);
+				if (st && st->resp)
+					end_turn(ops, st, 0, 1, bpf_ktime_get_ns(), 0);
+			}
+			break;
 		case TCP_FIN_WAIT1: /* the application closed it */
 		case TCP_LAST_ACK:
 		case TCP_CLOSING:
 			if (ops->sk) {
 				struct sock_state *st = bpf_sk_storage_get(&socks, ops->sk, 0, 0);
-				if (st)
+				if (st) {
 					bulk_release(st, BULK_CONNECTING | BULK_CONNECTIONS);
+					if (st->resp)
+						end_turn(ops, st, 0, ops->args[1] != TCP_FIN_WAIT1,
+							 bpf_ktime_get_ns(), 1);
+				}
 			}
 			/* Closing: nothing from here on is a failure anyone saw
 			 * (the application let go of the connection, or the peer
@@ -1064,7 +1162,220 @@ SEC("cgroup/sock_release")
 int sock_release(struct bpf_sock *sk)
 {
 	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
-	if (st)
+	if (st) {
 		bulk_release(st, BULK_CONNECTING | BULK_CONNECTIONS);
+		if (st->resp & RESP_INFLIGHT) {
+			__u64 cookie = bpf_get_socket_cookie(sk);
+			bpf_map_delete_elem(&inflight, &cookie);
+		}
+	}
+	return 1;
+}
+
+/* ---------------------------------------------------------------------
+ * Responses: cgroup_skb on the same cgroup, attached only while some
+ * target has response options (slow_response_duration, response_timeout,
+ * protocol: http). Every packet of the cgroup's sockets passes them; a
+ * socket connect did not mark (st->resp) leaves after one storage lookup.
+ *
+ * A turn is one request and its response, without parsing the protocol:
+ * it begins with the first new byte the socket sends while no turn awaits
+ * its response, and its response begins with the first new byte received
+ * after it. Retransmissions (data the socket already sent, data it had
+ * already received when the request left) begin nothing. Pipelined
+ * requests sent before their first response byte are one turn.
+ */
+
+/* A TCP segment's sequence number, ack, and where and how long its payload
+ * is, read from the packet (cgroup_skb sees it from the IP header on). */
+struct segment {
+	__u32 seq;
+	__u32 ack;
+	__u32 off; /* payload offset from the IP header */
+	__u32 len; /* payload bytes (0: none) */
+};
+
+#define IP_MF_OFFSET 0x3fff /* more-fragments flag and fragment offset */
+
+static __always_inline int tcp_segment(struct __sk_buff *skb, struct segment *s)
+{
+	__u8 ip[20];
+	__u32 iplen;
+	if (bpf_skb_load_bytes(skb, 0, ip, 1))
+		return 0;
+	if ((ip[0] >> 4) == 4) {
+		if (bpf_skb_load_bytes(skb, 0, ip, 20))
+			return 0;
+		if (ip[9] != IPPROTO_TCP || (((__u32)ip[6] << 8 | ip[7]) & IP_MF_OFFSET))
+			return 0;
+		iplen = (ip[0] & 0xf) * 4;
+	} else if ((ip[0] >> 4) == 6) {
+		if (bpf_skb_load_bytes(skb, 0, ip, 8))
+			return 0;
+		if (ip[6] != IPPROTO_TCP)
+			return 0; /* extension headers: not followed */
+		iplen = 40;
+	} else {
+		return 0;
+	}
+	__u8 th[14];
+	if (bpf_skb_load_bytes(skb, iplen, th, sizeof(th)))
+		return 0;
+	if (th[13] & (TCP_FLAG_SYN | TCP_FLAG_RST))
+		return 0;
+	__u32 off = iplen + (th[12] >> 4) * 4;
+	if (skb->len <= off)
+		return 0;
+	s->seq = (__u32)th[4] << 24 | (__u32)th[5] << 16 | (__u32)th[6] << 8 | th[7];
+	s->ack = (__u32)th[8] << 24 | (__u32)th[9] << 16 | (__u32)th[10] << 8 | th[11];
+	s->off = off;
+	s->len = skb->len - off;
+	return 1;
+}
+
+/* followed is the storage of a socket whose responses are followed, or 0:
+ * the whole cost of every other packet. */
+static __always_inline struct sock_state *followed(struct __sk_buff *skb)
+{
+	struct bpf_sock *sk = skb->sk;
+	if (!sk)
+		return 0;
+	sk = bpf_sk_fullsock(sk);
+	if (!sk)
+		return 0;
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	if (!st || !st->resp || !(st->flags & SOCK_TRACKED))
+		return 0;
+	return st;
+}
+
+SEC("cgroup_skb/egress")
+int resp_egress(struct __sk_buff *skb)
+{
+	struct sock_state *st = followed(skb);
+	if (!st)
+		return 1;
+	struct segment s;
+	if (!tcp_segment(skb, &s))
+		return 1;
+	__u32 end = s.seq + s.len;
+	if ((st->seq & SEQ_SND) && (__s32)(end - st->snd_end) <= 0)
+		return 1; /* a retransmission */
+	st->snd_end = end;
+	st->seq |= SEQ_SND;
+	if (st->phase == PHASE_AWAITING)
+		return 1; /* more of the request (or a pipelined one) */
+	__u64 now = bpf_ktime_get_ns();
+	st->phase = PHASE_AWAITING;
+	st->turn += 1;
+	st->req_ns = now;
+	st->head_len = 0;
+	st->rcv_end = s.ack; /* what was received before this request */
+	if (st->resp & RESP_INFLIGHT) {
+		__u64 cookie = bpf_get_socket_cookie(skb);
+		struct inflight_turn *f = bpf_map_lookup_elem(&inflight, &cookie);
+		__u32 probe = (st->turn == 1 && (st->flags & SOCK_PROBE)) ? INFLIGHT_PROBE : 0;
+		if (f) {
+			f->turn = st->turn;
+			f->round = st->round;
+			f->flags = probe;
+			f->req_ns = now;
+		} else {
+			struct inflight_turn n = {.turn = st->turn, .round = st->round, .flags = probe,
+						  .req_ns = now, .cgroup_id = st->cgroup_id};
+			__builtin_memcpy(&n.dest, &st->dest, sizeof(n.dest));
+			bpf_map_update_elem(&inflight, &cookie, &n, BPF_NOEXIST);
+		}
+	}
+	return 1;
+}
+
+#define STATUS_LINE 12 /* "HTTP/1.1 503" */
+
+/* http_status parses the status line's start: "HTTP/1.x NNN" (0: not one). */
+static __always_inline __u32 http_status(const __u8 *h)
+{
+	if (h[0] != 'H' || h[1] != 'T' || h[2] != 'T' || h[3] != 'P' || h[4] != '/' || h[5] != '1' ||
+	    h[6] != '.' || h[8] != ' ')
+		return 0;
+	__u32 d0 = h[9] - '0', d1 = h[10] - '0', d2 = h[11] - '0';
+	if (d0 < 1 || d0 > 5 || d1 > 9 || d2 > 9)
+		return 0;
+	return d0 * 100 + d1 * 10 + d2;
+}
+
+SEC("cgroup_skb/ingress")
+int resp_ingress(struct __sk_buff *skb)
+{
+	struct sock_state *st = followed(skb);
+	if (!st || st->phase != PHASE_AWAITING)
+		return 1; /* in a response, or no request: nothing to read */
+	struct segment s;
+	if (!tcp_segment(skb, &s))
+		return 1;
+	__u32 skip = 0;
+	__s32 old = (__s32)(st->rcv_end - s.seq);
+	if (old > 0) {
+		if ((__u32)old >= s.len)
+			return 1; /* received before the request */
+		skip = (__u32)old;
+	}
+	__u64 now = bpf_ktime_get_ns();
+	__u64 cookie = bpf_get_socket_cookie(skb);
+	if (st->head_len == 0) {
+		st->first_ns = now;
+		if (st->resp & RESP_INFLIGHT) {
+			struct inflight_turn *f = bpf_map_lookup_elem(&inflight, &cookie);
+			if (f)
+				f->req_ns = 0;
+		}
+	}
+	__u32 status = 0;
+	__u8 flags = 0;
+	if (st->resp & RESP_HTTP) {
+		/* Collect the status line's first 12 bytes, across segments. */
+		__u32 have = st->head_len & 15;
+		if (have >= STATUS_LINE)
+			return 1;
+		__u32 n = s.len - skip;
+		if (n > STATUS_LINE - have)
+			n = STATUS_LINE - have;
+		if (have == 0 && n == STATUS_LINE) {
+			/* The usual case: the whole status line's start in this
+			 * segment, one load of constant size. */
+			if (bpf_skb_load_bytes(skb, s.off + skip, st->head, STATUS_LINE))
+				return 1;
+		} else {
+			/* Split across segments: byte by byte (a load of variable
+			 * size loses its bounds on 6.1's verifier). */
+#pragma unroll
+			for (int i = 0; i < STATUS_LINE; i++)
+				if ((__u32)i < n &&
+				    bpf_skb_load_bytes(skb, s.off + skip + i, &st->head[(have + i) & 15], 1))
+					return 1;
+		}
+		st->head_len = (__u8)(have + n);
+		st->rcv_end = s.seq + skip + n;
+		if (have + n < STATUS_LINE)
+			return 1; /* the status line goes on in the next segment */
+		status = http_status(st->head);
+		if (status)
+			flags |= EVENT_HTTP;
+	}
+	st->phase = PHASE_RESPONDING;
+	if (st->turn == 1)
+		flags |= probe_flag(st);
+	__u64 took = st->first_ns - st->req_ns;
+	__u32 wake = LAZY;
+	if ((flags & EVENT_PROBE) || status >= 400 || ((st->resp & RESP_HTTP) && !status)) {
+		wake = WAKE;
+	} else {
+		__u32 zero = 0;
+		struct settings *c = bpf_map_lookup_elem(&config, &zero);
+		if (c && c->wake_slow_ns && took >= c->wake_slow_ns)
+			wake = WAKE;
+	}
+	emit(&st->dest, OUTCOME_RESPONSE, flags, took, st->turn, status, st->round, cookie,
+	     st->cgroup_id, st->first_ns, wake);
 	return 1;
 }

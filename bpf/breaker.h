@@ -139,7 +139,35 @@ struct limit {
 	__u32 max_connections; /* connecting + established sockets */
 	__u32 max_connecting;  /* sockets in SYN_SENT */
 	__u16 reject_errno;    /* errno a connect over the limit sees */
-	__u16 _pad;
+	__u16 responses;       /* enum response_flags: follow this destination's responses */
+};
+
+/* What connect marks a socket to a destination with response options for
+ * (limit.responses; an entry with both limits 0 only marks). The
+ * cgroup_skb programs follow such sockets' request/response turns. */
+enum response_flags {
+	RESP_TIMED = 1 << 0,    /* time each turn: first request byte to first response byte */
+	RESP_HTTP = 1 << 1,     /* read the HTTP/1.x status line at the start of each response */
+	RESP_INFLIGHT = 1 << 2, /* keep the socket's turn in the inflight map (response_timeout) */
+};
+
+enum inflight_flags {
+	INFLIGHT_PROBE = 1 << 0, /* the turn is a half-open probe's first: its result */
+};
+
+/* Value of the inflight map (key: socket cookie), one entry per socket of a
+ * destination with RESP_INFLIGHT, made at its first request and removed
+ * when it closes. The kernel cannot time a turn out by itself: the daemon
+ * scans this map every tick and counts a turn whose request waited longer
+ * than response_timeout. req_ns is written in one store, so the daemon
+ * reads it whole; 0 while no request awaits its first response byte. */
+struct inflight_turn {
+	struct dest_key dest;
+	__u32 turn;         /* the turn's number on its socket (1, 2, …) */
+	__u32 round;        /* with INFLIGHT_PROBE: the half-open round that admitted the socket */
+	__u32 flags;        /* enum inflight_flags */
+	__u64 req_ns;       /* bpf_ktime_get_ns() of the turn's first request byte; 0: none awaits */
+	__u64 cgroup_id;    /* cgroup the socket was created in */
 };
 
 /* Live socket counts of one bulkhead slot, kept exact by the socket
@@ -170,6 +198,12 @@ enum outcome {
 	OUTCOME_SYN_RETRANS = 8, /* early: the first SYN was retransmitted */
 	OUTCOME_ERROR = 9,       /* connect failed with another errno (err) */
 	OUTCOME_PROBE_ROUND = 10, /* kernel admitted the first probe of a round (no socket) */
+	OUTCOME_RESPONSE = 11,    /* first byte of a response: duration = since the request's
+				   * first byte, ts_ns = the byte's arrival, count = turn,
+				   * err = HTTP status (EVENT_HTTP) */
+	OUTCOME_NO_RESPONSE = 12, /* the connection ended while a request awaited its first
+				   * response byte: duration = how long it waited, count =
+				   * turn, err = the socket's errno, EVENT_PEER_CLOSED */
 };
 
 enum event_flags {
@@ -177,6 +211,8 @@ enum event_flags {
 	EVENT_NO_AGE = 1 << 1, /* duration_ns is unknown (0): a reset of a socket the
 				* kernel kept no start time for; the daemon dates it
 				* by the socket's established record (cookie) */
+	EVENT_HTTP = 1 << 2,   /* a response whose err holds a parsed HTTP/1.x status */
+	EVENT_PEER_CLOSED = 1 << 3, /* no_response: the peer closed or reset the connection */
 };
 
 /* One ring buffer record per outcome: 64 bytes, fixed. Records that need a
@@ -188,7 +224,7 @@ struct event {
 	struct dest_key dest;
 	__u8 outcome; /* enum outcome */
 	__u8 flags;   /* enum event_flags */
-	__u16 err;    /* the socket's errno, when it failed */
+	__u16 err;    /* the socket's errno, when it failed; a response's HTTP status */
 	__u32 count;  /* RTOs for stalled */
 	__u32 round;  /* probes and probe-round records: the half-open round */
 	__u64 duration_ns;

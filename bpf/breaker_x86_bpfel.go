@@ -71,9 +71,27 @@ type BreakerEvent struct {
 type BreakerEventFlags uint32
 
 const (
-	BreakerEventFlagsEVENT_PROBE  BreakerEventFlags = 1
-	BreakerEventFlagsEVENT_NO_AGE BreakerEventFlags = 2
+	BreakerEventFlagsEVENT_PROBE       BreakerEventFlags = 1
+	BreakerEventFlagsEVENT_NO_AGE      BreakerEventFlags = 2
+	BreakerEventFlagsEVENT_HTTP        BreakerEventFlags = 4
+	BreakerEventFlagsEVENT_PEER_CLOSED BreakerEventFlags = 8
 )
+
+type BreakerInflightFlags uint32
+
+const (
+	BreakerInflightFlagsINFLIGHT_PROBE BreakerInflightFlags = 1
+)
+
+type BreakerInflightTurn struct {
+	_        structs.HostLayout
+	Dest     BreakerDestKey
+	Turn     uint32
+	Round    uint32
+	Flags    uint32
+	ReqNs    uint64
+	CgroupId uint64
+}
 
 type BreakerLimit struct {
 	_              structs.HostLayout
@@ -81,7 +99,7 @@ type BreakerLimit struct {
 	MaxConnections uint32
 	MaxConnecting  uint32
 	RejectErrno    uint16
-	Pad            uint16
+	Responses      uint16
 }
 
 type BreakerOutcome uint32
@@ -97,6 +115,8 @@ const (
 	BreakerOutcomeOUTCOME_SYN_RETRANS BreakerOutcome = 8
 	BreakerOutcomeOUTCOME_ERROR       BreakerOutcome = 9
 	BreakerOutcomeOUTCOME_PROBE_ROUND BreakerOutcome = 10
+	BreakerOutcomeOUTCOME_RESPONSE    BreakerOutcome = 11
+	BreakerOutcomeOUTCOME_NO_RESPONSE BreakerOutcome = 12
 )
 
 type BreakerOverride struct {
@@ -123,6 +143,14 @@ type BreakerProbeBudget struct {
 	Word uint64
 }
 
+type BreakerResponseFlags uint32
+
+const (
+	BreakerResponseFlagsRESP_TIMED    BreakerResponseFlags = 1
+	BreakerResponseFlagsRESP_HTTP     BreakerResponseFlags = 2
+	BreakerResponseFlagsRESP_INFLIGHT BreakerResponseFlags = 4
+)
+
 type BreakerSettings struct {
 	_           structs.HostLayout
 	HeartbeatNs uint64
@@ -142,6 +170,18 @@ type BreakerSockState struct {
 	Bulk     uint32
 	BulkSlot uint32
 	Round    uint32
+	Resp     uint32
+	Turn     uint32
+	ReqNs    uint64
+	FirstNs  uint64
+	SndEnd   uint32
+	RcvEnd   uint32
+	Head     [16]uint8
+	Phase    uint8
+	HeadLen  uint8
+	Seq      uint8
+	Pad0     uint8
+	Pad1     uint32
 }
 
 type BreakerStatIndex uint32
@@ -187,6 +227,7 @@ const (
 	BreakerMapCounters            = "counters"
 	BreakerMapEvents              = "events"
 	BreakerMapHandoff             = "handoff"
+	BreakerMapInflight            = "inflight"
 	BreakerMapLimits              = "limits"
 	BreakerMapOverrides           = "overrides"
 	BreakerMapProbeBudgets        = "probe_budgets"
@@ -198,6 +239,8 @@ const (
 	BreakerProgConnect6           = "connect6"
 	BreakerProgObserve            = "observe"
 	BreakerProgResetSeen          = "reset_seen"
+	BreakerProgRespEgress         = "resp_egress"
+	BreakerProgRespIngress        = "resp_ingress"
 	BreakerProgSendmsg4           = "sendmsg4"
 	BreakerProgSendmsg6           = "sendmsg6"
 	BreakerProgSockRelease        = "sock_release"
@@ -208,9 +251,11 @@ const (
 	BreakerVarUnusedEvent         = "unused_event"
 	BreakerVarUnusedEventFlags    = "unused_event_flags"
 	BreakerVarUnusedHandoff       = "unused_handoff"
+	BreakerVarUnusedInflightFlags = "unused_inflight_flags"
 	BreakerVarUnusedLimit         = "unused_limit"
 	BreakerVarUnusedOutcome       = "unused_outcome"
 	BreakerVarUnusedOverrideState = "unused_override_state"
+	BreakerVarUnusedResponseFlags = "unused_response_flags"
 	BreakerVarUnusedStat          = "unused_stat"
 	BreakerVarUnusedState         = "unused_state"
 	BreakerVarUnusedWorkload      = "unused_workload"
@@ -262,6 +307,8 @@ type BreakerProgramSpecs struct {
 	Connect6    *ebpf.ProgramSpec `ebpf:"connect6"`
 	Observe     *ebpf.ProgramSpec `ebpf:"observe"`
 	ResetSeen   *ebpf.ProgramSpec `ebpf:"reset_seen"`
+	RespEgress  *ebpf.ProgramSpec `ebpf:"resp_egress"`
+	RespIngress *ebpf.ProgramSpec `ebpf:"resp_ingress"`
 	Sendmsg4    *ebpf.ProgramSpec `ebpf:"sendmsg4"`
 	Sendmsg6    *ebpf.ProgramSpec `ebpf:"sendmsg6"`
 	SockRelease *ebpf.ProgramSpec `ebpf:"sock_release"`
@@ -276,6 +323,7 @@ type BreakerMapSpecs struct {
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
 	Events       *ebpf.MapSpec `ebpf:"events"`
 	Handoff      *ebpf.MapSpec `ebpf:"handoff"`
+	Inflight     *ebpf.MapSpec `ebpf:"inflight"`
 	Limits       *ebpf.MapSpec `ebpf:"limits"`
 	Overrides    *ebpf.MapSpec `ebpf:"overrides"`
 	ProbeBudgets *ebpf.MapSpec `ebpf:"probe_budgets"`
@@ -296,9 +344,11 @@ type BreakerVariableSpecs struct {
 	UnusedEvent         *ebpf.VariableSpec `ebpf:"unused_event"`
 	UnusedEventFlags    *ebpf.VariableSpec `ebpf:"unused_event_flags"`
 	UnusedHandoff       *ebpf.VariableSpec `ebpf:"unused_handoff"`
+	UnusedInflightFlags *ebpf.VariableSpec `ebpf:"unused_inflight_flags"`
 	UnusedLimit         *ebpf.VariableSpec `ebpf:"unused_limit"`
 	UnusedOutcome       *ebpf.VariableSpec `ebpf:"unused_outcome"`
 	UnusedOverrideState *ebpf.VariableSpec `ebpf:"unused_override_state"`
+	UnusedResponseFlags *ebpf.VariableSpec `ebpf:"unused_response_flags"`
 	UnusedStat          *ebpf.VariableSpec `ebpf:"unused_stat"`
 	UnusedState         *ebpf.VariableSpec `ebpf:"unused_state"`
 	UnusedWorkload      *ebpf.VariableSpec `ebpf:"unused_workload"`
@@ -329,6 +379,7 @@ type BreakerMaps struct {
 	Counters     *ebpf.Map `ebpf:"counters"`
 	Events       *ebpf.Map `ebpf:"events"`
 	Handoff      *ebpf.Map `ebpf:"handoff"`
+	Inflight     *ebpf.Map `ebpf:"inflight"`
 	Limits       *ebpf.Map `ebpf:"limits"`
 	Overrides    *ebpf.Map `ebpf:"overrides"`
 	ProbeBudgets *ebpf.Map `ebpf:"probe_budgets"`
@@ -345,6 +396,7 @@ func (m *BreakerMaps) Close() error {
 		m.Counters,
 		m.Events,
 		m.Handoff,
+		m.Inflight,
 		m.Limits,
 		m.Overrides,
 		m.ProbeBudgets,
@@ -366,9 +418,11 @@ type BreakerVariables struct {
 	UnusedEvent         *ebpf.Variable `ebpf:"unused_event"`
 	UnusedEventFlags    *ebpf.Variable `ebpf:"unused_event_flags"`
 	UnusedHandoff       *ebpf.Variable `ebpf:"unused_handoff"`
+	UnusedInflightFlags *ebpf.Variable `ebpf:"unused_inflight_flags"`
 	UnusedLimit         *ebpf.Variable `ebpf:"unused_limit"`
 	UnusedOutcome       *ebpf.Variable `ebpf:"unused_outcome"`
 	UnusedOverrideState *ebpf.Variable `ebpf:"unused_override_state"`
+	UnusedResponseFlags *ebpf.Variable `ebpf:"unused_response_flags"`
 	UnusedStat          *ebpf.Variable `ebpf:"unused_stat"`
 	UnusedState         *ebpf.Variable `ebpf:"unused_state"`
 	UnusedWorkload      *ebpf.Variable `ebpf:"unused_workload"`
@@ -382,6 +436,8 @@ type BreakerPrograms struct {
 	Connect6    *ebpf.Program `ebpf:"connect6"`
 	Observe     *ebpf.Program `ebpf:"observe"`
 	ResetSeen   *ebpf.Program `ebpf:"reset_seen"`
+	RespEgress  *ebpf.Program `ebpf:"resp_egress"`
+	RespIngress *ebpf.Program `ebpf:"resp_ingress"`
 	Sendmsg4    *ebpf.Program `ebpf:"sendmsg4"`
 	Sendmsg6    *ebpf.Program `ebpf:"sendmsg6"`
 	SockRelease *ebpf.Program `ebpf:"sock_release"`
@@ -393,6 +449,8 @@ func (p *BreakerPrograms) Close() error {
 		p.Connect6,
 		p.Observe,
 		p.ResetSeen,
+		p.RespEgress,
+		p.RespIngress,
 		p.Sendmsg4,
 		p.Sendmsg6,
 		p.SockRelease,

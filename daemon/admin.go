@@ -168,7 +168,7 @@ func (d *Daemon) complete(s circuitSnap) CircuitInfo {
 }
 
 func optionsMap(o *policy.Options) map[string]any {
-	return map[string]any{
+	m := map[string]any{
 		"failure_rate_threshold": o.FailureRateThreshold, "window_size": o.WindowSize, "window_duration": o.WindowDuration.String(),
 		"min_requests": o.MinRequests, "consecutive_failures": o.ConsecutiveFailures, "slow_call_duration": o.SlowCallDuration.String(),
 		"slow_call_rate_threshold": o.SlowCallRateThreshold, "connect_timeout": o.ConnectTimeout.String(), "open_duration": o.OpenDuration.String(),
@@ -178,6 +178,8 @@ func optionsMap(o *policy.Options) map[string]any {
 		"max_connections": o.MaxConnections, "max_connecting": o.MaxConnecting, "bulkhead_reject_errno": policy.ErrnoName(o.BulkheadRejectErrno),
 		"close_established": o.CloseEstablished,
 	}
+	responseOptions(m, &o.Responses)
+	return m
 }
 
 // CircuitsPage returns up to limit circuits (1..PageSize; other values

@@ -499,7 +499,7 @@ func (d *Daemon) attach(c *circuit, dst maps.Dest) {
 	}
 	d.reg.byDest[dst.Compact()] = c
 	d.reg.version++
-	if o := c.machine.Options(); o.HasLimits() {
+	if o := c.machine.Options(); needsLimitEntry(o) {
 		d.writeLimit(c, dst)
 	}
 	if s := c.machine.State(); s.Rejects() {
@@ -514,14 +514,14 @@ func (d *Daemon) writeLimit(c *circuit, dst maps.Dest) {
 		return
 	}
 	o := c.machine.Options()
-	if !o.HasLimits() {
+	if !needsLimitEntry(o) {
 		d.deleteLimits(c, dst)
 		d.syncBulkSlots(c)
 		return
 	}
 	d.syncBulkSlots(c)
-	for _, e := range d.bulkheadEntries(c, dst) {
-		l := maps.Limit{Slot: e.slot, MaxConnections: uint32(o.MaxConnections), MaxConnecting: uint32(o.MaxConnecting), Errno: o.BulkheadRejectErrno}
+	for _, e := range d.limitEntries(c, dst) {
+		l := limitOf(e.slot, o)
 		if err := d.k.PutLimit(e.dst, l); err != nil {
 			d.metrics.verdictWriteErrors.Inc()
 			d.log.Error("writing bulkhead limits (not enforced for this destination)", "circuit", c.name(), "dest", e.dst, "err", err)

@@ -100,14 +100,21 @@ type Daemon struct {
 	reg      *registry
 	pending  map[uint64]pendingConn // connecting sockets seen retransmitting SYNs, by cookie
 	counted  map[uint64]bool        // sockets already counted as timed out
-	events   eventRing
-	recent   recentConns              // established connections by cookie, to date their resets
-	warmSum  uintptr                  // see warm
-	retired  map[string]maps.Counters // kernel counts of dropped circuits, by target
-	ready    bool
-	admin    net.Addr      // the admin API's TCP address, once listening
-	problems maps.Problems // what Check found last (nil: protection intact)
-	servers  *adminServers // opened by New, served by Run
+	timedOut map[uint64]timedOut    // turns counted at response_timeout, by cookie (responses.go)
+	awaiting []maps.Awaiting        // the last scan of the inflight map (reused)
+	// respSince: turns that began before the response programs were last
+	// attached are not counted; respTimeouts: some target has a
+	// response_timeout, so the tick scans the inflight map.
+	respSince    time.Duration
+	respTimeouts bool
+	events       eventRing
+	recent       recentConns              // established connections by cookie, to date their resets
+	warmSum      uintptr                  // see warm
+	retired      map[string]maps.Counters // kernel counts of dropped circuits, by target
+	ready        bool
+	admin        net.Addr      // the admin API's TCP address, once listening
+	problems     maps.Problems // what Check found last (nil: protection intact)
+	servers      *adminServers // opened by New, served by Run
 
 	lastSweep time.Time
 	// runCtx is Run's context once it runs: a reload's lookups end with it.
@@ -205,7 +212,7 @@ func New(opts Options) (*Daemon, error) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	d := &Daemon{
 		opts: opts, log: opts.Logger, rand: rng.Float64,
-		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{},
+		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{},
 		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{}, retired: map[string]maps.Counters{},
 		endpointIdle: endpointIdle, closeJobs: make(chan closeJob, closeQueue),
 	}
@@ -215,7 +222,9 @@ func New(opts Options) (*Daemon, error) {
 		lock.Close()
 		return nil, err
 	}
-	k, err := maps.Load(maps.Options{Dir: opts.BPFFS, Cgroup: opts.Cgroup, Lock: lock, Logger: opts.Logger, MaxWorkloadCgroups: opts.MaxWorkloadCgroups})
+	d.respSince = maps.Now()
+	k, err := maps.Load(maps.Options{Dir: opts.BPFFS, Cgroup: opts.Cgroup, Lock: lock, Logger: opts.Logger, MaxWorkloadCgroups: opts.MaxWorkloadCgroups,
+		Responses: followsResponses(cfg)})
 	if err != nil {
 		srv.shutdown()
 		return nil, fmt.Errorf("loading the kernel side: %w", err)
@@ -425,6 +434,10 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 		}
 		known = d.reg.made == made
 	}
+	if ev.Outcome == maps.Response || ev.Outcome == maps.NoResponse {
+		d.handleResponse(c, ev, now)
+		return
+	}
 	tm := c.metrics
 	tm.outcome(ev.Outcome).Inc()
 	if ev.Outcome == maps.SYNRetrans {
@@ -446,6 +459,9 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 		tm.handshake.Observe(ev.Duration.Seconds())
 		if c.machine.Options().ResetFailureWindow > 0 {
 			d.recent.add(ev.Cookie, ev.Time)
+		}
+		if c.machine.Options().Responses.Followed() {
+			return // its requests are the calls (and a probe's first response its result)
 		}
 	case maps.Abandoned:
 		r = policy.Result{Kind: policy.Abandoned, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
@@ -563,6 +579,7 @@ func (d *Daemon) tick(now time.Time) {
 	if len(d.counted) > 100000 {
 		clear(d.counted) // final records of those sockets were lost
 	}
+	d.scanResponseTimeouts(now)
 	for c := range d.reg.active { // only a half-open circuit has timers
 		if t, moved := c.machine.Tick(now); moved {
 			d.apply(c, t)
@@ -617,6 +634,10 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 	d.cfg = cfg
 	d.classes = cfg.Classes()
 	d.ensureCloser(cfg)
+	d.respTimeouts = hasResponseTimeouts(cfg)
+	if old != nil {
+		d.setResponses(cfg)
+	}
 	// The kernel's workloads map first: cgroups of a newly selected
 	// workload are protected before the settings say scoped.
 	d.scope.apply(cfg)
@@ -737,14 +758,14 @@ func (d *Daemon) classList() []uint8 {
 	return out
 }
 
-// hasLimits reports whether any circuit of cfg has a bulkhead; only then
-// does connect look destinations up in the limits map.
+// hasLimits reports whether any circuit of cfg has a bulkhead or follows
+// responses; only then does connect look destinations up in the limits map.
 func hasLimits(cfg *policy.Config) bool {
 	if cfg.All.HasLimits() {
 		return true
 	}
 	for _, t := range cfg.Targets {
-		if t.Options.HasLimits() {
+		if needsLimitEntry(&t.Options) {
 			return true
 		}
 	}

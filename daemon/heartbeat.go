@@ -288,5 +288,8 @@ func minSlowCall(cfg *policy.Config) time.Duration {
 			m = s
 		}
 	}
+	if s := minSlowResponse(cfg); s > 0 && (m == 0 || s < m) {
+		m = s
+	}
 	return m
 }

@@ -155,15 +155,15 @@ func (d *Daemon) reconcileLimits() error {
 	for c := range d.reg.all() {
 		d.syncBulkSlots(c)
 		o := c.machine.Options()
-		if !o.HasLimits() {
+		if !needsLimitEntry(o) {
 			continue
 		}
 		for _, dst := range c.dests() {
 			if dst.Proto != maps.TCP {
 				continue
 			}
-			for _, e := range d.bulkheadEntries(c, dst) {
-				want[e.dst] = maps.Limit{Slot: e.slot, MaxConnections: uint32(o.MaxConnections), MaxConnecting: uint32(o.MaxConnecting), Errno: o.BulkheadRejectErrno}
+			for _, e := range d.limitEntries(c, dst) {
+				want[e.dst] = limitOf(e.slot, o)
 			}
 		}
 	}

@@ -33,13 +33,19 @@ const (
 	SYNRetrans  = Outcome(bpf.BreakerOutcomeOUTCOME_SYN_RETRANS)
 	Error       = Outcome(bpf.BreakerOutcomeOUTCOME_ERROR)
 	ProbeRound  = Outcome(bpf.BreakerOutcomeOUTCOME_PROBE_ROUND)
+	// Response is the first byte of a response (Duration: since its
+	// request's first byte; Count: the turn; Status with HTTP).
+	Response = Outcome(bpf.BreakerOutcomeOUTCOME_RESPONSE)
+	// NoResponse is a connection that ended while a request awaited its
+	// first response byte (PeerClosed: the peer closed or reset it).
+	NoResponse = Outcome(bpf.BreakerOutcomeOUTCOME_NO_RESPONSE)
 )
 
 var outcomeNames = [...]string{
 	Established: "established", Refused: "refused", TimedOut: "timed_out",
 	Unreachable: "unreachable", Reset: "reset", Stalled: "stalled",
 	Abandoned: "abandoned", SYNRetrans: "syn_retransmit", Error: "error",
-	ProbeRound: "probe_round",
+	ProbeRound: "probe_round", Response: "response", NoResponse: "no_response",
 }
 
 // String returns the outcome's metric label (refused, timed_out, …).
@@ -62,6 +68,14 @@ type Event struct {
 	// kernel kept no start time for. Its established record (same Cookie)
 	// dates it.
 	NoAge bool
+	// HTTP is set on a Response whose HTTP/1.x status line was read:
+	// Status holds it.
+	HTTP bool
+	// Status is a Response's HTTP status (with HTTP).
+	Status uint16
+	// PeerClosed is set on a NoResponse when the peer closed or reset the
+	// connection (not the application giving up).
+	PeerClosed bool
 	// Round is the half-open round of a probe or of a ProbeRound record.
 	Round uint32
 	// Count is the number of RTOs (stalled, syn_retransmit).
@@ -75,7 +89,8 @@ type Event struct {
 	// Cookie is the socket cookie; CgroupID the cgroup of the process that
 	// connected.
 	Cookie, CgroupID uint64
-	// Time is when it happened, on the Now clock.
+	// Time is when it happened, on the Now clock (a Response: when its
+	// first byte came, so its request left at Time - Duration).
 	Time time.Duration
 }
 
@@ -99,7 +114,12 @@ func DecodeEvent(b []byte, e *Event) error {
 	e.Outcome = Outcome(b[20])
 	e.Probe = b[21]&uint8(bpf.BreakerEventFlagsEVENT_PROBE) != 0
 	e.NoAge = b[21]&uint8(bpf.BreakerEventFlagsEVENT_NO_AGE) != 0
-	e.Err = syscall.Errno(le.Uint16(b[22:24]))
+	e.HTTP = b[21]&uint8(bpf.BreakerEventFlagsEVENT_HTTP) != 0
+	e.PeerClosed = b[21]&uint8(bpf.BreakerEventFlagsEVENT_PEER_CLOSED) != 0
+	e.Err, e.Status = syscall.Errno(le.Uint16(b[22:24])), 0
+	if e.Outcome == Response {
+		e.Err, e.Status = 0, le.Uint16(b[22:24])
+	}
 	e.Count = le.Uint32(b[24:28])
 	e.Round = le.Uint32(b[28:32])
 	e.Duration = time.Duration(le.Uint64(b[32:40]))

@@ -51,6 +51,7 @@ func (k *Kernel) mapPins() map[string]*ebpf.Map {
 		bpf.BreakerMapLimits: k.objs.Limits, bpf.BreakerMapBulk: k.objs.Bulk, bpf.BreakerMapStats: k.objs.Stats,
 		bpf.BreakerMapEvents: k.objs.Events, bpf.BreakerMapSocks: k.objs.Socks, bpf.BreakerMapProbeBudgets: k.objs.ProbeBudgets,
 		bpf.BreakerMapOverrides: k.objs.Overrides, bpf.BreakerMapWorkloads: k.objs.Workloads, bpf.BreakerMapHandoff: k.objs.Handoff,
+		bpf.BreakerMapInflight: k.objs.Inflight,
 	}
 }
 
@@ -161,6 +162,9 @@ func (k *Kernel) Repair() error {
 			for _, h := range hooks {
 				if h.optional && k.links[h.name] == nil {
 					continue // not needed so far
+				}
+				if h.responses && !k.responses {
+					continue
 				}
 				l, err := attachLink(k.cgroup, h, h.prog(&k.objs))
 				if err != nil {

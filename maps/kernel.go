@@ -68,7 +68,7 @@ import (
 // of the pin directory; bump it whenever bpf/breaker.h or a map definition
 // in bpf/breaker.c changes (TestLayoutVersionMatchesLayout fails until
 // then).
-const LayoutVersion = 6
+const LayoutVersion = 7
 
 // DefaultDir is the default bpffs directory for breakerd's pins.
 const DefaultDir = "/sys/fs/bpf/breakerd"
@@ -97,6 +97,10 @@ type Options struct {
 	Lock *DirLock
 	// Logger receives load and adoption messages (default slog.Default()).
 	Logger *slog.Logger
+	// Responses attaches the response programs (cgroup_skb ingress and
+	// egress) too: some target has response options. Without it they are
+	// not attached, and a pinned link of theirs is detached.
+	Responses bool
 }
 
 // Features is what the running kernel offers breakerd, probed at load.
@@ -116,10 +120,11 @@ type Kernel struct {
 	features Features
 	log      *slog.Logger
 
-	mu       sync.Mutex // guards links, cgroup, cgroupID
-	links    map[string]link.Link
-	cgroup   string
-	cgroupID uint64
+	mu        sync.Mutex // guards links, cgroup, cgroupID, responses
+	links     map[string]link.Link
+	cgroup    string
+	cgroupID  uint64
+	responses bool // the response hooks are wanted (SetResponses)
 }
 
 type hook struct {
@@ -129,18 +134,22 @@ type hook struct {
 	// optional: attached only once something needs it (see
 	// Kernel.ensureHook), and from then on kept while the pins live.
 	optional bool
+	// responses: attached only while some target has response options.
+	responses bool
 }
 
 var hooks = []hook{
-	{"connect4", ebpf.AttachCGroupInet4Connect, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Connect4 }, false},
-	{"connect6", ebpf.AttachCGroupInet6Connect, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Connect6 }, false},
-	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Sendmsg4 }, false},
-	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Sendmsg6 }, false},
-	{"sockops", ebpf.AttachCGroupSockOps, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Observe }, false},
+	{"connect4", ebpf.AttachCGroupInet4Connect, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Connect4 }, false, false},
+	{"connect6", ebpf.AttachCGroupInet6Connect, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Connect6 }, false, false},
+	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Sendmsg4 }, false, false},
+	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Sendmsg6 }, false, false},
+	{"sockops", ebpf.AttachCGroupSockOps, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Observe }, false, false},
 	// sock_release gives back what a socket holds in a bulkhead; every
 	// connection pays for its call, so it is attached only with bulkhead
 	// limits (before the first one is written) and stays attached.
-	{"sock_release", ebpf.AttachCgroupInetSockRelease, func(o *bpf.BreakerObjects) *ebpf.Program { return o.SockRelease }, true},
+	{"sock_release", ebpf.AttachCgroupInetSockRelease, func(o *bpf.BreakerObjects) *ebpf.Program { return o.SockRelease }, true, false},
+	{"resp_egress", ebpf.AttachCGroupInetEgress, func(o *bpf.BreakerObjects) *ebpf.Program { return o.RespEgress }, false, true},
+	{"resp_ingress", ebpf.AttachCGroupInetIngress, func(o *bpf.BreakerObjects) *ebpf.Program { return o.RespIngress }, false, true},
 }
 
 func hookNames() []string {
@@ -259,7 +268,7 @@ func Load(opts Options) (_ *Kernel, err error) {
 		}
 	}
 	dir := PinDir(opts.Dir)
-	k := &Kernel{dir: dir, lock: lock, links: map[string]link.Link{}, features: ProbeFeatures(), log: log}
+	k := &Kernel{dir: dir, lock: lock, links: map[string]link.Link{}, features: ProbeFeatures(), log: log, responses: opts.Responses}
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		k.fresh = true
 	}
@@ -360,6 +369,12 @@ func (k *Kernel) attach(cgroup string) error {
 	for _, h := range hooks {
 		prog := h.prog(&k.objs)
 		pin := filepath.Join(k.dir, "link_"+h.name)
+		if h.responses && !k.responses {
+			if err := detachPinned(pin); err != nil {
+				return fmt.Errorf("detaching %s: %w", h.name, err)
+			}
+			continue
+		}
 		if h.optional && !k.needs(h, pin) {
 			continue
 		}

@@ -167,7 +167,7 @@ func TestUninstallRemovesOnlyBreakerdPins(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Someone else's pins next to ours, named like a layout.
-	foreign := filepath.Join(e.opts.Dir, "v7")
+	foreign := filepath.Join(e.opts.Dir, "v99")
 	if err := os.Mkdir(foreign, 0o700); err != nil {
 		t.Fatal(err)
 	}

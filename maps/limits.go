@@ -23,6 +23,9 @@ type Limit struct {
 	MaxConnecting uint32
 	// Errno is what a connect over a limit sees (0: EAGAIN).
 	Errno syscall.Errno
+	// Responses marks the destination's sockets for the response programs
+	// (an entry with both limits 0 and Responses set only marks).
+	Responses ResponseFlags
 }
 
 // PutLimit writes d's limits. Settings.Limits must be on for connect to
@@ -37,7 +40,7 @@ func (k *Kernel) PutLimit(d Dest, l Limit) error {
 		return fmt.Errorf("writing limits for %s: %w", d, err)
 	}
 	key := d.Key()
-	raw := bpf.BreakerLimit{Slot: l.Slot, MaxConnections: l.MaxConnections, MaxConnecting: l.MaxConnecting, RejectErrno: uint16(l.Errno)}
+	raw := bpf.BreakerLimit{Slot: l.Slot, MaxConnections: l.MaxConnections, MaxConnecting: l.MaxConnecting, RejectErrno: uint16(l.Errno), Responses: uint16(l.Responses)}
 	if err := k.objs.Limits.Put(&key, &raw); err != nil {
 		return fmt.Errorf("writing limits for %s: %w", d, err)
 	}

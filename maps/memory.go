@@ -51,8 +51,9 @@ const (
 	limitEntry      = htabElem + 24 + 16 + htabBucket // key 20 -> 24, value 16
 	overrideEntry   = htabElem + 128 + 8 + htabBucket // key 128 (a circuit name), value 8
 	maxOverrides    = 4096
-	workloadEntry   = htabElem + 8 + 8 + htabBucket // key 8 (a cgroup id), value 8
-	handoffBytes    = 16                            // per CPU
+	workloadEntry   = htabElem + 8 + 8 + htabBucket  // key 8 (a cgroup id), value 8
+	inflightEntry   = htabElem + 8 + 48 + htabBucket // key 8 (a socket cookie), value 48
+	handoffBytes    = 16                             // per CPU
 	counterEntry    = 40
 	bulkEntry       = 16
 	budgetEntry     = 8
@@ -71,15 +72,16 @@ const (
 //	bulk           MaxCircuitIDs × 16 B      (4 MiB)
 //	probe_budgets  MaxCircuitIDs × 8 B       (2 MiB)
 //	workloads      MaxWorkloadCgroups × 88 B (5.5 MiB)
+//	inflight       MaxInflight × 128 B       (8 MiB)
 //	events         4 MiB ring buffer
-//	stats          8 × 8 B × cpus, plus 4 × 32 B × cpus of hash-map locks
+//	stats          8 × 8 B × cpus, plus 5 × 32 B × cpus of hash-map locks
 //	handoff        16 B × cpus
 //
-// about 87 MiB whatever the CPU count (86.4 MiB at 2 CPUs, 86.5 MiB at
+// about 95 MiB whatever the CPU count (94.4 MiB at 2 CPUs, 94.5 MiB at
 // 256).
 // Kernels before 6.5 report a coarser figure in fdinfo (key plus value
 // times capacity), below this bound too. The
-// per-socket storage (socks) is not in it: it holds one small entry (56
+// per-socket storage (socks) is not in it: it holds one small entry (112
 // bytes of value plus the kernel's bookkeeping) per observed socket of the
 // protected cgroup, allocated as sockets are observed and freed with them.
 func MemoryBound(cpus int) uint64 {
@@ -87,7 +89,8 @@ func MemoryBound(cpus int) uint64 {
 		maxOverrides*overrideEntry +
 		MaxCircuitIDs*(counterEntry+bulkEntry+budgetEntry) +
 		MaxWorkloadCgroups*workloadEntry +
+		MaxInflight*inflightEntry +
 		ringBytes +
-		uint64(cpus)*(statEntries*8+4*perCPULockBytes+handoffBytes) +
+		uint64(cpus)*(statEntries*8+5*perCPULockBytes+handoffBytes) +
 		64<<10 // map headers, the config entry, the ring buffer's page array
 }

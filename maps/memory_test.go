@@ -12,6 +12,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/breakerd/breakerd/bpf"
 	"github.com/breakerd/breakerd/internal/kerneltest"
 )
 
@@ -20,7 +21,7 @@ import (
 const daemonSetLimit = 256 << 20
 
 // TestMapMemoryWithinBound fills the hash maps (verdicts, limits,
-// overrides) to capacity
+// overrides, workloads, inflight) to capacity
 // and reads what every map takes (memlock in fdinfo): it stays within
 // MemoryBound for this node's CPUs, and MemoryBound for a 256-CPU node
 // stays within half the DaemonSet's limit. scripts/vmtest also runs it in
@@ -67,6 +68,11 @@ func TestMapMemoryWithinBound(t *testing.T) {
 	}
 	for i := range uint64(MaxWorkloadCgroups) {
 		if err := k.PutWorkload(i+1, 1, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range uint64(MaxInflight) {
+		if err := k.objs.Inflight.Put(i+1, bpf.BreakerInflightTurn{ReqNs: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}

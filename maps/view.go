@@ -16,12 +16,12 @@ import (
 // with or without a daemon).
 type View struct {
 	verdicts, config, counters, stats, limits, bulk, budgets, overrides *ebpf.Map
-	workloads                                                           *ebpf.Map
+	workloads, inflight                                                 *ebpf.Map
 	closers                                                             []*ebpf.Map
 }
 
 func viewOf(o *bpf.BreakerObjects) View {
-	return View{verdicts: o.Verdicts, config: o.Config, counters: o.Counters, stats: o.Stats, limits: o.Limits, bulk: o.Bulk, budgets: o.ProbeBudgets, overrides: o.Overrides, workloads: o.Workloads}
+	return View{verdicts: o.Verdicts, config: o.Config, counters: o.Counters, stats: o.Stats, limits: o.Limits, bulk: o.Bulk, budgets: o.ProbeBudgets, overrides: o.Overrides, workloads: o.Workloads, inflight: o.Inflight}
 }
 
 // OpenPinned opens the pinned maps under dir (the base directory, like

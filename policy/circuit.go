@@ -46,13 +46,16 @@ const (
 	// before slow_call_duration, slow (or, with count_abandoned, failed)
 	// after.
 	Abandoned
+	// Answered: a response came (its first byte) and is not a failure;
+	// slow when it took at least slow_response_duration.
+	Answered
 )
 
 // Result is one call's outcome fed to a circuit.
 type Result struct {
 	Kind Kind
-	// Duration is the handshake time (Success) or the time spent
-	// connecting (Failure, Abandoned).
+	// Duration is the handshake time (Success), the time spent
+	// connecting (Failure, Abandoned) or a response's time (Answered).
 	Duration time.Duration
 	// Probe is set for a connection the kernel admitted as a half-open
 	// probe; Round is the round that admitted it.
@@ -273,6 +276,9 @@ func (c *Circuit) classify(r Result) (failed, slow, counts bool) {
 		return false, r.Duration >= c.opts.SlowCallDuration, true
 	case Failure:
 		return true, false, true
+	case Answered:
+		d := c.opts.Responses.SlowResponseDuration
+		return false, d > 0 && r.Duration >= d, true
 	case Abandoned:
 		if r.Duration < c.opts.SlowCallDuration {
 			return false, false, false

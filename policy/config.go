@@ -297,6 +297,7 @@ func (d *decoder) decode(raw map[string]any) (*Config, error) {
 				continue
 			}
 			c.All = d.options("all", m, nil)
+			d.checkResponses("all", m, nil)
 		case "targets":
 			m, ok := asMap(val)
 			if !ok {
@@ -474,6 +475,7 @@ func (d *decoder) target(name string, val any) *Target {
 	if t.Options.CloseEstablished && t.Match.Proto == "udp" {
 		d.add(path+".close_established", "closes TCP connections, but match.protocol is udp")
 	}
+	d.checkResponses(path, m, t)
 	if v, ok := m["scope"]; ok && v != nil {
 		s, _ := asString(v)
 		switch Scope(s) {

@@ -73,6 +73,8 @@ type Options struct {
 	// protected processes' established TCP connections to its
 	// destinations, so a connection pool reconnects and is rejected.
 	CloseEstablished bool
+	// Responses are a target's response options (responses.go).
+	Responses ResponseOptions
 }
 
 // HasLimits reports whether the options set a bulkhead limit.

@@ -99,6 +99,23 @@ type DialSpec struct {
 	Breaker         string
 	BreakerFailures uint32
 	BreakerOpen     time.Duration
+
+	// "keepalive" makes Requests in order with Go's net/http client over
+	// its keep-alive pool (one connection while each is answered), each
+	// result with its status; Timeout bounds each request.
+	Requests []HTTPRequest
+}
+
+// HTTPRequest is one request of a "keepalive" helper.
+type HTTPRequest struct {
+	// Method is GET (default), HEAD or POST.
+	Method string
+	// Path is the request's path.
+	Path string
+	// Body is a POST's body; with Expect100 the client sends
+	// "Expect: 100-continue" and waits for the 100 before the body.
+	Body      string
+	Expect100 bool
 }
 
 // DialResult is the outcome of one operation in a helper process.
@@ -193,6 +210,8 @@ func runHelper(js string) int {
 		return 2
 	}
 	switch spec.Op {
+	case "keepalive":
+		return encodeResults(runKeepAlive(spec))
 	case "http":
 		return encodeResults(runHTTP(spec))
 	case "loop":

@@ -3,7 +3,9 @@ package kerneltest
 import (
 	"bufio"
 	"errors"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -127,6 +129,47 @@ func runLoop(spec DialSpec) []DialResult {
 	}
 	for i := 0; i < n; i++ {
 		<-done
+	}
+	return res
+}
+
+// runKeepAlive makes spec.Requests in order through one net/http client:
+// its pool keeps the connection alive from one request to the next.
+func runKeepAlive(spec DialSpec) []DialResult {
+	tr := &http.Transport{MaxIdleConnsPerHost: 1, ExpectContinueTimeout: 5 * time.Second, DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: spec.Timeout}
+	res := make([]DialResult, len(spec.Requests))
+	for i, rq := range spec.Requests {
+		method := rq.Method
+		if method == "" {
+			method = http.MethodGet
+		}
+		var body io.Reader
+		if rq.Body != "" {
+			body = strings.NewReader(rq.Body)
+		}
+		req, err := http.NewRequest(method, "http://"+spec.Addr.String()+rq.Path, body)
+		if err != nil {
+			res[i].Errno = unix.EINVAL
+			continue
+		}
+		if rq.Expect100 {
+			req.Header.Set("Expect", "100-continue")
+		}
+		t0 := time.Now()
+		resp, err := client.Do(req)
+		res[i].Nanos = time.Since(t0).Nanoseconds()
+		if err != nil {
+			res[i].Errno = netErrno(err)
+			continue
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		res[i].Status = resp.StatusCode
+		if err != nil {
+			res[i].Errno = netErrno(err)
+		}
 	}
 	return res
 }
