@@ -31,7 +31,7 @@ type env struct {
 	opts Options
 }
 
-func newEnv(t *testing.T, opts Options) *env {
+func newEnv(t testing.TB, opts Options) *env {
 	t.Helper()
 	kerneltest.RequireKernel(t)
 	e := &env{cg: kerneltest.NewCgroup(t), topo: kerneltest.NewTopology(t, 1)}
@@ -55,7 +55,7 @@ func newEnv(t *testing.T, opts Options) *env {
 	return e
 }
 
-func (e *env) load(t *testing.T) *Kernel {
+func (e *env) load(t testing.TB) *Kernel {
 	t.Helper()
 	k, err := Load(e.opts)
 	if err != nil {
