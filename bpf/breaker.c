@@ -929,6 +929,17 @@ static __always_inline void on_rto(struct bpf_sock_ops *ops, __u64 now)
 {
 	if (!ops->sk)
 		return;
+	/* Closing (the application closed it, or closed it after the peer):
+	 * what the state callback at that change does for a socket that still
+	 * has it. Only an established socket that on_established left with
+	 * the RTO callback alone gets here in these states: its FIN's
+	 * retransmissions are no failure anyone saw, and it has no storage
+	 * and no bulkhead count. */
+	__u32 state = ops->state;
+	if (state == TCP_FIN_WAIT1 || state == TCP_LAST_ACK || state == TCP_CLOSING) {
+		bpf_sock_ops_cb_flags_set(ops, 0);
+		return;
+	}
 	struct sock_state *st = bpf_sk_storage_get(&socks, ops->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!st) {
 		stat_inc(STAT_STORAGE_FAILED);

@@ -2,6 +2,7 @@ package maps
 
 import (
 	"errors"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -490,5 +491,44 @@ func TestResetSeenOnceAcrossRestart(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if evs := w.wait(9105, 0, 0); len(evs) != 1 || evs[0].Outcome != Established {
 		t.Fatalf("the client's own reset: %v, want only established", outcomes(evs))
+	}
+}
+
+// A connection the application has closed is not followed any more: the
+// retransmission timeouts of its FIN to a host gone dark (FIN_WAIT1, and
+// LAST_ACK after the peer closed first) report no stall, as when sockops
+// had the state callbacks and turned them off at the close. With
+// reset_seen attached an established socket keeps only the RTO callback,
+// which fires in those states too.
+func TestNoStallAfterApplicationClose(t *testing.T) {
+	e := newEnv(t, Options{})
+	w := e.watch(t)
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, MaxRTO: 1}); err != nil {
+		t.Fatal(err)
+	}
+	e.srv.ServeHold(t, 9120)
+	e.srv.Serve(t, 9121, func(c *net.TCPConn) { c.Close() }) // the peer closes first
+	e.srv.ServeHold(t, 9199)
+	e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: e.dest(9199, false).Addr})
+	for _, port := range []uint16{9120, 9121} {
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: e.dest(port, false).Addr, Hold: 500 * time.Millisecond})
+		}()
+		if evs := w.wait(port, 1, 2*time.Second); len(evs) != 1 || evs[0].Outcome != Established {
+			t.Fatalf("port %d: no established record: %v", port, outcomes(evs))
+		}
+		e.srv.DropAll(t, port) // dark before the application closes
+		wg.Wait()
+	}
+	// RTOs of the FINs at about 0.2, 0.6 and 1.4 s after each close: a
+	// stall (max_rto 1) would be reported at the first.
+	time.Sleep(1500 * time.Millisecond)
+	for _, port := range []uint16{9120, 9121} {
+		if evs := w.wait(port, 0, 0); len(evs) != 1 {
+			t.Errorf("port %d: %v after the application closed, want only established", port, outcomes(evs))
+		}
 	}
 }
