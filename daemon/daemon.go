@@ -426,6 +426,20 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 		}
 		return
 	}
+	var resetAt time.Duration
+	if ev.Outcome == maps.Reset && ev.NoAge {
+		// A reset the kernel could not date (reset_seen, or on_close of a
+		// socket without storage) is dated by its established record. The
+		// tracepoint sees the storage-less sockets of every breakerd on
+		// the machine: one this daemon has no record of may be another's,
+		// so it makes no circuit and counts nothing (nor does one whose
+		// record was evicted: the fail-open direction).
+		at, ok := d.recent.established(ev.Cookie)
+		if !ok || ev.Time < at {
+			return
+		}
+		resetAt = at
+	}
 	known := true // not made by this record
 	if c == nil {
 		made := d.reg.made
@@ -478,13 +492,9 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 		// balancers), not a failing service.
 		age := ev.Duration
 		if ev.NoAge {
-			// Dated by its established record (the handshake time is
-			// within the window's precision); undated, it does not count.
-			at, ok := d.recent.established(ev.Cookie)
-			if !ok || ev.Time < at {
-				return
-			}
-			age = ev.Time - at
+			// Dated by its established record, above (the handshake
+			// time is within the window's precision).
+			age = ev.Time - resetAt
 		}
 		if w := c.machine.Options().ResetFailureWindow; age > w || w == 0 {
 			return
