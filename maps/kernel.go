@@ -51,6 +51,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -458,7 +459,10 @@ func (k *Kernel) attachTracer() {
 }
 
 // sameProgram reports whether link l runs a program with p's instructions
-// (the kernel's tag of a program leaves its map references out).
+// on p's maps. The kernel's tag of a program leaves its map references
+// out, so the maps are compared too: a pinned link whose program still
+// writes to maps whose pins were removed (made anew at this load) is not
+// the same.
 func sameProgram(l link.Link, p *ebpf.Program) bool {
 	li, err := l.Info()
 	if err != nil {
@@ -471,7 +475,12 @@ func sameProgram(l link.Link, p *ebpf.Program) bool {
 	defer running.Close()
 	a, err1 := running.Info()
 	b, err2 := p.Info()
-	return err1 == nil && err2 == nil && a.Tag == b.Tag
+	if err1 != nil || err2 != nil || a.Tag != b.Tag {
+		return false
+	}
+	ma, ok1 := a.MapIDs()
+	mb, ok2 := b.MapIDs()
+	return ok1 && ok2 && slices.Equal(ma, mb)
 }
 
 // tracing reports whether reset_seen is attached. Call with k.mu held.

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/breakerd/breakerd/bpf"
 	"github.com/breakerd/breakerd/internal/kerneltest"
 )
 
@@ -278,4 +279,32 @@ func TestBusySlotsAndAllLimits(t *testing.T) {
 	holder.Cmd.Process.Kill()
 	holder.Cmd.Wait()
 	e.waitCount(t, MaxCircuitIDs-1, BulkCount{})
+}
+
+// Map pins removed while no daemon ran, the link pins left: the next
+// start makes those maps anew, and the pinned tracing link, which runs
+// the same instructions on the old maps (a program's tag leaves its maps
+// out), must not be adopted: a reset of an established connection still
+// reaches the new ring.
+func TestResetSeenAfterMapPinsRemoved(t *testing.T) {
+	e := newEnv(t, Options{})
+	e.srv.ServeReset(t, 9130)
+	e.srv.ServeHold(t, 9199)
+	e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: e.dest(9199, false).Addr})
+	dir := e.k.PinDir()
+	if err := e.k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{bpf.BreakerMapEvents, bpf.BreakerMapConfig} {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.k = e.load(t)
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	w := e.watch(t)
+	e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: e.dest(9130, false).Addr, Op: "connect-read"})
+	expectOutcomes(t, w.wait(9130, 2, 2*time.Second), Established, Reset)
 }
