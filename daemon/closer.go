@@ -47,7 +47,7 @@ func (d *Daemon) ensureCloser(cfg *policy.Config) {
 	if d.closer != nil || !wantsClose(cfg) {
 		return
 	}
-	d.closer = d.k.NewCloser()
+	d.closer = d.k.NewCloser(d.opts.CloseMechanisms...)
 	d.closeMech.Store(d.closer.Mechanism())
 	d.metrics.closeMechanism.WithLabelValues(string(d.closer.Mechanism())).Set(1)
 	if d.closer.Mechanism() == maps.CloseNone {

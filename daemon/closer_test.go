@@ -73,8 +73,16 @@ func allOK(round []string) bool {
 // same server on another port. Then the circuit opens by failures (new
 // connects refused by the server) and closes the pool's connections
 // again; the log line, the event and the metric say how many.
+// It runs with the best mechanism of the kernel, and with the sock_diag
+// fallback only.
 func TestCloseEstablishedPoolForcedAndTripped(t *testing.T) {
+	t.Run("best", func(t *testing.T) { testPoolForcedAndTripped(t, nil) })
+	t.Run("sock_diag", func(t *testing.T) { testPoolForcedAndTripped(t, []maps.CloseMechanism{maps.CloseSockDiag}) })
+}
+
+func testPoolForcedAndTripped(t *testing.T, mechs []maps.CloseMechanism) {
 	f := newFixture(t, closeConfig)
+	f.closeMechs = mechs
 	served := f.srv.ServeHTTP(t, 8601)
 	f.srv.ServeHTTP(t, 8602)
 	f.srv.ServeHold(t, 8603)
@@ -464,5 +472,40 @@ func TestCloseEstablishedOnReloadForcedOpen(t *testing.T) {
 	waitLog(t, f, 1, "closed established connections", "circuit=web", "closed=2")
 	if got := pool.Check(t); !slices.Equal(got, []string{"ECONNABORTED", "ECONNABORTED"}) {
 		t.Fatalf("the pool after the reload forced its circuit open: %v", got)
+	}
+}
+
+// With no mechanism (a kernel with neither bpf_sock_destroy nor
+// SOCK_DESTROY; here the choice is narrowed to none): start-up says so at
+// error level, the metric and the circuit name it, an opening logs that
+// the connections stay open, and they do; new connects are rejected all
+// the same.
+func TestCloseEstablishedNoMechanism(t *testing.T) {
+	f := newFixture(t, closeConfig)
+	f.closeMechs = []maps.CloseMechanism{maps.CloseNone}
+	f.srv.ServeHold(t, 8601)
+	d := f.start()
+	if m := closeMechanism(t, d); m != maps.CloseNone {
+		t.Fatalf("mechanism %s, want none", m)
+	}
+	if !strings.Contains(f.logs.String(), "level=ERROR msg=\"close_established is configured, but this kernel offers no way to close established connections") {
+		t.Fatalf("no start-up error:\n%s", f.logs.String())
+	}
+	if got := testutil.ToFloat64(d.metrics.closeMechanism.WithLabelValues("none")); got != 1 {
+		t.Fatalf("breakerd_close_established_mechanism{mechanism=none} %v, want 1", got)
+	}
+	pool := f.topo.Client.StartPool(t, f.cg, []kerneltest.PoolTarget{{Addr: netip.AddrPortFrom(f.srv.IPv4, 8601), N: 2}}, 0)
+	if _, err := d.Force("web", "open"); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, f, 1, "this kernel cannot close its established connections", "circuit=web")
+	if c, _ := d.Circuit("web"); c.CloseMechanism != "none" || c.ClosedEstablished != 0 {
+		t.Fatalf("circuit web: mechanism %q, closed %d", c.CloseMechanism, c.ClosedEstablished)
+	}
+	if got := pool.Check(t); !slices.Equal(got, []string{"open", "open"}) {
+		t.Fatalf("the pool without a mechanism: %v, want open", got)
+	}
+	if got := errnos(f.dial(8601, 2, 0)); got[unix.ECONNREFUSED] != 2 {
+		t.Fatalf("new connects to the open circuit: %v, want rejected", got)
 	}
 }

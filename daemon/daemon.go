@@ -75,6 +75,10 @@ type Options struct {
 	MaxWorkloadCgroups uint32
 	// Resolver looks host names up (default net.DefaultResolver).
 	Resolver Resolver
+	// CloseMechanisms narrows the mechanisms close_established may use
+	// (default: the best this kernel offers); tests run the fallback, or
+	// none, with it.
+	CloseMechanisms []maps.CloseMechanism
 	// Cluster is the Kubernetes API client that resolves Service targets
 	// and receives Events (kube.go); nil without API access, when Service
 	// targets match nothing.

@@ -24,6 +24,7 @@ import (
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
 	"github.com/breakerd/breakerd/kube"
+	"github.com/breakerd/breakerd/maps"
 )
 
 func TestMain(m *testing.M) { kerneltest.Main(m) }
@@ -52,6 +53,8 @@ type fixture struct {
 	cluster *kube.Client
 	// maxWorkloadCgroups sizes the kernel's workloads map when set.
 	maxWorkloadCgroups uint32
+	// closeMechs narrows close_established's mechanisms (closer_test.go).
+	closeMechs []maps.CloseMechanism
 }
 
 // newFixture makes the cgroup, the hosts and a configuration file whose
@@ -89,6 +92,7 @@ func (f *fixture) start() *Daemon {
 		ConfigPath: f.config, Cgroup: f.cg.Path, BPFFS: f.bpffs, AdminSocket: f.socket, AdminAddr: f.admin,
 		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(f.logs), nil)), TickInterval: f.tick,
 		Resolver: f.resolver, ResolveInterval: f.resolveEvery, CheckInterval: f.checkEvery, Cluster: f.cluster,
+		CloseMechanisms:    f.closeMechs,
 		MaxWorkloadCgroups: f.maxWorkloadCgroups,
 	})
 	if err != nil {

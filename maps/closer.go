@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -88,8 +89,10 @@ type Closer struct {
 // NewCloser finds the best mechanism this kernel offers and prepares it:
 // the iterator object (its workloads map is the Kernel's own), else the
 // sock_diag path. With neither, it returns a Closer whose Mechanism is
-// CloseNone and whose Close does nothing; Reason says why.
-func (k *Kernel) NewCloser() *Closer {
+// CloseNone and whose Close does nothing; Reason says why. allowed, when
+// given, narrows the choice to those mechanisms (tests use it to run the
+// fallback, or none, on a kernel that has better).
+func (k *Kernel) NewCloser(allowed ...CloseMechanism) *Closer {
 	k.mu.Lock()
 	cgroup := k.cgroup
 	k.mu.Unlock()
@@ -97,14 +100,19 @@ func (k *Kernel) NewCloser() *Closer {
 	if ino, err := nsIno("/proc/thread-self/ns/net"); err == nil {
 		c.selfIno = ino
 	}
+	ok := func(m CloseMechanism) bool { return len(allowed) == 0 || slices.Contains(allowed, m) }
 	var reasons []string
-	if err := c.loadIterator(k.objs.Workloads); err == nil {
+	if !ok(CloseIterator) {
+		reasons = append(reasons, "bpf_sock_destroy: not allowed")
+	} else if err := c.loadIterator(k.objs.Workloads); err == nil {
 		c.mech = CloseIterator
 		return c
 	} else {
 		reasons = append(reasons, fmt.Sprintf("bpf_sock_destroy: %v", err))
 	}
-	if err := probeSockDiagDestroy(); err == nil {
+	if !ok(CloseSockDiag) {
+		reasons = append(reasons, "sock_diag: not allowed")
+	} else if err := probeSockDiagDestroy(); err == nil {
 		c.mech = CloseSockDiag
 	} else {
 		reasons = append(reasons, fmt.Sprintf("sock_diag: %v", err))

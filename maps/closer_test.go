@@ -24,8 +24,10 @@ func closers(t *testing.T, k *Kernel) map[CloseMechanism]*Closer {
 	switch best.Mechanism() {
 	case CloseIterator:
 		out[CloseIterator] = best
-		if probeSockDiagDestroy() == nil {
-			out[CloseSockDiag] = &Closer{k: k, cgroup: best.cgroup, mech: CloseSockDiag, log: k.log, selfIno: best.selfIno}
+		if sd := k.NewCloser(CloseSockDiag); sd.Mechanism() == CloseSockDiag {
+			out[CloseSockDiag] = sd
+		} else {
+			t.Logf("no sock_diag fallback here: %s", sd.Reason())
 		}
 	case CloseSockDiag:
 		if !strings.Contains(best.Reason(), "bpf_sock_destroy") {
