@@ -1251,9 +1251,8 @@ static __always_inline struct sock_state *followed(struct __sk_buff *skb)
 	struct bpf_sock *sk = skb->sk;
 	if (!sk)
 		return 0;
-	sk = bpf_sk_fullsock(sk);
-	if (!sk)
-		return 0;
+	/* No bpf_sk_fullsock first: the storage helper takes the socket as
+	 * it is and finds nothing on a request or time-wait socket. */
 	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
 	if (!st || !st->resp || !(st->flags & SOCK_TRACKED))
 		return 0;
@@ -1378,7 +1377,10 @@ int resp_ingress(struct __sk_buff *skb)
 		flags |= probe_flag(st);
 	__u64 took = st->first_ns - st->req_ns;
 	__u32 wake = LAZY;
-	if ((flags & EVENT_PROBE) || status >= 400 || ((st->resp & RESP_HTTP) && !status)) {
+	/* The default failure statuses (5xx, 429) and probes wake the daemon;
+	 * other responses, a custom list's failures among them, are read
+	 * with the next batch (at most a tick later). */
+	if ((flags & EVENT_PROBE) || status >= 500 || status == 429) {
 		wake = WAKE;
 	} else {
 		__u32 zero = 0;

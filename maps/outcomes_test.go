@@ -23,7 +23,7 @@ type watcher struct {
 	done   chan struct{}
 }
 
-func (e *env) watch(t *testing.T) *watcher {
+func (e *env) watch(t testing.TB) *watcher {
 	t.Helper()
 	rd, err := e.k.NewEventReader()
 	if err != nil {

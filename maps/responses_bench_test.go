@@ -21,6 +21,7 @@ import (
 // BREAKERD_BENCH_OUT writes the table to a file.
 func BenchmarkResponsePrograms(b *testing.B) {
 	e := newEnv(b, Options{Responses: true})
+	e.watch(b) // a reader, as the daemon is: the ring never fills
 	e.srv.ServeHTTPCases(b, 8085)
 	e.srv.ServeHTTPCases(b, 8086)
 	if err := e.k.PutLimit(e.dest(8085, false), Limit{Slot: 7, Responses: RespTimed | RespHTTP | RespInflight}); err != nil {
@@ -35,16 +36,12 @@ func BenchmarkResponsePrograms(b *testing.B) {
 	}
 	defer stats.Close()
 	const requests = 3000
-	var paths []kerneltest.HTTPRequest
-	for range requests {
-		paths = append(paths, kerneltest.HTTPRequest{Path: "/404"})
-	}
 	measure := func(port uint16) (egress, ingress string) {
 		before, err := e.k.ProgramStats()
 		if err != nil {
 			b.Fatal(err)
 		}
-		for _, r := range e.topo.Client.Dial(b, e.cg, kerneltest.DialSpec{Op: "keepalive", Addr: e.dest(port, false).Addr, Timeout: 5 * time.Second, Requests: paths}) {
+		for _, r := range e.topo.Client.Dial(b, e.cg, kerneltest.DialSpec{Op: "keepalive", Addr: e.dest(port, false).Addr, Timeout: 5 * time.Second, Count: requests, Requests: []kerneltest.HTTPRequest{{Path: "/404"}}}) {
 			if r.Errno != 0 || r.Status != 404 {
 				b.Fatalf("request: %+v", r)
 			}

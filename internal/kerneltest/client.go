@@ -100,9 +100,10 @@ type DialSpec struct {
 	BreakerFailures uint32
 	BreakerOpen     time.Duration
 
-	// "keepalive" makes Requests in order with Go's net/http client over
-	// its keep-alive pool (one connection while each is answered), each
-	// result with its status; Timeout bounds each request.
+	// "keepalive" makes Requests in order, Count times over, with Go's
+	// net/http client over its keep-alive pool (one connection while each
+	// is answered), each result with its status; Timeout bounds each
+	// request.
 	Requests []HTTPRequest
 }
 

@@ -139,8 +139,9 @@ func runKeepAlive(spec DialSpec) []DialResult {
 	tr := &http.Transport{MaxIdleConnsPerHost: 1, ExpectContinueTimeout: 5 * time.Second, DisableCompression: true}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: spec.Timeout}
-	res := make([]DialResult, len(spec.Requests))
-	for i, rq := range spec.Requests {
+	res := make([]DialResult, len(spec.Requests)*spec.Count)
+	for i := range res {
+		rq := spec.Requests[i%len(spec.Requests)]
 		method := rq.Method
 		if method == "" {
 			method = http.MethodGet
