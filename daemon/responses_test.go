@@ -393,3 +393,58 @@ func TestLifecycleResponses(t *testing.T) {
 	}
 	f.waitOutcomes("response", "web", 2)
 }
+
+const workloadResponsesConfig = `
+failsafe_timeout: 30s
+workloads:
+  - name: a
+    cgroups: [CGROUP/a]
+  - name: b
+    cgroups: [CGROUP/b]
+  - name: c
+    cgroups: [CGROUP/c]
+    isolate: true
+targets:
+  web:
+    match: {cidrs: [SRV], ports: ["8099"]}
+    protocol: http
+    consecutive_failures: 3
+    open_duration: 4m
+`
+
+// With workloads, responses follow the workloads' circuits: the 503s of
+// two workloads that share the circuit add up and open it for both; an
+// isolated workload's 503s open only its own circuit; a process of no
+// workload is not followed.
+func TestResponsesWithWorkloads(t *testing.T) {
+	f := newScopedFixture(t, workloadResponsesConfig)
+	a, b, c := f.cg.Child(t, "a"), f.cg.Child(t, "b"), f.cg.Child(t, "c")
+	srv := f.srv.ServeHTTPCases(t, 8099)
+	f.start()
+	srv.FailWith(503)
+	get := func(cg *kerneltest.Cgroup, n int) []kerneltest.DialResult {
+		return f.topo.Client.Dial(t, cg, kerneltest.DialSpec{Op: "keepalive", Addr: netip.AddrPortFrom(f.srv.IPv4, 8099), Timeout: 5 * time.Second, Count: n,
+			Requests: []kerneltest.HTTPRequest{{Path: "/x"}}})
+	}
+	get(f.cg, 5) // no workload's: not followed
+	get(c, 2)
+	get(a, 2)
+	f.waitOutcomes("response_status", "web", 2)
+	if s, _ := f.circuit("web"); s.State != "closed" || s.ConsecutiveFailures != 2 {
+		t.Fatalf("after a's two 503s: %+v", s)
+	}
+	get(b, 1)
+	f.waitState("web", "open", 3*time.Second)
+	for _, cg := range []*kerneltest.Cgroup{a, b} {
+		if r := get(cg, 1); r[0].Errno != unix.ECONNREFUSED {
+			t.Fatalf("%s with the shared circuit open: %+v", cg.Path, r)
+		}
+	}
+	if s, _ := f.circuit("web@c"); s.State != "closed" || s.ConsecutiveFailures != 2 {
+		t.Fatalf("c's own circuit: %+v", s)
+	}
+	if r := get(c, 1); r[0].Errno != 0 || r[0].Status != 503 {
+		t.Fatalf("c, its circuit closed: %+v", r)
+	}
+	f.waitState("web@c", "open", 3*time.Second)
+}

@@ -200,4 +200,5 @@ const responsesReference = "## Responses\n\n" +
 	"**Plaintext HTTP/1.x only**: over TLS or HTTP/2 no status line is visible in the bytes, so those stay connection-level (with `protocol: http` their turns are timed and every answer is a success; prefer `protocol: tcp` and the timing options there). " +
 	"**Pipelined requests** (several sent before the first answer) are one turn: timed from the first request's first byte to the first response byte, judged by the first response's status; the following responses are not read.\n\n" +
 	"Response options are a target's only (in `all` they would make the kernel follow every connection) and need `match.protocol: tcp`. `failure_statuses` needs `protocol: http`; `slow_response_duration` must be shorter than `response_timeout`. " +
-	"The programs that follow responses run only while some target has these options (see *Cost* in the README).\n\n"
+	"The programs that follow responses run only while some target has these options (see *Cost* in the README). " +
+	"A connection is marked for them when it connects: options a reload adds or changes apply to connections made from then on (a connection made before keeps what it was marked with; records of a target that no longer has the options are ignored), and the daemon counts no turn begun before it started or before the programs were last attached.\n\n"
