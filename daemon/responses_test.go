@@ -448,3 +448,75 @@ func TestResponsesWithWorkloads(t *testing.T) {
 	}
 	f.waitState("web@c", "open", 3*time.Second)
 }
+
+const slowHTTPConfig = `
+failsafe_timeout: 30s
+targets:
+  web:
+    match: {cidrs: [SRV], ports: ["8100"]}
+    protocol: http
+    slow_response_duration: 100ms
+    slow_call_rate_threshold: 0.8
+    window_size: 10
+    min_requests: 10
+    consecutive_failures: 0
+    open_duration: 4m
+`
+
+// wrk (keep-alive, two connections) against a server that answers after
+// 150 ms: every response is slow, and the slow-call rate opens the circuit
+// once the window holds min_requests responses; then wrk's new connections
+// are refused.
+func TestSlowResponsesWithWrk(t *testing.T) {
+	needPrograms(t, "wrk")
+	f := newFixture(t, slowHTTPConfig)
+	f.srv.ServeHTTPCases(t, 8100)
+	f.start()
+	out, err := f.topo.Client.Command(f.cg, "wrk", "-t1", "-c2", "-d2s", fmt.Sprintf("http://%s:8100/slow", f.srv.IPv4)).Run(t)
+	if err != nil {
+		t.Fatalf("wrk: %v %s", err, out)
+	}
+	f.waitState("web", "open", 3*time.Second)
+	evs := f.d.Events()
+	if last := evs[len(evs)-1]; last.Reason != "slow_call_rate" || last.SlowRate < 0.8 {
+		t.Fatalf("transition %+v", last)
+	}
+	if got := errnos(f.dial(8100, 2, 0)); got[unix.ECONNREFUSED] != 2 {
+		t.Fatalf("connects to the open circuit: %v", got)
+	}
+}
+
+const dropConfig = `
+failsafe_timeout: 30s
+targets:
+  web:
+    match: {cidrs: [SRV], ports: ["8101"]}
+    protocol: http
+    consecutive_failures: 2
+    reset_failure_window: 0s
+    open_duration: 4m
+`
+
+// A server that resets the connection before any byte of its answer fails
+// the request (response_dropped) even with resets not counted by
+// themselves (reset_failure_window 0); one that resets during its answer
+// counts the answer's status and, with reset_failure_window 0, nothing
+// more; a client that gives up first counts nothing.
+func TestDroppedRequestsAreFailures(t *testing.T) {
+	f := newFixture(t, dropConfig)
+	f.srv.ServeHTTPCases(t, 8101)
+	f.start()
+	f.keepAlive(8101, 5*time.Second, "/reset-during")
+	f.waitOutcomes("response", "web", 1)
+	f.keepAlive(8101, 300*time.Millisecond, "/never")
+	f.waitOutcomes("response_abandoned", "web", 1)
+	if s, _ := f.circuit("web"); s.Calls != 1 || s.Failures != 0 {
+		t.Fatalf("after an answer reset midway and a request given up: %+v", s)
+	}
+	f.keepAlive(8101, 5*time.Second, "/reset-before")
+	f.keepAlive(8101, 5*time.Second, "/reset-before")
+	f.waitState("web", "open", 3*time.Second)
+	if n := f.outcomeCount("response_dropped", "web"); n != 2 {
+		t.Fatalf("%v dropped, want 2", n)
+	}
+}
