@@ -38,6 +38,7 @@
 #define TCP_LAST_ACK 9
 #define TCP_CLOSING 11
 
+#define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_RST 0x04
 
@@ -977,13 +978,13 @@ static __always_inline void on_rto(struct bpf_sock_ops *ops, __u64 now)
 	}
 }
 
-/* end_turn runs as a followed connection ends (or its peer closes its
- * half): a request that still awaited its first response byte is reported
- * (no_response: the peer dropped it, or the application gave up on it),
- * and with `last` the socket's inflight entry goes. It reports whether it
- * sent a record. */
+/* end_turn runs as a followed connection ends: a request that still
+ * awaited its first response byte is reported (no_response: the peer
+ * reset it, or the application gave up on it; a peer's FIN is seen by
+ * resp_ingress), and the socket's inflight entry goes. It reports whether
+ * it sent a record. */
 static __always_inline int end_turn(struct bpf_sock_ops *ops, struct sock_state *st, __u32 err,
-				    __u8 peer, __u64 now, int last)
+				    __u8 peer, __u64 now)
 {
 	if (!st || !st->resp || !(st->flags & SOCK_TRACKED))
 		return 0;
@@ -998,15 +999,8 @@ static __always_inline int end_turn(struct bpf_sock_ops *ops, struct sock_state 
 		     cookie, st->cgroup_id, now, WAKE);
 		reported = 1;
 	}
-	if (st->resp & RESP_INFLIGHT) {
-		if (last) {
-			bpf_map_delete_elem(&inflight, &cookie);
-		} else if (reported) {
-			struct inflight_turn *f = bpf_map_lookup_elem(&inflight, &cookie);
-			if (f)
-				f->req_ns = 0;
-		}
-	}
+	if (st->resp & RESP_INFLIGHT)
+		bpf_map_delete_elem(&inflight, &cookie);
 	return reported;
 }
 
@@ -1016,7 +1010,7 @@ static __always_inline void on_close(struct bpf_sock_ops *ops, __u64 now)
 	int ended = 0;
 	if (st && st->resp) {
 		int e = sock_err(full_sock(ops));
-		ended = end_turn(ops, st, e, e != 0, now, 1);
+		ended = end_turn(ops, st, e, e != 0, now);
 	}
 	if (st) {
 		bulk_release(st, BULK_CONNECTING | BULK_CONNECTIONS);
@@ -1084,13 +1078,6 @@ int observe(struct bpf_sock_ops *ops)
 		case TCP_CLOSE:
 			on_close(ops, bpf_ktime_get_ns());
 			break;
-		case TCP_CLOSE_WAIT: /* the peer closed its half */
-			if (ops->sk) {
-				struct sock_state *st = bpf_sk_storage_get(&socks, ops->sk, 0, 0);
-				if (st && st->resp)
-					end_turn(ops, st, 0, 1, bpf_ktime_get_ns(), 0);
-			}
-			break;
 		case TCP_FIN_WAIT1: /* the application closed it */
 		case TCP_LAST_ACK:
 		case TCP_CLOSING:
@@ -1100,7 +1087,7 @@ int observe(struct bpf_sock_ops *ops)
 					bulk_release(st, BULK_CONNECTING | BULK_CONNECTIONS);
 					if (st->resp)
 						end_turn(ops, st, 0, ops->args[1] != TCP_FIN_WAIT1,
-							 bpf_ktime_get_ns(), 1);
+							 bpf_ktime_get_ns());
 				}
 			}
 			/* Closing: nothing from here on is a failure anyone saw
@@ -1203,7 +1190,8 @@ struct segment {
 	__u32 seq;
 	__u32 ack;
 	__u32 off; /* payload offset from the IP header */
-	__u32 len; /* payload bytes (0: none) */
+	__u32 len; /* payload bytes (0: none, a FIN's) */
+	__u32 fin; /* the FIN flag */
 };
 
 #define IP_MF_OFFSET 0x3fff /* more-fragments flag and fragment offset */
@@ -1235,12 +1223,13 @@ static __always_inline int tcp_segment(struct __sk_buff *skb, struct segment *s)
 	if (th[13] & (TCP_FLAG_SYN | TCP_FLAG_RST))
 		return 0;
 	__u32 off = iplen + (th[12] >> 4) * 4;
-	if (skb->len <= off)
+	s->fin = th[13] & TCP_FLAG_FIN;
+	if (skb->len <= off && !s->fin)
 		return 0;
 	s->seq = (__u32)th[4] << 24 | (__u32)th[5] << 16 | (__u32)th[6] << 8 | th[7];
 	s->ack = (__u32)th[8] << 24 | (__u32)th[9] << 16 | (__u32)th[10] << 8 | th[11];
 	s->off = off;
-	s->len = skb->len - off;
+	s->len = skb->len > off ? skb->len - off : 0;
 	return 1;
 }
 
@@ -1266,7 +1255,7 @@ int resp_egress(struct __sk_buff *skb)
 	if (!st)
 		return 1;
 	struct segment s;
-	if (!tcp_segment(skb, &s))
+	if (!tcp_segment(skb, &s) || !s.len)
 		return 1;
 	__u32 end = s.seq + s.len;
 	if ((st->seq & SEQ_SND) && (__s32)(end - st->snd_end) <= 0)
@@ -1300,6 +1289,25 @@ int resp_egress(struct __sk_buff *skb)
 	return 1;
 }
 
+/* peer_closed reports a request the peer closed the connection on before
+ * any byte of its answer (no_response, EVENT_PEER_CLOSED). */
+static __always_inline void peer_closed(struct __sk_buff *skb, struct sock_state *st)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u64 cookie = bpf_get_socket_cookie(skb);
+	st->phase = PHASE_IDLE;
+	__u8 flags = EVENT_PEER_CLOSED;
+	if (st->turn == 1)
+		flags |= probe_flag(st);
+	emit(&st->dest, OUTCOME_NO_RESPONSE, flags, now - st->req_ns, st->turn, 0, st->round, cookie,
+	     st->cgroup_id, now, WAKE);
+	if (st->resp & RESP_INFLIGHT) {
+		struct inflight_turn *f = bpf_map_lookup_elem(&inflight, &cookie);
+		if (f)
+			f->req_ns = 0;
+	}
+}
+
 #define STATUS_LINE 12 /* "HTTP/1.1 503" */
 
 /* http_status parses the status line's start: "HTTP/1.x NNN" (0: not one). */
@@ -1323,6 +1331,13 @@ int resp_ingress(struct __sk_buff *skb)
 	struct segment s;
 	if (!tcp_segment(skb, &s))
 		return 1;
+	if (!s.len) {
+		/* A FIN while the request awaits its first byte: the peer
+		 * closed without answering (before any byte of the status line). */
+		if (st->head_len == 0 && (__s32)(s.seq - st->rcv_end) >= 0)
+			peer_closed(skb, st);
+		return 1;
+	}
 	__u32 skip = 0;
 	__s32 old = (__s32)(st->rcv_end - s.seq);
 	if (old > 0) {

@@ -496,8 +496,8 @@ targets:
     open_duration: 4m
 `
 
-// A server that resets the connection before any byte of its answer fails
-// the request (response_dropped) even with resets not counted by
+// A server that closes or resets the connection before any byte of its
+// answer fails the request (response_dropped) even with resets not counted by
 // themselves (reset_failure_window 0); one that resets during its answer
 // counts the answer's status and, with reset_failure_window 0, nothing
 // more; a client that gives up first counts nothing.
@@ -512,7 +512,7 @@ func TestDroppedRequestsAreFailures(t *testing.T) {
 	if s, _ := f.circuit("web"); s.Calls != 1 || s.Failures != 0 {
 		t.Fatalf("after an answer reset midway and a request given up: %+v", s)
 	}
-	f.keepAlive(8101, 5*time.Second, "/reset-before")
+	f.keepAlive(8101, 5*time.Second, "/close-before")
 	f.keepAlive(8101, 5*time.Second, "/reset-before")
 	f.waitState("web", "open", 3*time.Second)
 	if n := f.outcomeCount("response_dropped", "web"); n != 2 {

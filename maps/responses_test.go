@@ -166,10 +166,11 @@ func TestAwaitingAndNoResponse(t *testing.T) {
 
 	e.requests(t, 8082, 5*time.Second, gets("/reset-before")...)
 	e.requests(t, 8082, 5*time.Second, gets("/reset-during")...)
-	evs = w.waitResponses(8082, 4, 5*time.Second)
+	e.requests(t, 8082, 5*time.Second, gets("/close-before")...)
+	evs = w.waitResponses(8082, 5, 5*time.Second)
 	got := statuses(evs)
-	if g := strings.Join(got[len(got)-3:], " "); g != fmt.Sprintf("no_response(peer=false,errno 0) no_response(peer=true,%v) 200", syscall.ECONNRESET) {
-		t.Fatalf("records %v: want the reset before any answer as the peer's no_response, then a 200", got)
+	if g := strings.Join(got[len(got)-4:], " "); g != fmt.Sprintf("no_response(peer=false,errno 0) no_response(peer=true,%v) 200 no_response(peer=true,errno 0)", syscall.ECONNRESET) {
+		t.Fatalf("records %v: want the reset before any answer as the peer's no_response, then a 200, then the close before any answer as the peer's", got)
 	}
 	var resets int
 	for _, ev := range w.wait(8082, 100, 200*time.Millisecond) {

@@ -23,6 +23,7 @@ import (
 //	/chunked       200, chunked, chunks in segments of their own holding status lines
 //	/big           200 with a body of about 200 KB holding status lines
 //	/never         no answer, until the client goes
+//	/close-before  the connection closed (FIN) before any answer
 //	/reset-before  a reset before any answer
 //	/reset-during  200 with a partial body, then a reset
 //
@@ -114,6 +115,8 @@ func (s *HTTPServer) answer(c *net.TCPConn, req *http.Request) bool {
 		return simple(200, strings.Repeat("HTTP/1.1 500 in the body\r\n", 8000))
 	case "/never":
 		_, _ = io.Copy(io.Discard, c)
+		return false
+	case "/close-before":
 		return false
 	case "/reset-before":
 		_ = c.SetLinger(0)
