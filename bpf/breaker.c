@@ -23,6 +23,7 @@
 #define IPPROTO_TCP 6
 #define IPPROTO_UDP 17
 #define EAGAIN 11
+#define EEXIST 17
 #define EPIPE 32
 #define ENETUNREACH 101
 #define ECONNRESET 104
@@ -278,6 +279,22 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } inflight SEC(".maps");
 
+#define MAX_REJECTIONS (1 << 15)
+
+/* Which cgroups each circuit turned away, and how often (struct
+ * rejection_key). Written on the reject path only: a connect that is
+ * allowed never touches it. Full, a new (circuit, cgroup) pair is not
+ * recorded and STAT_REJECTIONS_FULL counts it; the circuit's own counters
+ * still count the rejection. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_REJECTIONS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct rejection_key);
+	__type(value, struct rejection_count);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} rejections SEC(".maps");
+
 /* connect4/6 -> sockops, within one connect() call (struct connect_handoff). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -302,6 +319,8 @@ const struct workload *unused_workload __attribute__((unused));
 const struct connect_handoff *unused_handoff __attribute__((unused));
 const enum response_flags *unused_response_flags __attribute__((unused));
 const enum inflight_flags *unused_inflight_flags __attribute__((unused));
+const struct rejection_key *unused_rejection_key __attribute__((unused));
+const struct rejection_count *unused_rejection_count __attribute__((unused));
 
 /* count adds one to a shared counter. */
 #define count(field) __sync_fetch_and_add(&(field), 1)
@@ -424,6 +443,40 @@ static __always_inline enum decision decide(struct verdict *v, struct dest_key *
 	}
 }
 
+/* note_rejection counts a rejection (or a shadow one) against the calling
+ * process's cgroup (process context: connect and sendmsg run in the
+ * caller). Reached only when a verdict rejects; a verdict without an epoch
+ * (written by a daemon that does not record them) records nothing. A
+ * failed insert other than a racing one (EEXIST: another CPU made the
+ * entry first) means the map is full: counted, and the connect is
+ * rejected all the same. */
+static __always_inline void note_rejection(struct verdict *v, int shadow)
+{
+	if (!v->epoch)
+		return;
+	struct rejection_key k = {
+		.cgroup_id = bpf_get_current_cgroup_id(),
+		.circuit_id = v->circuit_id,
+		.epoch = v->epoch,
+	};
+	struct rejection_count *r = bpf_map_lookup_elem(&rejections, &k);
+	if (!r) {
+		struct rejection_count zero = {};
+		long err = bpf_map_update_elem(&rejections, &k, &zero, BPF_NOEXIST);
+		if (err && err != -EEXIST) {
+			stat_inc(STAT_REJECTIONS_FULL);
+			return;
+		}
+		r = bpf_map_lookup_elem(&rejections, &k);
+		if (!r)
+			return;
+	}
+	if (shadow)
+		count(r->shadow_rejected);
+	else
+		count(r->rejected);
+}
+
 /* verdict_allows applies an open, half-open or forced-open verdict. */
 static __always_inline int verdict_allows(struct bpf_sock_addr *ctx, struct dest_key *key,
 					  struct verdict *v, __u32 flags, __u64 now)
@@ -459,10 +512,12 @@ static __always_inline int verdict_allows(struct bpf_sock_addr *ctx, struct dest
 		if (flags & CONFIG_SHADOW) {
 			if (c)
 				count(c->shadow_rejected);
+			note_rejection(v, 1);
 			return 1;
 		}
 		if (c)
 			count(c->rejected);
+		note_rejection(v, 0);
 		if (has_set_retval)
 			bpf_set_retval(-(int)(v->reject_errno ? v->reject_errno : ECONNREFUSED));
 		return 0;

@@ -69,7 +69,8 @@ struct verdict {
 	__u32 circuit_id;   /* index into the counters and probe_budgets maps */
 	__u16 reject_errno; /* errno a rejected connect sees (with bpf_set_retval) */
 	__u16 _pad0;
-	__u32 _pad1;
+	__u32 epoch; /* which circuit holds circuit_id now: keys its rejections
+		      * (0: none recorded) */
 };
 
 /* Value of the probe_budgets array, indexed by circuit id, written by the
@@ -131,6 +132,24 @@ struct circuit_counters {
 	__u64 bulkhead_rejected; /* connects turned away by a concurrency limit */
 };
 
+/* Key of the rejections map: the cgroup a circuit turned a connect or a
+ * send away from. circuit_id and epoch come from the rejecting verdict;
+ * the epoch tells apart two circuits that held the same id one after the
+ * other, so a reused id never inherits another circuit's entries. */
+struct rejection_key {
+	__u64 cgroup_id; /* the rejected process's current cgroup */
+	__u32 circuit_id;
+	__u32 epoch;
+};
+
+/* Value of the rejections map, written by the kernel on the reject path
+ * only (atomic adds); the daemon deletes entries of gone cgroups and
+ * circuits. */
+struct rejection_count {
+	__u64 rejected;        /* turned away */
+	__u64 shadow_rejected; /* would have been turned away (shadow mode) */
+};
+
 /* Concurrency limits of one destination (bulkheads), value of the limits
  * map. slot indexes the bulk counts; destinations of one service-scoped
  * target share a slot. A limit of 0 is off. */
@@ -183,6 +202,7 @@ enum stat_index {
 	STAT_EVENTS_LOST = 0,      /* ring buffer full: records dropped */
 	STAT_FAILSAFE_ALLOWED = 1, /* verdicts ignored: heartbeat stale */
 	STAT_STORAGE_FAILED = 2,   /* no socket storage: socket not observed */
+	STAT_REJECTIONS_FULL = 3,  /* a rejection's cgroup not recorded: the rejections map is full */
 	STAT_MAX = 8,
 };
 

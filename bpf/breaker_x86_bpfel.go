@@ -143,6 +143,19 @@ type BreakerProbeBudget struct {
 	Word uint64
 }
 
+type BreakerRejectionCount struct {
+	_              structs.HostLayout
+	Rejected       uint64
+	ShadowRejected uint64
+}
+
+type BreakerRejectionKey struct {
+	_         structs.HostLayout
+	CgroupId  uint64
+	CircuitId uint32
+	Epoch     uint32
+}
+
 type BreakerResponseFlags uint32
 
 const (
@@ -190,6 +203,7 @@ const (
 	BreakerStatIndexSTAT_EVENTS_LOST      BreakerStatIndex = 0
 	BreakerStatIndexSTAT_FAILSAFE_ALLOWED BreakerStatIndex = 1
 	BreakerStatIndexSTAT_STORAGE_FAILED   BreakerStatIndex = 2
+	BreakerStatIndexSTAT_REJECTIONS_FULL  BreakerStatIndex = 3
 	BreakerStatIndexSTAT_MAX              BreakerStatIndex = 8
 )
 
@@ -202,7 +216,7 @@ type BreakerVerdict struct {
 	CircuitId   uint32
 	RejectErrno uint16
 	Pad0        uint16
-	Pad1        uint32
+	Epoch       uint32
 }
 
 type BreakerVerdictState uint32
@@ -222,43 +236,46 @@ type BreakerWorkload struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	BreakerMapBulk                = "bulk"
-	BreakerMapConfig              = "config"
-	BreakerMapCounters            = "counters"
-	BreakerMapEvents              = "events"
-	BreakerMapHandoff             = "handoff"
-	BreakerMapInflight            = "inflight"
-	BreakerMapLimits              = "limits"
-	BreakerMapOverrides           = "overrides"
-	BreakerMapProbeBudgets        = "probe_budgets"
-	BreakerMapSocks               = "socks"
-	BreakerMapStats               = "stats"
-	BreakerMapVerdicts            = "verdicts"
-	BreakerMapWorkloads           = "workloads"
-	BreakerProgConnect4           = "connect4"
-	BreakerProgConnect6           = "connect6"
-	BreakerProgObserve            = "observe"
-	BreakerProgResetSeen          = "reset_seen"
-	BreakerProgRespEgress         = "resp_egress"
-	BreakerProgRespIngress        = "resp_ingress"
-	BreakerProgSendmsg4           = "sendmsg4"
-	BreakerProgSendmsg6           = "sendmsg6"
-	BreakerProgSockRelease        = "sock_release"
-	BreakerVarHasSetRetval        = "has_set_retval"
-	BreakerVarUnusedBudget        = "unused_budget"
-	BreakerVarUnusedBulk          = "unused_bulk"
-	BreakerVarUnusedConfigFlags   = "unused_config_flags"
-	BreakerVarUnusedEvent         = "unused_event"
-	BreakerVarUnusedEventFlags    = "unused_event_flags"
-	BreakerVarUnusedHandoff       = "unused_handoff"
-	BreakerVarUnusedInflightFlags = "unused_inflight_flags"
-	BreakerVarUnusedLimit         = "unused_limit"
-	BreakerVarUnusedOutcome       = "unused_outcome"
-	BreakerVarUnusedOverrideState = "unused_override_state"
-	BreakerVarUnusedResponseFlags = "unused_response_flags"
-	BreakerVarUnusedStat          = "unused_stat"
-	BreakerVarUnusedState         = "unused_state"
-	BreakerVarUnusedWorkload      = "unused_workload"
+	BreakerMapBulk                 = "bulk"
+	BreakerMapConfig               = "config"
+	BreakerMapCounters             = "counters"
+	BreakerMapEvents               = "events"
+	BreakerMapHandoff              = "handoff"
+	BreakerMapInflight             = "inflight"
+	BreakerMapLimits               = "limits"
+	BreakerMapOverrides            = "overrides"
+	BreakerMapProbeBudgets         = "probe_budgets"
+	BreakerMapRejections           = "rejections"
+	BreakerMapSocks                = "socks"
+	BreakerMapStats                = "stats"
+	BreakerMapVerdicts             = "verdicts"
+	BreakerMapWorkloads            = "workloads"
+	BreakerProgConnect4            = "connect4"
+	BreakerProgConnect6            = "connect6"
+	BreakerProgObserve             = "observe"
+	BreakerProgResetSeen           = "reset_seen"
+	BreakerProgRespEgress          = "resp_egress"
+	BreakerProgRespIngress         = "resp_ingress"
+	BreakerProgSendmsg4            = "sendmsg4"
+	BreakerProgSendmsg6            = "sendmsg6"
+	BreakerProgSockRelease         = "sock_release"
+	BreakerVarHasSetRetval         = "has_set_retval"
+	BreakerVarUnusedBudget         = "unused_budget"
+	BreakerVarUnusedBulk           = "unused_bulk"
+	BreakerVarUnusedConfigFlags    = "unused_config_flags"
+	BreakerVarUnusedEvent          = "unused_event"
+	BreakerVarUnusedEventFlags     = "unused_event_flags"
+	BreakerVarUnusedHandoff        = "unused_handoff"
+	BreakerVarUnusedInflightFlags  = "unused_inflight_flags"
+	BreakerVarUnusedLimit          = "unused_limit"
+	BreakerVarUnusedOutcome        = "unused_outcome"
+	BreakerVarUnusedOverrideState  = "unused_override_state"
+	BreakerVarUnusedRejectionCount = "unused_rejection_count"
+	BreakerVarUnusedRejectionKey   = "unused_rejection_key"
+	BreakerVarUnusedResponseFlags  = "unused_response_flags"
+	BreakerVarUnusedStat           = "unused_stat"
+	BreakerVarUnusedState          = "unused_state"
+	BreakerVarUnusedWorkload       = "unused_workload"
 )
 
 // LoadBreaker returns the embedded CollectionSpec for Breaker.
@@ -327,6 +344,7 @@ type BreakerMapSpecs struct {
 	Limits       *ebpf.MapSpec `ebpf:"limits"`
 	Overrides    *ebpf.MapSpec `ebpf:"overrides"`
 	ProbeBudgets *ebpf.MapSpec `ebpf:"probe_budgets"`
+	Rejections   *ebpf.MapSpec `ebpf:"rejections"`
 	Socks        *ebpf.MapSpec `ebpf:"socks"`
 	Stats        *ebpf.MapSpec `ebpf:"stats"`
 	Verdicts     *ebpf.MapSpec `ebpf:"verdicts"`
@@ -337,21 +355,23 @@ type BreakerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BreakerVariableSpecs struct {
-	HasSetRetval        *ebpf.VariableSpec `ebpf:"has_set_retval"`
-	UnusedBudget        *ebpf.VariableSpec `ebpf:"unused_budget"`
-	UnusedBulk          *ebpf.VariableSpec `ebpf:"unused_bulk"`
-	UnusedConfigFlags   *ebpf.VariableSpec `ebpf:"unused_config_flags"`
-	UnusedEvent         *ebpf.VariableSpec `ebpf:"unused_event"`
-	UnusedEventFlags    *ebpf.VariableSpec `ebpf:"unused_event_flags"`
-	UnusedHandoff       *ebpf.VariableSpec `ebpf:"unused_handoff"`
-	UnusedInflightFlags *ebpf.VariableSpec `ebpf:"unused_inflight_flags"`
-	UnusedLimit         *ebpf.VariableSpec `ebpf:"unused_limit"`
-	UnusedOutcome       *ebpf.VariableSpec `ebpf:"unused_outcome"`
-	UnusedOverrideState *ebpf.VariableSpec `ebpf:"unused_override_state"`
-	UnusedResponseFlags *ebpf.VariableSpec `ebpf:"unused_response_flags"`
-	UnusedStat          *ebpf.VariableSpec `ebpf:"unused_stat"`
-	UnusedState         *ebpf.VariableSpec `ebpf:"unused_state"`
-	UnusedWorkload      *ebpf.VariableSpec `ebpf:"unused_workload"`
+	HasSetRetval         *ebpf.VariableSpec `ebpf:"has_set_retval"`
+	UnusedBudget         *ebpf.VariableSpec `ebpf:"unused_budget"`
+	UnusedBulk           *ebpf.VariableSpec `ebpf:"unused_bulk"`
+	UnusedConfigFlags    *ebpf.VariableSpec `ebpf:"unused_config_flags"`
+	UnusedEvent          *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedEventFlags     *ebpf.VariableSpec `ebpf:"unused_event_flags"`
+	UnusedHandoff        *ebpf.VariableSpec `ebpf:"unused_handoff"`
+	UnusedInflightFlags  *ebpf.VariableSpec `ebpf:"unused_inflight_flags"`
+	UnusedLimit          *ebpf.VariableSpec `ebpf:"unused_limit"`
+	UnusedOutcome        *ebpf.VariableSpec `ebpf:"unused_outcome"`
+	UnusedOverrideState  *ebpf.VariableSpec `ebpf:"unused_override_state"`
+	UnusedRejectionCount *ebpf.VariableSpec `ebpf:"unused_rejection_count"`
+	UnusedRejectionKey   *ebpf.VariableSpec `ebpf:"unused_rejection_key"`
+	UnusedResponseFlags  *ebpf.VariableSpec `ebpf:"unused_response_flags"`
+	UnusedStat           *ebpf.VariableSpec `ebpf:"unused_stat"`
+	UnusedState          *ebpf.VariableSpec `ebpf:"unused_state"`
+	UnusedWorkload       *ebpf.VariableSpec `ebpf:"unused_workload"`
 }
 
 // BreakerObjects contains all objects after they have been loaded into the kernel.
@@ -383,6 +403,7 @@ type BreakerMaps struct {
 	Limits       *ebpf.Map `ebpf:"limits"`
 	Overrides    *ebpf.Map `ebpf:"overrides"`
 	ProbeBudgets *ebpf.Map `ebpf:"probe_budgets"`
+	Rejections   *ebpf.Map `ebpf:"rejections"`
 	Socks        *ebpf.Map `ebpf:"socks"`
 	Stats        *ebpf.Map `ebpf:"stats"`
 	Verdicts     *ebpf.Map `ebpf:"verdicts"`
@@ -400,6 +421,7 @@ func (m *BreakerMaps) Close() error {
 		m.Limits,
 		m.Overrides,
 		m.ProbeBudgets,
+		m.Rejections,
 		m.Socks,
 		m.Stats,
 		m.Verdicts,
@@ -411,21 +433,23 @@ func (m *BreakerMaps) Close() error {
 //
 // It can be passed to LoadBreakerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BreakerVariables struct {
-	HasSetRetval        *ebpf.Variable `ebpf:"has_set_retval"`
-	UnusedBudget        *ebpf.Variable `ebpf:"unused_budget"`
-	UnusedBulk          *ebpf.Variable `ebpf:"unused_bulk"`
-	UnusedConfigFlags   *ebpf.Variable `ebpf:"unused_config_flags"`
-	UnusedEvent         *ebpf.Variable `ebpf:"unused_event"`
-	UnusedEventFlags    *ebpf.Variable `ebpf:"unused_event_flags"`
-	UnusedHandoff       *ebpf.Variable `ebpf:"unused_handoff"`
-	UnusedInflightFlags *ebpf.Variable `ebpf:"unused_inflight_flags"`
-	UnusedLimit         *ebpf.Variable `ebpf:"unused_limit"`
-	UnusedOutcome       *ebpf.Variable `ebpf:"unused_outcome"`
-	UnusedOverrideState *ebpf.Variable `ebpf:"unused_override_state"`
-	UnusedResponseFlags *ebpf.Variable `ebpf:"unused_response_flags"`
-	UnusedStat          *ebpf.Variable `ebpf:"unused_stat"`
-	UnusedState         *ebpf.Variable `ebpf:"unused_state"`
-	UnusedWorkload      *ebpf.Variable `ebpf:"unused_workload"`
+	HasSetRetval         *ebpf.Variable `ebpf:"has_set_retval"`
+	UnusedBudget         *ebpf.Variable `ebpf:"unused_budget"`
+	UnusedBulk           *ebpf.Variable `ebpf:"unused_bulk"`
+	UnusedConfigFlags    *ebpf.Variable `ebpf:"unused_config_flags"`
+	UnusedEvent          *ebpf.Variable `ebpf:"unused_event"`
+	UnusedEventFlags     *ebpf.Variable `ebpf:"unused_event_flags"`
+	UnusedHandoff        *ebpf.Variable `ebpf:"unused_handoff"`
+	UnusedInflightFlags  *ebpf.Variable `ebpf:"unused_inflight_flags"`
+	UnusedLimit          *ebpf.Variable `ebpf:"unused_limit"`
+	UnusedOutcome        *ebpf.Variable `ebpf:"unused_outcome"`
+	UnusedOverrideState  *ebpf.Variable `ebpf:"unused_override_state"`
+	UnusedRejectionCount *ebpf.Variable `ebpf:"unused_rejection_count"`
+	UnusedRejectionKey   *ebpf.Variable `ebpf:"unused_rejection_key"`
+	UnusedResponseFlags  *ebpf.Variable `ebpf:"unused_response_flags"`
+	UnusedStat           *ebpf.Variable `ebpf:"unused_stat"`
+	UnusedState          *ebpf.Variable `ebpf:"unused_state"`
+	UnusedWorkload       *ebpf.Variable `ebpf:"unused_workload"`
 }
 
 // BreakerPrograms contains all programs after they have been loaded into the kernel.

@@ -51,7 +51,8 @@ func (k *Kernel) mapPins() map[string]*ebpf.Map {
 		bpf.BreakerMapLimits: k.objs.Limits, bpf.BreakerMapBulk: k.objs.Bulk, bpf.BreakerMapStats: k.objs.Stats,
 		bpf.BreakerMapEvents: k.objs.Events, bpf.BreakerMapSocks: k.objs.Socks, bpf.BreakerMapProbeBudgets: k.objs.ProbeBudgets,
 		bpf.BreakerMapOverrides: k.objs.Overrides, bpf.BreakerMapWorkloads: k.objs.Workloads, bpf.BreakerMapHandoff: k.objs.Handoff,
-		bpf.BreakerMapInflight: k.objs.Inflight,
+		bpf.BreakerMapInflight:   k.objs.Inflight,
+		bpf.BreakerMapRejections: k.objs.Rejections,
 	}
 }
 

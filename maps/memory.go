@@ -51,9 +51,10 @@ const (
 	limitEntry      = htabElem + 24 + 16 + htabBucket // key 20 -> 24, value 16
 	overrideEntry   = htabElem + 128 + 8 + htabBucket // key 128 (a circuit name), value 8
 	maxOverrides    = 4096
-	workloadEntry   = htabElem + 8 + 8 + htabBucket  // key 8 (a cgroup id), value 8
-	inflightEntry   = htabElem + 8 + 48 + htabBucket // key 8 (a socket cookie), value 48
-	handoffBytes    = 16                             // per CPU
+	workloadEntry   = htabElem + 8 + 8 + htabBucket   // key 8 (a cgroup id), value 8
+	inflightEntry   = htabElem + 8 + 48 + htabBucket  // key 8 (a socket cookie), value 48
+	rejectionEntry  = htabElem + 16 + 16 + htabBucket // key 16 (cgroup, circuit, epoch), value 16
+	handoffBytes    = 16                              // per CPU
 	counterEntry    = 40
 	bulkEntry       = 16
 	budgetEntry     = 8
@@ -73,6 +74,7 @@ const (
 //	probe_budgets  MaxCircuitIDs × 8 B       (2 MiB)
 //	workloads      MaxWorkloadCgroups × 88 B (5.5 MiB)
 //	inflight       MaxInflight × 128 B       (8 MiB)
+//	rejections     MaxRejections × 104 B     (3.25 MiB)
 //	events         4 MiB ring buffer
 //	stats          8 × 8 B × cpus, plus 5 × 32 B × cpus of hash-map locks
 //	handoff        16 B × cpus

@@ -21,7 +21,7 @@ import (
 const daemonSetLimit = 256 << 20
 
 // TestMapMemoryWithinBound fills the hash maps (verdicts, limits,
-// overrides, workloads, inflight) to capacity
+// overrides, workloads, inflight, rejections) to capacity
 // and reads what every map takes (memlock in fdinfo): it stays within
 // MemoryBound for this node's CPUs, and MemoryBound for a 256-CPU node
 // stays within half the DaemonSet's limit. scripts/vmtest also runs it in
@@ -73,6 +73,12 @@ func TestMapMemoryWithinBound(t *testing.T) {
 	}
 	for i := range uint64(MaxInflight) {
 		if err := k.objs.Inflight.Put(i+1, bpf.BreakerInflightTurn{ReqNs: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range uint32(MaxRejections) {
+		rk := bpf.BreakerRejectionKey{CgroupId: uint64(i + 1), CircuitId: 1, Epoch: 1}
+		if err := k.objs.Rejections.Put(&rk, &bpf.BreakerRejectionCount{}); err != nil {
 			t.Fatal(err)
 		}
 	}

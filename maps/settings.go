@@ -176,6 +176,9 @@ type Stats struct {
 	// StorageFailed counts sockets that could not be observed (no socket
 	// storage).
 	StorageFailed uint64
+	// RejectionsFull counts rejections whose cgroup was not recorded:
+	// the rejections map was full.
+	RejectionsFull uint64
 }
 
 // Stats reads the global statistics.
@@ -199,7 +202,10 @@ func (v *View) Stats() (Stats, error) {
 	if s.FailsafeAllowed, err = read(bpf.BreakerStatIndexSTAT_FAILSAFE_ALLOWED); err != nil {
 		return s, err
 	}
-	s.StorageFailed, err = read(bpf.BreakerStatIndexSTAT_STORAGE_FAILED)
+	if s.StorageFailed, err = read(bpf.BreakerStatIndexSTAT_STORAGE_FAILED); err != nil {
+		return s, err
+	}
+	s.RejectionsFull, err = read(bpf.BreakerStatIndexSTAT_REJECTIONS_FULL)
 	return s, err
 }
 

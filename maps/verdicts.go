@@ -136,6 +136,10 @@ type Verdict struct {
 	// CircuitID indexes the counters and probe budgets (0 ..
 	// MaxCircuitIDs-1).
 	CircuitID uint32
+	// Epoch tells apart the circuits that held CircuitID one after the
+	// other: the kernel keys the cgroups a verdict rejects by CircuitID
+	// and Epoch (Rejections). 0 records none.
+	Epoch uint32
 }
 
 // MaxCircuitIDs is the number of circuit ids: per-circuit counter entries
@@ -161,6 +165,7 @@ func (v Verdict) raw() bpf.BreakerVerdict {
 		Probes:      v.Probes,
 		CircuitId:   v.CircuitID,
 		RejectErrno: uint16(v.Errno),
+		Epoch:       v.Epoch,
 	}
 }
 
@@ -172,6 +177,7 @@ func verdictFromRaw(r *bpf.BreakerVerdict) Verdict {
 		Probes:    r.Probes,
 		CircuitID: r.CircuitId,
 		Errno:     syscall.Errno(r.RejectErrno),
+		Epoch:     r.Epoch,
 	}
 }
 
