@@ -80,10 +80,8 @@ type CircuitInfo struct {
 	Options           map[string]any `json:"options"`
 	// FailedPods are the pods ("namespace/name") whose connections to the
 	// circuit failed most recently (at most 8), where breakerd knows the
-	// cgroup's pod (Kubernetes API access, the kubelet's cgroup layout,
-	// and a kernel that reports the cgroup in outcome records: 6.12 yes,
-	// 6.1 no). The kernel does not report which cgroup a rejection was
-	// for, so rejected pods are not listed.
+	// cgroup's pod (Kubernetes API access and the kubelet's cgroup
+	// layout).
 	FailedPods []string `json:"failed_pods,omitempty"`
 	// Bulkheads are the bulkheads of the workloads sharing the circuit,
 	// by workload: each workload's connections are counted and limited
@@ -97,6 +95,12 @@ type CircuitInfo struct {
 	// daemon started.
 	CloseMechanism    string `json:"close_mechanism,omitempty"`
 	ClosedEstablished uint64 `json:"closed_established,omitempty"`
+	// RejectedBy are the pods (or, for cgroups that are no known pod's,
+	// the cgroups) the circuit turned away and how often, most first, at
+	// most 32; RejectedByTotal counts them all. Counted by the kernel per
+	// cgroup as it rejects, read every second.
+	RejectedBy      []RejectedBy `json:"rejected_by,omitempty"`
+	RejectedByTotal int          `json:"rejected_by_total,omitempty"`
 }
 
 // circuitSnap is what is copied of a circuit under the lock; complete
@@ -109,6 +113,7 @@ type circuitSnap struct {
 	// cgroups whose connections failed, named as pods by complete.
 	cgroups []uint64
 	bulk    []bulkSlot // the sharing workloads' bulkheads
+	epoch   uint32     // keys the cgroups it rejected (rejections.go)
 }
 
 // snap copies what the API shows of c. Called under d.mu; no kernel reads.
@@ -128,12 +133,13 @@ func snap(c *circuit, now time.Time) circuitSnap {
 		round:   st.Round,
 		cgroups: c.failedCgroups(),
 		bulk:    c.bulkSlots(),
+		epoch:   c.epoch(),
 	}
 }
 
 // complete adds the kernel's view (probe tokens, counters) to a snapshot.
 // Called outside d.mu: the maps are safe for concurrent use.
-func (d *Daemon) complete(s circuitSnap) CircuitInfo {
+func (d *Daemon) complete(s circuitSnap, names *cgroupNamer) CircuitInfo {
 	ci := s.info
 	ci.Options = optionsMap(s.opts)
 	ci.FailedPods = d.podNames(s.cgroups)
@@ -143,6 +149,7 @@ func (d *Daemon) complete(s circuitSnap) CircuitInfo {
 			ci.CloseMechanism = string(m)
 		}
 	}
+	ci.RejectedBy, ci.RejectedByTotal = d.rejectedBy(ci.CircuitID, s.epoch, names)
 	ci.Destinations = make([]string, 0, len(s.dests))
 	for _, dst := range s.dests {
 		ci.Destinations = append(ci.Destinations, dst.String())
@@ -234,8 +241,9 @@ func (d *Daemon) CircuitsPage(after string, limit int) (_ []CircuitInfo, more bo
 	}
 	d.mu.Unlock()
 	out := make([]CircuitInfo, 0, len(snaps))
+	var namer cgroupNamer
 	for _, s := range snaps {
-		out = append(out, d.complete(s))
+		out = append(out, d.complete(s, &namer))
 	}
 	return out, more
 }
@@ -266,7 +274,7 @@ func (d *Daemon) Circuit(name string) (CircuitInfo, bool) {
 	if !ok {
 		return CircuitInfo{}, false
 	}
-	return d.complete(s), true
+	return d.complete(s, &cgroupNamer{}), true
 }
 
 // Events returns the recent transitions, oldest first.
@@ -314,7 +322,7 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	d.events.add(TransitionEvent{Time: now, Circuit: c.name(), Target: c.target(), Workload: c.workload(), From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})
 	s := snap(c, now)
 	d.mu.Unlock()
-	return d.complete(s), nil
+	return d.complete(s, &cgroupNamer{}), nil
 }
 
 // quote returns s quoted, cut to maxQuoted bytes: errors never repeat

@@ -65,6 +65,9 @@ type circuitExtra struct {
 	// closed counts the established connections its close passes
 	// closed since the daemon started (close_established).
 	closed uint64
+	// epoch keys the kernel's count of the cgroups its verdicts reject
+	// (rejections.go); 0 until it first writes a rejecting verdict.
+	epoch uint32
 }
 
 // isNamed reports whether c is a named target's circuit.
@@ -161,11 +164,15 @@ type registry struct {
 	// verdicts: max_circuits does not refuse those (an open verdict is
 	// never dropped for want of room; eviction brings the count back).
 	adopting bool
+	// recording holds the circuits that have an epoch, by id: only the
+	// circuits that ever rejected (rejections.go).
+	recording map[uint32]*circuit
+	nextEpoch uint32
 }
 
 func newRegistry(k *maps.Kernel) *registry {
 	return &registry{byName: map[string]*circuit{}, byDest: map[maps.DestKey]*circuit{}, groups: map[string]*policy.Group{},
-		active: map[*circuit]struct{}{}, endpoints: map[*circuit]struct{}{}, ids: newIDs(k)}
+		active: map[*circuit]struct{}{}, endpoints: map[*circuit]struct{}{}, ids: newIDs(k), recording: map[uint32]*circuit{}}
 }
 
 // get returns the circuit named name.
@@ -440,6 +447,8 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 		if err := d.k.ResetCounters(c.id); err != nil {
 			d.log.Warn("resetting counters", "circuit", name, "err", err)
 		}
+	} else if e := d.reg.ids.pinnedEpoch(id); e != 0 {
+		d.setEpoch(c, e) // its rejections carry on with its counters
 	}
 	// Continue the rounds of the slot's probe budget, so the first open
 	// verdict begins a new round there.
@@ -621,6 +630,7 @@ func (d *Daemon) drop(c *circuit) {
 	if c.target() == allTarget {
 		d.reg.dynamic--
 	}
+	d.forgetEpoch(c)
 	d.reg.ids.release(c.id, c.name())
 }
 
@@ -644,9 +654,11 @@ func (d *Daemon) writeVerdict(c *circuit, dst maps.Dest, s policy.State, openUnt
 		if s == policy.Open {
 			due += openUntil.Sub(d.now())
 		}
-		err = d.k.PutVerdict(dst, maps.OpenVerdict(due, round, uint32(o.HalfOpenProbes), o.RejectErrno, c.id))
+		v := maps.OpenVerdict(due, round, uint32(o.HalfOpenProbes), o.RejectErrno, c.id)
+		v.Epoch = d.epochOf(c)
+		err = d.k.PutVerdict(dst, v)
 	case policy.ForcedOpen:
-		err = d.k.PutVerdict(dst, maps.Verdict{State: maps.ForcedOpen, Errno: o.RejectErrno, CircuitID: c.id})
+		err = d.k.PutVerdict(dst, maps.Verdict{State: maps.ForcedOpen, Errno: o.RejectErrno, CircuitID: c.id, Epoch: d.epochOf(c)})
 	default:
 		err = d.k.DeleteVerdict(dst)
 	}

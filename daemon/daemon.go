@@ -120,6 +120,10 @@ type Daemon struct {
 	problems     maps.Problems // what Check found last (nil: protection intact)
 	servers      *adminServers // opened by New, served by Run
 
+	// rejections is the last sweep of the kernel's rejections map, with
+	// its own lock (rejections.go).
+	rejections rejectionIndex
+
 	lastSweep time.Time
 	// runCtx is Run's context once it runs: a reload's lookups end with it.
 	runCtx context.Context
@@ -295,6 +299,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.watchGround(ctx) })
 	wg.Go(func() { d.scope.run(ctx) })
 	wg.Go(func() { d.closeLoop(ctx) })
+	wg.Go(func() { d.rejectionsLoop(ctx) })
 	d.mu.Lock()
 	d.ready = d.problems == nil
 	d.admin = srv.tcp

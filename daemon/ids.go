@@ -16,11 +16,12 @@ type ids struct {
 	free     []uint32          // returned ids whose slot counts nothing
 	draining map[uint32]string // returned ids whose slot still counts sockets, with the circuit's name
 	pinned   map[uint32]bool   // ids found in the pinned maps at start-up, not yet claimed
+	epochs   map[uint32]uint32 // the epochs of pinned verdicts, by id (start-up only)
 	byDest   map[maps.Dest]uint32
 }
 
 func newIDs(k *maps.Kernel) *ids {
-	return &ids{k: k, next: 1, draining: map[uint32]string{}, pinned: map[uint32]bool{}, byDest: map[maps.Dest]uint32{}}
+	return &ids{k: k, next: 1, draining: map[uint32]string{}, pinned: map[uint32]bool{}, epochs: map[uint32]uint32{}, byDest: map[maps.Dest]uint32{}}
 }
 
 // loadPinned records the ids a previous daemon left in the kernel: the
@@ -38,6 +39,9 @@ func (s *ids) loadPinned(verdicts map[maps.Dest]maps.Verdict, limits map[maps.De
 	for d, v := range verdicts {
 		mark(v.CircuitID)
 		s.byDest[d] = v.CircuitID
+		if v.Epoch != 0 {
+			s.epochs[v.CircuitID] = v.Epoch
+		}
 	}
 	for d, l := range limits {
 		mark(l.Slot)
@@ -111,7 +115,12 @@ func (s *ids) endStartup() {
 	}
 	clear(s.pinned)
 	clear(s.byDest)
+	clear(s.epochs)
 }
+
+// pinnedEpoch is the epoch the pinned verdicts of id carry (0: none), for
+// the circuit that inherits id at start-up.
+func (s *ids) pinnedEpoch(id uint32) uint32 { return s.epochs[id] }
 
 func (s *ids) busy(id uint32) bool {
 	b, err := s.k.BulkCount(id)

@@ -183,6 +183,8 @@ func (d *Daemon) kubeEvent(c *circuit, t policy.Transition) {
 		FailureRatio: t.FailureRate, SlowRatio: t.SlowRate, Calls: t.Calls, Workload: c.workload()}
 	if opened {
 		ev.Pods = d.podNames(c.failedCgroups())
+	} else {
+		ev.Rejected = d.rejectedPods(c)
 	}
 	if tg := d.cfg.Targets[c.target()]; tg != nil {
 		ev.Service = tg.Match.Service

@@ -106,10 +106,11 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 				d.log.Debug("adopted open circuit", "circuit", c.name(), "dest", dst, "round", round, "half_open", begun, "due_in", (v.Due - mono).String())
 				adopted++
 			}
-			if v.CircuitID != c.id || v.Round != c.machine.Round() {
-				// Re-point counters and the probe budget to the circuit's
-				// slot, in its round; the due time stays.
-				v.CircuitID, v.Round = c.id, c.machine.Round()
+			if e := d.epochOf(c); v.CircuitID != c.id || v.Round != c.machine.Round() || v.Epoch != e {
+				// Re-point counters, the probe budget and the rejected
+				// cgroups' counts to the circuit's slot and epoch, in its
+				// round; the due time stays.
+				v.CircuitID, v.Round, v.Epoch = c.id, c.machine.Round(), e
 				_ = d.k.PutVerdict(dst, v)
 			}
 		case maps.ForcedOpen:

@@ -116,6 +116,7 @@ var (
 	descBulkConns  = prometheus.NewDesc("breakerd_bulkhead_connections", "Connecting plus established sockets counted by the bulkheads, by target.", []string{"target"}, nil)
 	descLost       = prometheus.NewDesc("breakerd_events_lost_total", "Outcome records the kernel dropped because the ring buffer was full.", nil, nil)
 	descFailsafe   = prometheus.NewDesc("breakerd_kernel_failsafe_allowed_total", "Verdicts the kernel ignored because the daemon's heartbeat was stale.", nil, nil)
+	descUnrecorded = prometheus.NewDesc("breakerd_kernel_rejections_unrecorded_total", "Rejections whose cgroup the kernel could not record because its rejections map was full (the circuit's own counters still count them).", nil, nil)
 	descEntries    = prometheus.NewDesc("breakerd_verdict_map_entries", "Entries in the kernel's verdict map.", nil, nil)
 	descCapacity   = prometheus.NewDesc("breakerd_verdict_map_capacity", "Capacity of the kernel's verdict map.", nil, nil)
 	allStates      = []policy.State{policy.Closed, policy.Open, policy.HalfOpen, policy.ForcedOpen, policy.ForcedClosed, policy.Disabled}
@@ -127,7 +128,7 @@ var (
 
 // Describe sends the collector's descriptors.
 func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBulkRej, descBulkConns, descState, descDynamic, descRejected, descShadow, descProbes, descLost, descFailsafe, descEntries, descCapacity} {
+	for _, d := range []*prometheus.Desc{descBulkRej, descBulkConns, descState, descDynamic, descRejected, descShadow, descProbes, descLost, descFailsafe, descUnrecorded, descEntries, descCapacity} {
 		ch <- d
 	}
 }
@@ -214,6 +215,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if st, err := d.k.Stats(); err == nil {
 		ch <- prometheus.MustNewConstMetric(descLost, prometheus.CounterValue, float64(st.EventsLost))
 		ch <- prometheus.MustNewConstMetric(descFailsafe, prometheus.CounterValue, float64(st.FailsafeAllowed))
+		ch <- prometheus.MustNewConstMetric(descUnrecorded, prometheus.CounterValue, float64(st.RejectionsFull))
 	}
 	n, capacity := d.k.VerdictCount()
 	ch <- prometheus.MustNewConstMetric(descEntries, prometheus.GaugeValue, float64(n))

@@ -386,3 +386,37 @@ func (w *workloadCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descWorkloadCapacity, prometheus.GaugeValue, float64(cw.k.WorkloadCapacity()))
 }
+
+// cgroupIDs returns the ids of every cgroup below the attach point, as
+// of the last walk and the events since.
+func (cw *cgroupWatch) cgroupIDs() map[uint64]bool {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	out := make(map[uint64]bool, len(cw.paths))
+	for _, id := range cw.paths {
+		out[id] = true
+	}
+	return out
+}
+
+// cgroupName is what the daemon knows of one cgroup: its path below the
+// cgroup v2 mount and its workload (if it is in the workloads map).
+type cgroupName struct {
+	path, workload string
+}
+
+// names returns what is known of every cgroup below the attach point, by
+// id.
+func (cw *cgroupWatch) names() map[uint64]cgroupName {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	out := make(map[uint64]cgroupName, len(cw.paths))
+	for p, id := range cw.paths {
+		rel, err := filepath.Rel(cw.root, p)
+		if err != nil {
+			rel = p
+		}
+		out[id] = cgroupName{path: filepath.ToSlash(rel), workload: cw.written[id].workload}
+	}
+	return out
+}

@@ -458,6 +458,9 @@ type Transition struct {
 	// Pods names the pods ("namespace/name") whose connections failed,
 	// where known.
 	Pods []string
+	// Rejected names the pods the circuit rejected, with how often
+	// ("namespace/name (N)"), most first.
+	Rejected []string
 }
 
 // CircuitEvent queues an Event for a transition; it never blocks (the
@@ -474,6 +477,9 @@ func (c *Client) CircuitEvent(t Transition) {
 	}
 	if len(t.Pods) > 0 {
 		msg += "; pods that saw failures: " + strings.Join(t.Pods, ", ")
+	}
+	if len(t.Rejected) > 0 {
+		msg += "; pods it rejected (times): " + strings.Join(t.Rejected, ", ")
 	}
 	ref := c.nodeRef()
 	if t.Service != "" {

@@ -1,0 +1,292 @@
+package daemon
+
+import (
+	"cmp"
+	"context"
+	stdmaps "maps"
+	rand "math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/breakerd/breakerd/maps"
+)
+
+// Which cgroups (and so which pods) each circuit turned away: the kernel
+// counts them in the rejections map on the reject path only, keyed by the
+// rejecting verdict's circuit id and epoch and the caller's cgroup. The
+// epoch names one circuit among those that held the id one after the
+// other: a circuit takes one when it first writes a rejecting verdict (or
+// inherits the one its pinned verdicts carry at start-up), so a reused id
+// never shows another circuit's rejections.
+//
+// Every rejectionsEvery the daemon reads the map (outside d.mu), keeps
+// the live circuits' entries in an index the admin API and Events read,
+// and deletes the entries of circuits that are gone (no live circuit holds
+// their id and epoch) and of cgroups that are gone (not below the attach
+// point at two sweeps in a row: a cgroup made after the tree was last
+// walked gets a second chance).
+
+// rejectionsEvery is how often the rejections map is read.
+const rejectionsEvery = time.Second
+
+// listedRejected is the most rejected cgroups or pods one circuit lists;
+// rejected_by_total counts them all.
+const listedRejected = 32
+
+// cgroupRejections is one cgroup's rejections by one circuit.
+type cgroupRejections struct {
+	cgroup           uint64
+	rejected, shadow uint64
+}
+
+// rejectionIndex is the last sweep's view, with its own lock.
+type rejectionIndex struct {
+	mu        sync.Mutex
+	byCircuit map[owner][]cgroupRejections // live circuits' entries
+	suspect   map[uint64]bool              // cgroups not below the attach point at the last sweep
+}
+
+// owner is the circuit an entry counts for: its id and epoch.
+type owner struct{ id, epoch uint32 }
+
+// of returns a copy of the entries of the circuit with id and epoch.
+func (x *rejectionIndex) of(id, epoch uint32) []cgroupRejections {
+	if epoch == 0 {
+		return nil
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return slices.Clone(x.byCircuit[owner{id, epoch}])
+}
+
+// newEpoch returns an epoch no live circuit has (never 0). Epochs start
+// at a random point, so a daemon after a restart does not repeat the
+// previous one's for the ids it does not inherit.
+func (r *registry) newEpoch() uint32 {
+	if r.nextEpoch == 0 {
+		r.nextEpoch = rand.Uint32()
+	}
+	for {
+		r.nextEpoch++
+		if e := r.nextEpoch; e != 0 {
+			return e
+		}
+	}
+}
+
+// epoch is the epoch c's rejecting verdicts carry (0: none written yet).
+func (c *circuit) epoch() uint32 {
+	if c.extra == nil {
+		return 0
+	}
+	return c.extra.epoch
+}
+
+// setEpoch gives c epoch e and files it among the circuits whose
+// rejections are recorded.
+func (d *Daemon) setEpoch(c *circuit, e uint32) {
+	if c.extra == nil {
+		c.extra = &circuitExtra{}
+	}
+	c.extra.epoch = e
+	d.reg.recording[c.id] = c
+}
+
+// epochOf returns c's epoch, giving it one first if it has none. Under
+// d.mu.
+func (d *Daemon) epochOf(c *circuit) uint32 {
+	if e := c.epoch(); e != 0 {
+		return e
+	}
+	e := d.reg.newEpoch()
+	d.setEpoch(c, e)
+	return e
+}
+
+// forgetEpoch is called when c is dropped: its entries are stale from now
+// on (its verdicts are gone) and the next sweep deletes them.
+func (d *Daemon) forgetEpoch(c *circuit) {
+	if c.epoch() != 0 && d.reg.recording[c.id] == c {
+		delete(d.reg.recording, c.id)
+	}
+}
+
+// rejectionsLoop sweeps the rejections map until ctx ends.
+func (d *Daemon) rejectionsLoop(ctx context.Context) {
+	t := time.NewTicker(rejectionsEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			d.sweepRejections()
+		}
+	}
+}
+
+// sweepRejections reads the rejections map, indexes the live circuits'
+// entries and deletes the stale ones. The caller must not hold d.mu.
+func (d *Daemon) sweepRejections() {
+	rs, err := d.k.Rejections()
+	if err != nil {
+		d.log.Warn("reading the rejections map (the next sweep retries)", "err", err)
+		return
+	}
+	x := &d.rejections
+	if len(rs) == 0 {
+		x.mu.Lock()
+		x.byCircuit, x.suspect = nil, nil
+		x.mu.Unlock()
+		return
+	}
+	cgroups := d.scope.cgroupIDs()
+	live := map[owner]bool{}
+	d.mu.Lock()
+	for _, r := range rs {
+		o := owner{r.CircuitID, r.Epoch}
+		if _, seen := live[o]; !seen {
+			c := d.reg.recording[r.CircuitID]
+			live[o] = c != nil && c.epoch() == r.Epoch
+		}
+	}
+	d.mu.Unlock()
+	x.mu.Lock()
+	lastSuspect := x.suspect
+	x.mu.Unlock()
+	var stale []maps.RejectionKey
+	byCircuit := map[owner][]cgroupRejections{}
+	suspect := map[uint64]bool{}
+	for _, r := range rs {
+		if !live[owner{r.CircuitID, r.Epoch}] {
+			stale = append(stale, r.RejectionKey)
+			continue
+		}
+		if !cgroups[r.CgroupID] {
+			if lastSuspect[r.CgroupID] {
+				stale = append(stale, r.RejectionKey)
+				continue
+			}
+			suspect[r.CgroupID] = true
+		}
+		o := owner{r.CircuitID, r.Epoch}
+		byCircuit[o] = append(byCircuit[o], cgroupRejections{r.CgroupID, r.Rejected, r.ShadowRejected})
+	}
+	if len(stale) > 0 {
+		if err := d.k.DeleteRejections(stale); err != nil {
+			d.log.Warn("deleting stale rejection entries (the next sweep retries)", "err", err)
+		}
+	}
+	x.mu.Lock()
+	x.byCircuit, x.suspect = byCircuit, suspect
+	x.mu.Unlock()
+}
+
+// RejectedBy is one pod (or, for a cgroup that is no pod's, one cgroup)
+// a circuit turned connects or sends away from, as /v1/circuits reports it.
+type RejectedBy struct {
+	// Pod is "namespace/name" when the cgroup is a known pod's (its
+	// containers' cgroups summed).
+	Pod string `json:"pod,omitempty"`
+	// Cgroup is the cgroup's path below the cgroup v2 mount, for a
+	// cgroup that is no known pod's (empty if it is gone).
+	Cgroup string `json:"cgroup,omitempty"`
+	// Workload is the protected workload the cgroup belongs to (with
+	// workloads configured).
+	Workload string `json:"workload,omitempty"`
+	// Rejected counts the connects and sends turned away; ShadowRejected
+	// those shadow mode let through.
+	Rejected       uint64 `json:"rejected"`
+	ShadowRejected uint64 `json:"shadow_rejected,omitempty"`
+}
+
+// Label is how breakerctl and Events name it: the pod, else the cgroup.
+func (r RejectedBy) Label() string {
+	if r.Pod != "" {
+		return r.Pod
+	}
+	if r.Cgroup != "" {
+		return r.Cgroup
+	}
+	return "(gone)"
+}
+
+// cgroupNamer names cgroup ids for one request: paths and workloads from
+// the cgroup watch, copied once, on first need.
+type cgroupNamer struct {
+	names map[uint64]cgroupName
+}
+
+// rejectedBy lists who the circuit with id and epoch rejected, most
+// rejections first, at most listedRejected, and how many there are in all.
+// The caller must not hold d.mu.
+func (d *Daemon) rejectedBy(id, epoch uint32, n *cgroupNamer) ([]RejectedBy, int) {
+	entries := d.rejections.of(id, epoch)
+	if len(entries) == 0 {
+		return nil, 0
+	}
+	if n.names == nil {
+		n.names = d.scope.names()
+	}
+	byKey := map[string]*RejectedBy{}
+	for _, e := range entries {
+		cn := n.names[e.cgroup]
+		r := RejectedBy{Cgroup: cn.path, Workload: cn.workload}
+		key := "cgroup:" + cn.path
+		if cn.path == "" {
+			key = "id:" + strconv.FormatUint(e.cgroup, 10) // gone: one entry each
+		}
+		if pods := d.podNames([]uint64{e.cgroup}); len(pods) == 1 {
+			r.Pod, r.Cgroup, key = pods[0], "", "pod:"+pods[0]
+		}
+		x, ok := byKey[key]
+		if !ok {
+			x = &r
+			byKey[key] = x
+		}
+		x.Rejected += e.rejected
+		x.ShadowRejected += e.shadow
+	}
+	out := make([]RejectedBy, 0, len(byKey))
+	for _, r := range byKey {
+		out = append(out, *r)
+	}
+	slices.SortFunc(out, func(a, b RejectedBy) int {
+		if c := cmp.Compare(b.Rejected+b.ShadowRejected, a.Rejected+a.ShadowRejected); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Label(), b.Label())
+	})
+	total := len(out)
+	return out[:min(total, listedRejected)], total
+}
+
+// eventRejected is the most pods a CircuitClosed Event names.
+const eventRejected = 8
+
+// rejectedPods names the pods c rejected, "namespace/name (N)", most
+// first, at most eventRejected: for its CircuitClosed Event, from the
+// last sweep (at most rejectionsEvery old). Cgroups of no known pod are
+// left out. No kernel read: callable under d.mu.
+func (d *Daemon) rejectedPods(c *circuit) []string {
+	byPod := map[string]uint64{}
+	for _, e := range d.rejections.of(c.id, c.epoch()) {
+		if pods := d.podNames([]uint64{e.cgroup}); len(pods) == 1 && e.rejected > 0 {
+			byPod[pods[0]] += e.rejected
+		}
+	}
+	pods := slices.Collect(stdmaps.Keys(byPod))
+	slices.SortFunc(pods, func(a, b string) int {
+		if c := cmp.Compare(byPod[b], byPod[a]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	})
+	out := make([]string, 0, min(len(pods), eventRejected))
+	for _, p := range pods[:min(len(pods), eventRejected)] {
+		out = append(out, p+" ("+strconv.FormatUint(byPod[p], 10)+")")
+	}
+	return out
+}
