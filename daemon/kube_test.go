@@ -705,3 +705,85 @@ targets:
 		t.Fatalf("%d SYNs reached a forced-open destination", n)
 	}
 }
+
+// TestRejectedPods: one open circuit rejects two pods of a workload
+// (their containers' cgroups in both kubelet layouts, real processes in
+// them): /v1/circuits names both pods with their exact counts, a pod of
+// no workload is neither rejected nor listed, the counts carry on across
+// a SIGTERM restart and a reload, and the CircuitClosed Event names the
+// pods it rejected.
+func TestRejectedPods(t *testing.T) {
+	const conf = `
+failsafe_timeout: 30s
+workloads:
+  - name: shop
+    namespaces: [NS]
+    pod_labels: ["app=web"]
+targets:
+  svc:
+    match: {cidrs: [SRV], ports: ["8407"]}
+    consecutive_failures: 2
+    open_duration: 3s
+    jitter: 0
+    half_open_probes: 1
+    half_open_success_threshold: 1
+    reject_errno: EHOSTUNREACH
+`
+	kf := newKubeFixture(t, conf)
+	web1 := kf.createPod(t, "web-1", kf.node, map[string]string{"app": "web"})
+	web2 := kf.createPod(t, "web-2", kf.node, map[string]string{"app": "web"})
+	db := kf.createPod(t, "db-1", kf.node, map[string]string{"app": "db"})
+	tree := &cgroupTree{t: t, root: kf.cg, made: map[string]*kerneltest.Cgroup{}}
+	_, ctr1 := tree.systemdPod(web1, "burstable")
+	_, ctr2 := tree.cgroupfsPod(web2, "besteffort")
+	_, dbCtr := tree.cgroupfsPod(db, "burstable")
+	kf.start()
+	if !kerneltest.WaitFor(10*time.Second, func() bool { return len(kf.workloadEntries()) == 4 }) {
+		t.Fatalf("workloads map has %d entries, want 4:\n%s", len(kf.workloadEntries()), kf.logs.String())
+	}
+	if got := kf.dialFrom(ctr1, 8407, 2); got[unix.ECONNREFUSED] != 2 {
+		t.Fatalf("nothing listens: %v", got)
+	}
+	kf.waitState("svc", "open", 5*time.Second)
+	reject := func(cg *kerneltest.Cgroup, n int) {
+		t.Helper()
+		if got := kf.dialFrom(cg, 8407, n); got[unix.EHOSTUNREACH] != n {
+			t.Fatalf("with the circuit open: %v, want %d rejected", got, n)
+		}
+	}
+	reject(ctr1, 5)
+	reject(ctr2, 3)
+	if got := kf.dialFrom(dbCtr, 8407, 2); got[unix.ECONNREFUSED] != 2 {
+		t.Fatalf("a pod of no workload: %v, want refused by the host, not rejected", got)
+	}
+	w1, w2 := kf.ns+"/web-1", kf.ns+"/web-2"
+	kf.waitRejectedBy("svc", map[string]uint64{w1: 5, w2: 3})
+	c, _ := kf.circuit("svc")
+	for _, r := range c.RejectedBy {
+		if r.Workload != "shop" || r.Cgroup != "" {
+			t.Fatalf("rejected_by %+v: want workload shop and the pod, not a cgroup path", r)
+		}
+	}
+	// SIGTERM restart and a reload: the counts carry on.
+	kf.restart()
+	reject(ctr2, 1)
+	kf.writeConfig(strings.ReplaceAll(strings.Replace(conf, "workloads:\n", "workloads:\n  - name: other\n    namespaces: [elsewhere]\n", 1), "NS", kf.ns))
+	if err := kf.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	reject(ctr1, 1)
+	kf.waitRejectedBy("svc", map[string]uint64{w1: 6, w2: 4})
+	// The host comes back; a probe closes the circuit; its Event names
+	// the pods it rejected.
+	kf.srv.Listen(t, "tcp4", 8407)
+	if !kerneltest.WaitFor(15*time.Second, func() bool {
+		kf.dialFrom(ctr1, 8407, 1)
+		c, _ := kf.circuit("svc")
+		return c.State == "closed"
+	}) {
+		t.Fatalf("circuit did not close:\n%s", kf.logs.String())
+	}
+	kf.waitEvent(t, "default", kf.node, kube.ReasonCircuitClosed, "pods it rejected (times): "+w1+" (")
+	ev := kf.waitEvent(t, "default", kf.node, kube.ReasonCircuitClosed, w2+" (4)")
+	t.Logf("closing Event: %s", ev.Message)
+}

@@ -21,11 +21,12 @@ import (
 // fakeDaemon serves the admin API's routes on a unix socket with Go's
 // ServeMux, as breakerd does, and records the names it was asked about.
 type fakeDaemon struct {
-	mu    sync.Mutex
-	names []string
-	auth  []string // Authorization headers of GET requests
-	sock  string
-	pods  []string // the failed pods of the first circuit
+	mu       sync.Mutex
+	names    []string
+	auth     []string // Authorization headers of GET requests
+	sock     string
+	pods     []string            // the failed pods of the first circuit
+	rejected []daemon.RejectedBy // whom the first circuit rejected
 }
 
 func newFakeDaemon(t *testing.T, circuits int) *fakeDaemon {
@@ -61,6 +62,8 @@ func newFakeDaemon(t *testing.T, circuits int) *fakeDaemon {
 			if i == 0 {
 				f.mu.Lock()
 				ci.FailedPods = f.pods
+				ci.RejectedBy = f.rejected
+				ci.RejectedByTotal = len(f.rejected) + 1
 				f.mu.Unlock()
 			}
 			page = append(page, ci)
@@ -170,18 +173,21 @@ func TestExitCodes(t *testing.T) {
 	}
 }
 
-// TestStatusNamesFailedPods: status shows the pods that saw failures,
+// TestStatusNamesFailedPods: status shows the pods that saw failures
+// and those rejected, with their counts and how many more there are,
 // and "-" where none are known.
 func TestStatusNamesFailedPods(t *testing.T) {
 	f := newFakeDaemon(t, 2)
 	f.pods = []string{"shop/web-1", "shop/web-2"}
+	f.rejected = []daemon.RejectedBy{{Pod: "shop/web-2", Rejected: 7}, {Cgroup: "system.slice/x.service", Rejected: 2}}
 	var out bytes.Buffer
 	if err := run([]string{"status", "--socket", f.sock}, &out); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 3 || !strings.HasSuffix(lines[0], "FAILED PODS") ||
-		!strings.HasSuffix(lines[1], "shop/web-1,shop/web-2") || !strings.HasSuffix(lines[2], " -") {
+	last2 := func(l string) string { f := strings.Fields(l); return strings.Join(f[max(0, len(f)-2):], " ") }
+	if len(lines) != 3 || !strings.HasSuffix(lines[0], "REJECTED PODS") ||
+		!strings.HasSuffix(lines[1], " shop/web-1,shop/web-2  shop/web-2:7,system.slice/x.service:2,+1 more") || last2(lines[2]) != "- -" {
 		t.Fatalf("status:\n%s", out.String())
 	}
 }

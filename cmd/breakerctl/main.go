@@ -118,7 +118,7 @@ func run(args []string, out io.Writer) error {
 			return writeJSON(out, cs)
 		}
 		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tTARGET\tWORKLOAD\tSTATE\tFAILURE\tSLOW\tCALLS\tOPEN FOR\tREJECTED\tCONNS\tBULKHEAD REJECTED\tFAILED PODS")
+		fmt.Fprintln(tw, "NAME\tTARGET\tWORKLOAD\tSTATE\tFAILURE\tSLOW\tCALLS\tOPEN FOR\tREJECTED\tCONNS\tBULKHEAD REJECTED\tFAILED PODS\tREJECTED PODS")
 		for _, ci := range cs {
 			open := "-"
 			if !ci.OpenUntil.IsZero() {
@@ -132,7 +132,11 @@ func run(args []string, out io.Writer) error {
 			if len(ci.FailedPods) > 0 {
 				pods = strings.Join(ci.FailedPods, ",")
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\t%d\t%s\t%d\t%s\t%d\t%s\n", ci.Name, ci.Target, ci.Workload, ci.State, 100*ci.FailureRate, 100*ci.SlowRate, ci.Calls, open, ci.Rejected, conns, ci.BulkheadRejected, pods)
+			rejected := rejectedBy(ci)
+			if rejected == "" {
+				rejected = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\t%d\t%s\t%d\t%s\t%d\t%s\t%s\n", ci.Name, ci.Target, ci.Workload, ci.State, 100*ci.FailureRate, 100*ci.SlowRate, ci.Calls, open, ci.Rejected, conns, ci.BulkheadRejected, pods, rejected)
 		}
 		return tw.Flush()
 	case "events":
@@ -386,4 +390,22 @@ func connsOf(ci daemon.CircuitInfo, limit int) string {
 		fullest = max(fullest, b.Connections)
 	}
 	return fmt.Sprintf("%d/%d (fullest of %d workloads)", fullest, limit, len(ci.Bulkheads))
+}
+
+// rejectedBy lists the pods (or cgroups) a circuit rejected with their
+// counts, "shop/web-1:5,shop/web-2:3", most first, and how many more the
+// API left out; "" when none.
+func rejectedBy(ci daemon.CircuitInfo) string {
+	parts := make([]string, 0, len(ci.RejectedBy)+1)
+	for _, r := range ci.RejectedBy {
+		n := r.Rejected
+		if n == 0 {
+			n = r.ShadowRejected // shadow mode: what it would have rejected
+		}
+		parts = append(parts, fmt.Sprintf("%s:%d", r.Label(), n))
+	}
+	if more := ci.RejectedByTotal - len(ci.RejectedBy); more > 0 {
+		parts = append(parts, fmt.Sprintf("+%d more", more))
+	}
+	return strings.Join(parts, ",")
 }

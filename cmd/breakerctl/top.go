@@ -245,9 +245,21 @@ func (m *topModel) View() string {
 			break
 		}
 	}
+	// REJECTED BY (the pods or cgroups a circuit rejected) last, only when
+	// some circuit names whom it rejected.
+	rejectedW := 0
+	for _, ci := range m.circuits {
+		if len(ci.RejectedBy) > 0 {
+			rejectedW = 32
+			break
+		}
+	}
 	fixed := 13 + 1 + 14 + 1 + 6 + 1 + 6 + 1 + 6 + 1 + 7 + 1 + 10 + 1 + 8 + 1 + 11 + 1
 	if workloadW > 0 {
 		fixed += workloadW + 1
+	}
+	if rejectedW > 0 {
+		fixed += rejectedW + 1
 	}
 	nameW := max(16, w-fixed)
 	column := func(s string) string {
@@ -256,7 +268,11 @@ func (m *topModel) View() string {
 		}
 		return " " + pad(clean(s), workloadW)
 	}
-	b.WriteString(fit(fmt.Sprintf("%-13s %-*s %-14s%s %6s %6s %6s %7s %10s %8s %-11s", "STATE", nameW, "CIRCUIT", "TARGET", column("WORKLOAD"), "FAIL", "SLOW", "CALLS", "OPEN", "REJECTED", "REJ/S", "BULKHEAD"), w) + "\n")
+	cols := fmt.Sprintf("%-13s %-*s %-14s%s %6s %6s %6s %7s %10s %8s %-11s", "STATE", nameW, "CIRCUIT", "TARGET", column("WORKLOAD"), "FAIL", "SLOW", "CALLS", "OPEN", "REJECTED", "REJ/S", "BULKHEAD")
+	if rejectedW > 0 {
+		cols += " " + pad("REJECTED BY", rejectedW)
+	}
+	b.WriteString(fit(cols, w) + "\n")
 	n := m.rows()
 	end := min(len(m.circuits), m.offset+n)
 	for _, ci := range m.circuits[m.offset:end] {
@@ -276,6 +292,9 @@ func (m *topModel) View() string {
 		}
 		rest := fmt.Sprintf(" %s %s%s %6s %6s %6d %7s %10d %8.1f %-11s", pad(clean(ci.Name), nameW), pad(clean(ci.Target), 14), column(ci.Workload),
 			pct(ci.FailureRate), pct(ci.SlowRate), ci.Calls, open, ci.Rejected, m.rate[ci.Name], bulk)
+		if rejectedW > 0 {
+			rest += " " + pad(clean(rejectedBy(ci)), rejectedW)
+		}
 		b.WriteString(state + fit(rest, w-13) + "\n")
 	}
 	for range n - (end - m.offset) {

@@ -13,11 +13,12 @@ import (
 // TestTopModel drives top's model without a terminal: rates between two
 // reads, the sort keys, names that cannot steer the terminal, and q.
 func TestTopModel(t *testing.T) {
-	m := &topModel{interval: time.Second, prev: map[string]sample{}, rate: map[string]float64{}, width: 120, height: 20}
+	m := &topModel{interval: time.Second, prev: map[string]sample{}, rate: map[string]float64{}, width: 160, height: 20}
 	t0 := time.Now()
 	read := func(at time.Time, rejected uint64) {
 		m.Update(dataMsg{at: at, circuits: []daemon.CircuitInfo{
-			{Name: "b-open", State: "open", FailureRate: 0.5, Rejected: rejected, Workload: "tenant-a"},
+			{Name: "b-open", State: "open", FailureRate: 0.5, Rejected: rejected, Workload: "tenant-a",
+				RejectedBy: []daemon.RejectedBy{{Pod: "shop/web-1", Rejected: 20}, {Pod: "shop/\x1b[31mweb-2", Rejected: 10}}},
 			{Name: "a-closed", State: "closed", FailureRate: 0.9},
 			{Name: "c-\x1b[2Jevil\x07", State: "half_open", FailureRate: 0.1, Rejected: 1},
 		}})
@@ -46,6 +47,9 @@ func TestTopModel(t *testing.T) {
 	view := m.View()
 	if strings.Contains(view, "\x1b[2J") || strings.Contains(view, "\x07") || !strings.Contains(view, "c-?[2Jevil?") {
 		t.Errorf("a name's control characters reached the terminal:\n%q", view)
+	}
+	if !strings.Contains(view, "REJECTED BY") || !strings.Contains(view, "shop/web-1:20,shop/?[31mweb-2:10") {
+		t.Errorf("no rejected pods:\n%s", view)
 	}
 	if !strings.Contains(view, "WORKLOAD") || !strings.Contains(view, "tenant-a") {
 		t.Errorf("no workload column:\n%s", view)
