@@ -121,6 +121,8 @@ func withWorkloads(ci CircuitInfo) map[string]any {
 	_ = json.Unmarshal(b, &m)
 	m["workload"] = "kubepods.slice/" + hostile
 	m["failed_pods"] = []string{"ns/" + hostile}
+	m["rejected_by"] = []map[string]any{{"pod": "ns/" + hostile, "rejected": 7}, {"cgroup": "system.slice/" + hostile, "rejected": 2}}
+	m["rejected_by_total"] = 3
 	return m
 }
 
@@ -155,6 +157,7 @@ func TestUIHostileNamesAreText(t *testing.T) {
 		Events, Reasons        []string
 		EventWork              []string
 		Pods                   []string
+		Rejected               []string
 		Rows                   int
 		Rate                   string
 	}
@@ -169,6 +172,7 @@ func TestUIHostileNamesAreText(t *testing.T) {
 			Targets: [...document.querySelectorAll("#rows tr")].map((tr) => tr.children[2] ? tr.children[2].textContent : ""),
 			Work: [...document.querySelectorAll("#rows td.workloads")].map((td) => td.firstChild.textContent),
 			Pods: texts("#rows td.workloads .pods"),
+			Rejected: texts("#rows td.workloads .rejected-by"),
 			Events: [...document.querySelectorAll("#event-rows td.name")].map((td) => td.firstChild.textContent),
 			EventWork: texts("#event-rows td.name .hint"),
 			Reasons: [...document.querySelectorAll("#event-rows tr")].map((tr) => tr.children[4].textContent),
@@ -188,7 +192,8 @@ func TestUIHostileNamesAreText(t *testing.T) {
 	want := hostile + "/198.18.0.2:80"
 	if !slices.Contains(st.Names, want) || !slices.Contains(st.Targets, hostile) || !slices.Contains(st.Work, "kubepods.slice/"+hostile) ||
 		!slices.Contains(st.Events, want) || !slices.Contains(st.Reasons, hostile) || !slices.Contains(st.EventWork, " (w/"+hostile+")") ||
-		!slices.Contains(st.Pods, "pods with failures: ns/"+hostile) {
+		!slices.Contains(st.Pods, "pods with failures: ns/"+hostile) ||
+		!slices.Contains(st.Rejected, "rejected: ns/"+hostile+": 7, system.slice/"+hostile+": 2, +1 more") {
 		t.Fatalf("the literal text is not shown: %+v", st)
 	}
 	if st.Rate == "0.0" || st.Rate == "" {

@@ -76,10 +76,23 @@ function pods(c) {
   return Array.isArray(c.failed_pods) ? c.failed_pods.map(String) : [];
 }
 
+// rejectedBy returns who the circuit rejected, "name: count", most first
+// (pods, or cgroups that are no known pod's), and "+N more" when the API
+// listed only some.
+function rejectedBy(c) {
+  const list = Array.isArray(c.rejected_by) ? c.rejected_by : [];
+  const out = list.map((r) => String(r.pod || r.cgroup || "(gone)") + ": " + Number(r.rejected || r.shadow_rejected || 0));
+  const more = Number(c.rejected_by_total || 0) - list.length;
+  if (more > 0) out.push("+" + more + " more");
+  return out;
+}
+
 function workloadCell(c) {
   const td = el("td", "wrap workloads", workloads(c).join(", ") || "-");
   const p = pods(c);
   if (p.length) td.append(el("div", "hint pods", "pods with failures: " + p.join(", ")));
+  const r = rejectedBy(c);
+  if (r.length) td.append(el("div", "hint rejected-by", "rejected: " + r.join(", ")));
   return td;
 }
 
@@ -190,7 +203,7 @@ function filters() {
 function matches(c, f) {
   if (f.state === "!closed" ? c.state === "closed" : f.state && c.state !== f.state) return false;
   if (!f.q) return true;
-  return [c.name, c.target, c.scope, ...workloads(c), ...pods(c)].some((s) => String(s).toLowerCase().includes(f.q));
+  return [c.name, c.target, c.scope, ...workloads(c), ...pods(c), ...rejectedBy(c)].some((s) => String(s).toLowerCase().includes(f.q));
 }
 
 const sorters = {
@@ -358,7 +371,7 @@ async function pollDetail() {
   if (name !== ui.selected) return;
   document.getElementById("detail-name").textContent = c.name;
   const items = [
-    ["state", c.state], ["target", c.target], ["scope", c.scope], ["workload", workloads(c).join(", ") || "-"], ["pods with failures", pods(c).join(", ") || "-"],
+    ["state", c.state], ["target", c.target], ["scope", c.scope], ["workload", workloads(c).join(", ") || "-"], ["pods with failures", pods(c).join(", ") || "-"], ["rejected", rejectedBy(c).join(", ") || "-"],
     ["failure ratio", pct(c.failure_rate) + " (" + c.failures + " of " + c.calls + ")"],
     ["slow ratio", pct(c.slow_rate) + " (" + c.slow + " of " + c.calls + ")"],
     ["consecutive failures", c.consecutive_failures], ["trip", c.trip],
