@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,9 +23,12 @@ import (
 // in a bulkhead; the workloads map holds exactly the selected cgroups (sel
 // and sel2, sharing circuits) and the cgroup of a target's source pattern
 // (pat, whose pool has a limit of its own); each workload has its own
-// bulkhead, sel and sel2 included, counting exactly its own sockets.
-// Checked across a SIGTERM restart, reloads, a SIGKILL and a second start
-// on the same pins.
+// bulkhead, sel and sel2 included, counting exactly its own sockets; the
+// rejections map holds exactly one entry per rejected cgroup (sel and sel2
+// under the one shared open circuit, pat under its own), under the id and
+// epoch of that circuit's verdict, counting exactly the rejections the
+// client saw. Checked across a SIGTERM restart, reloads, a SIGKILL and a
+// second start on the same pins.
 const scopedLifecycleConfig = lifecycleConfig + `  pool-p:
     source: ["cgroup:CGROUP/pat"]
     match: {cidrs: [SRV], ports: ["8501"]}
@@ -39,8 +43,10 @@ workloads:
 
 type scopedLoop struct {
 	healthyRejected, openAdmitted, unselRejected, rounds atomic.Int64
+	openRejected                                         map[*kerneltest.Cgroup]uint64 // under mu
 	stop                                                 atomic.Bool
 	wg                                                   sync.WaitGroup
+	mu                                                   sync.Mutex // held for a round: check reads the counts between rounds
 }
 
 func TestLifecycleScoped(t *testing.T) {
@@ -67,9 +73,10 @@ func TestLifecycleScoped(t *testing.T) {
 	}
 	p := l.start()
 
-	var lp scopedLoop
+	lp := scopedLoop{openRejected: map[*kerneltest.Cgroup]uint64{}}
 	lp.wg.Go(func() {
 		for !lp.stop.Load() {
+			lp.mu.Lock()
 			for _, cg := range []*kerneltest.Cgroup{sel, sel2, pat} {
 				for _, r := range l.topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.web.Addr, Count: 10}) {
 					if r.Errno != 0 {
@@ -79,6 +86,8 @@ func TestLifecycleScoped(t *testing.T) {
 				for _, r := range l.topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.down.Addr, Count: 10}) {
 					if r.Errno != unix.EHOSTUNREACH {
 						lp.openAdmitted.Add(1)
+					} else {
+						lp.openRejected[cg]++
 					}
 				}
 			}
@@ -88,6 +97,7 @@ func TestLifecycleScoped(t *testing.T) {
 				}
 			}
 			lp.rounds.Add(1)
+			lp.mu.Unlock()
 		}
 	})
 	t.Cleanup(func() { lp.stop.Store(true); lp.wg.Wait() })
@@ -139,6 +149,25 @@ func TestLifecycleScoped(t *testing.T) {
 		selPool.Class, sel2Pool.Class, patPool.Class = bulk[selID], bulk[sel2ID], w[patID]
 		if selPool.Class == sel2Pool.Class {
 			t.Fatalf("%s: sel and sel2 share bulkhead class %d", step, selPool.Class)
+		}
+		lp.mu.Lock()
+		rejected := map[*kerneltest.Cgroup]uint64{sel: lp.openRejected[sel], sel2: lp.openRejected[sel2], pat: lp.openRejected[pat]}
+		rs, err := v.Rejections()
+		lp.mu.Unlock()
+		if err != nil || len(rs) != 3 {
+			t.Fatalf("%s: rejections map %+v (%v), want one entry each for sel, sel2 and pat", step, rs, err)
+		}
+		for _, who := range []struct {
+			cg *kerneltest.Cgroup
+			id uint64
+		}{{sel, selID}, {sel2, sel2ID}, {pat, patID}} {
+			down := l.down
+			down.Class = w[who.id] // pat's connects have circuits of its class
+			dv, ok, verr := v.Verdict(down)
+			i := slices.IndexFunc(rs, func(r maps.Rejection) bool { return r.CgroupID == who.id })
+			if verr != nil || !ok || dv.Epoch == 0 || i < 0 || rs[i].CircuitID != dv.CircuitID || rs[i].Epoch != dv.Epoch || rs[i].Rejected != rejected[who.cg] {
+				t.Fatalf("%s: rejections map %+v, verdict %+v (%v); want cgroup %d's entry under the verdict's id and epoch with %d rejections, as the client saw", step, rs, dv, verr, who.id, rejected[who.cg])
+			}
 		}
 		all, err := v.AllLimits()
 		if err != nil || len(all) != 3 {
