@@ -55,8 +55,8 @@ func (f *fixture) rejectionEntries() int {
 // carry on across a SIGTERM restart (rejections in the gap, by the pinned
 // programs, included), a reload that keeps the circuit and a refused
 // second start; a removed cgroup's entry and a dropped circuit's entries
-// leave the kernel map; the circuit made again starts from nothing;
-// connects that are allowed write no entry.
+// leave the kernel map; the circuit made again under the same (reused) id
+// starts from nothing; connects that are allowed write no entry.
 func TestRejectedCgroups(t *testing.T) {
 	f := newFixture(t, rejectedConfig)
 	f.srv.Listen(t, "tcp4", 8403) // healthy: only the verdict rejects
@@ -91,7 +91,8 @@ func TestRejectedCgroups(t *testing.T) {
 	f.waitRejectedBy("down", map[string]uint64{la: 7, lb: 4})
 
 	// A reload that keeps the circuit keeps its counts.
-	f.writeConfig(rejectedConfig + "  other:\n    match: {cidrs: [SRV], ports: [\"8406\"]}\n")
+	withOther := rejectedConfig + "  other:\n    match: {cidrs: [SRV], ports: [\"8406\"]}\n"
+	f.writeConfig(withOther)
 	if err := f.d.Reload(); err != nil {
 		t.Fatal(err)
 	}
@@ -124,8 +125,9 @@ func TestRejectedCgroups(t *testing.T) {
 	if !kerneltest.WaitFor(5*time.Second, func() bool { return f.rejectionEntries() == 0 }) {
 		t.Fatalf("%d rejection entries after the circuit went, want 0", f.rejectionEntries())
 	}
-	// Made again (its id is free for reuse): it starts from nothing.
-	f.writeConfig(rejectedConfig)
+	// Made again, under the id it had (the last one freed): it starts
+	// from nothing.
+	f.writeConfig(withOther)
 	if err := f.d.Reload(); err != nil {
 		t.Fatal(err)
 	}
@@ -133,8 +135,9 @@ func TestRejectedCgroups(t *testing.T) {
 	if c, _ := f.circuit("down"); len(c.RejectedBy) != 0 {
 		t.Fatalf("the circuit made again lists %+v", c.RejectedBy)
 	}
-	c, _ = f.circuit("down")
-	t.Logf("circuit id %d before it was dropped, %d made again", firstID, c.CircuitID)
+	if c, _ := f.circuit("down"); c.CircuitID != firstID {
+		t.Fatalf("the circuit made again has id %d, not the reused %d: the test does not show what it claims", c.CircuitID, firstID)
+	}
 	reject(a, 2)
 	f.waitRejectedBy("down", map[string]uint64{la: 2})
 }
