@@ -524,8 +524,8 @@ func (ct *cgroupTree) cgroupfsPod(p *corev1.Pod, qos string) (pod, ctr *kernelte
 // with real processes in their container cgroups, are protected; a pod
 // that does not match, or of another node, is not; a container started
 // after its pod is; a pod whose labels change to match becomes protected,
-// and a deleted pod stops being protected. The circuit names the pod that
-// saw the failures.
+// a terminating pod stays protected, and a deleted pod stops being
+// protected. The circuit names the pod that saw the failures.
 func TestPodWorkloads(t *testing.T) {
 	kf := newKubeFixture(t, `
 workloads:
@@ -606,9 +606,23 @@ targets:
 	if !kerneltest.WaitFor(10*time.Second, func() bool { return kf.dialFrom(dbCtr, 8400, 1)[unix.EHOSTUNREACH] == 1 }) {
 		t.Fatalf("a pod relabelled to match is not protected (%d entries)", entries())
 	}
-	// web-1 is deleted (at once: no kubelet runs to finish a graceful
-	// deletion; a terminating pod stays protected until it is gone): its
-	// cgroups leave the workload.
+	// web-1's deletion is requested with a grace period: no kubelet runs
+	// to finish it, so it stays terminating (deletionTimestamp set), and
+	// its processes, which still run, stay protected.
+	grace := int64(300)
+	if err := kf.cs.CoreV1().Pods(kf.ns).Delete(ctx, "web-1", metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := kf.cs.CoreV1().Pods(kf.ns).Get(ctx, "web-1", metav1.GetOptions{}); err != nil || p.DeletionTimestamp == nil {
+		t.Fatalf("web-1 after a graceful delete: %v, %v; want it terminating", err, p)
+	}
+	for range 10 { // over a second: long after the informer has the update
+		if got := kf.dialFrom(web1Ctr, 8400, 1); got[unix.EHOSTUNREACH] != 1 {
+			t.Fatalf("a terminating pod: %v, want still rejected (protected until it is gone)", got)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Then deleted at once: its cgroups leave the workload.
 	zero := int64(0)
 	if err := kf.cs.CoreV1().Pods(kf.ns).Delete(ctx, "web-1", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -286,6 +287,12 @@ func (d *decoder) node(n *yaml.Node, path string, depth int, entries *int) (any,
 				continue
 			}
 			name := keyName(k.Value, k.Line)
+			if labelMapRE.MatchString(path) {
+				// A label key (app.kubernetes.io/name) as written:
+				// checkLabel refuses any key that is not a label's, and
+				// only a configuration has this path at all.
+				name = k.Value
+			}
 			p := join(path, name)
 			if _, dup := m[name]; dup {
 				d.at(p, k.Line, "duplicate key (first at line %d)", d.lines[p])
@@ -306,6 +313,10 @@ func (d *decoder) node(n *yaml.Node, path string, depth int, entries *int) (any,
 	d.at(path, n.Line, "unexpected YAML node")
 	return nil, true
 }
+
+// labelMapRE matches the key path of a workload's pod_labels written as a
+// mapping, whose keys are label keys (with '/' and '.') kept as written.
+var labelMapRE = regexp.MustCompile(`^workloads\[[0-9]+\]\.pod_labels$`)
 
 // keyName is how a key appears in a key path: as written when it could be
 // a name, else only its length and line. A file that is not a

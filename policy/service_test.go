@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"testing"
@@ -105,6 +106,23 @@ workloads:
 	if c.Workloads[1].Kubernetes() {
 		t.Fatal("a cgroup workload selects pods")
 	}
+	// The mapping form, as matchLabels is written: keys with '/' and '.'
+	// kept as written.
+	m, err := Parse([]byte(`
+workloads:
+  - name: shop
+    pod_labels:
+      app.kubernetes.io/name: web
+      tier: front
+  - name: flow
+    pod_labels: {example.com/team: pay}
+`), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(m.Workloads[0].PodLabels, w.PodLabels) || m.Workloads[1].PodLabels["example.com/team"] != "pay" || len(m.Workloads[1].PodLabels) != 1 {
+		t.Fatalf("mapping form: %+v and %+v, want %v", m.Workloads[0].PodLabels, m.Workloads[1].PodLabels, w.PodLabels)
+	}
 	// Order: the first workload whose pattern or pod selection matches.
 	if got, _ := c.WorkloadOfPod("system.slice/legacy.service", func(string) bool { return true }); got.Name != "shop" {
 		t.Fatalf("first match %s, want shop (selected pod)", got.Name)
@@ -124,6 +142,11 @@ func TestPodWorkloadsRefusals(t *testing.T) {
 		{"bad key", "workloads:\n  - {name: a, pod_labels: [\"-x=1\"]}\n", `workloads[0].pod_labels[0]: label key "-x" is not a label name (alphanumerics, '-', '_', '.', at most 63)`},
 		{"bad value", "workloads:\n  - {name: a, pod_labels: [\"app=we b\"]}\n", `workloads[0].pod_labels[0]: label value "we b" is not a label value (alphanumerics, '-', '_', '.', at most 63)`},
 		{"bad prefix", "workloads:\n  - {name: a, pod_labels: [\"Ex.com/app=web\"]}\n", `workloads[0].pod_labels[0]: label key prefix "Ex.com" is not a DNS subdomain`},
+		{"map: bad key", "workloads:\n  - name: a\n    pod_labels: {Ex.com/app: web}\n", `workloads[0].pod_labels.Ex.com/app: label key prefix "Ex.com" is not a DNS subdomain`},
+		{"map: bad value", "workloads:\n  - name: a\n    pod_labels:\n      app.kubernetes.io/name: we b\n", `workloads[0].pod_labels.app.kubernetes.io/name: label value "we b" is not a label value (alphanumerics, '-', '_', '.', at most 63)`},
+		{"map: number", "workloads:\n  - name: a\n    pod_labels: {version: 1}\n", `workloads[0].pod_labels.version: 1 is not a string: quote a label value that YAML reads as a number or a boolean ("1", "true")`},
+		{"map: nested", "workloads:\n  - name: a\n    pod_labels: {app: {x: y}}\n", `workloads[0].pod_labels.app: must be a label value (a string), not a mapping or a list`},
+		{"map: duplicate", "workloads:\n  - name: a\n    pod_labels:\n      app: web\n      app: db\n", `workloads[0].pod_labels.app: duplicate key (first at line 4)`},
 		{"nothing selects", "workloads:\n  - {name: a}\n", `workloads[0].cgroups: missing: a workload needs at least one cgroup pattern, or namespaces or pod_labels`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -352,6 +352,30 @@ func (d *decoder) workloads(val any) []Workload {
 				}
 			case "pod_labels":
 				w.PodLabels = map[string]string{}
+				if lm, ok := asMap(v); ok {
+					// The mapping form, as a matchLabels is written.
+					for _, lk := range sortedKeys(lm) {
+						lp := p + ".pod_labels." + lk
+						lv, ok := lm[lk].(string)
+						switch lm[lk].(type) {
+						case map[string]any, []any:
+							d.add(lp, "must be a label value (a string), not a mapping or a list")
+							continue
+						}
+						if !ok {
+							if lm[lk] != nil {
+								d.add(lp, "%v is not a string: quote a label value that YAML reads as a number or a boolean (\"1\", \"true\")", lm[lk])
+							}
+							continue
+						}
+						if msg := checkLabel(lk, lv); msg != "" {
+							d.add(lp, "%s", msg)
+							continue
+						}
+						w.PodLabels[lk] = lv
+					}
+					break
+				}
 				for j, kv := range d.strings(p+".pod_labels", v) {
 					lk, lv, ok := strings.Cut(kv, "=")
 					msg := fmt.Sprintf("%q is not KEY=VALUE", quoteShort(kv))
