@@ -76,10 +76,10 @@ const (
 //	inflight       MaxInflight × 128 B       (8 MiB)
 //	rejections     MaxRejections × 104 B     (3.25 MiB)
 //	events         4 MiB ring buffer
-//	stats          8 × 8 B × cpus, plus 5 × 32 B × cpus of hash-map locks
+//	stats          8 × 8 B × cpus, plus 6 × 32 B × cpus of hash-map locks
 //	handoff        16 B × cpus
 //
-// about 95 MiB whatever the CPU count (94.4 MiB at 2 CPUs, 94.5 MiB at
+// about 98 MiB whatever the CPU count (97.6 MiB at 2 CPUs, 97.7 MiB at
 // 256).
 // Kernels before 6.5 report a coarser figure in fdinfo (key plus value
 // times capacity), below this bound too. The
@@ -92,7 +92,8 @@ func MemoryBound(cpus int) uint64 {
 		MaxCircuitIDs*(counterEntry+bulkEntry+budgetEntry) +
 		MaxWorkloadCgroups*workloadEntry +
 		MaxInflight*inflightEntry +
+		MaxRejections*rejectionEntry +
 		ringBytes +
-		uint64(cpus)*(statEntries*8+5*perCPULockBytes+handoffBytes) +
+		uint64(cpus)*(statEntries*8+6*perCPULockBytes+handoffBytes) +
 		64<<10 // map headers, the config entry, the ring buffer's page array
 }
