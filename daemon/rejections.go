@@ -143,14 +143,16 @@ func (d *Daemon) sweepRejections() {
 		return
 	}
 	cgroups := d.scope.cgroupIDs()
+	// The distinct circuits first, outside the lock: under it, one
+	// lookup per circuit, not per entry.
 	live := map[owner]bool{}
-	d.mu.Lock()
 	for _, r := range rs {
-		o := owner{r.CircuitID, r.Epoch}
-		if _, seen := live[o]; !seen {
-			c := d.reg.recording[r.CircuitID]
-			live[o] = c != nil && c.epoch() == r.Epoch
-		}
+		live[owner{r.CircuitID, r.Epoch}] = false
+	}
+	d.mu.Lock()
+	for o := range live {
+		c := d.reg.recording[o.id]
+		live[o] = c != nil && c.epoch() == o.epoch
 	}
 	d.mu.Unlock()
 	x.mu.Lock()
