@@ -40,6 +40,15 @@ func (f *fixture) waitRejectedBy(name string, want map[string]uint64) {
 	}
 }
 
+// rejectFrom makes n connects from cg to the server's port and fails the
+// test unless every one is rejected (EHOSTUNREACH, the tests' errno).
+func (f *fixture) rejectFrom(cg *kerneltest.Cgroup, port uint16, n int) {
+	f.t.Helper()
+	if got := f.dialFrom(cg, port, n); got[unix.EHOSTUNREACH] != n {
+		f.t.Fatalf("connects from %s to port %d: %v, want %d rejected", cg.Path, port, got, n)
+	}
+}
+
 // rejectionEntries counts the kernel's rejections map.
 func (f *fixture) rejectionEntries() int {
 	f.t.Helper()
@@ -64,12 +73,7 @@ func TestRejectedCgroups(t *testing.T) {
 	a, b := f.cg.Child(t, "pod-a"), f.cg.Child(t, "pod-b")
 	la, lb := f.cgroupRel()+"/pod-a", f.cgroupRel()+"/pod-b"
 	f.start()
-	reject := func(cg *kerneltest.Cgroup, n int) {
-		t.Helper()
-		if got := f.dialFrom(cg, 8403, n); got[unix.EHOSTUNREACH] != n {
-			t.Fatalf("connects to the forced-open destination: %v, want %d rejected", got, n)
-		}
-	}
+	reject := func(cg *kerneltest.Cgroup, n int) { f.rejectFrom(cg, 8403, n) }
 	reject(a, 5)
 	reject(b, 3)
 	f.waitRejectedBy("down", map[string]uint64{la: 5, lb: 3})
