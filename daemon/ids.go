@@ -54,6 +54,17 @@ func (s *ids) loadPinned(verdicts map[maps.Dest]maps.Verdict, limits map[maps.De
 	}
 }
 
+// forgetClasses makes the pinned entries of destinations of the given key
+// classes pass on nothing: no circuit inherits their ids (which stay held
+// until start-up ends, and then until their slots count nothing).
+func (s *ids) forgetClasses(classes map[uint8]bool) {
+	for d := range s.byDest {
+		if classes[d.Class] {
+			delete(s.byDest, d)
+		}
+	}
+}
+
 // alloc returns an id for a new circuit named name whose first destination
 // is dst. inherited says the id carries the kernel state of the circuit a
 // previous daemon had for dst (its counters are kept). ok is false when

@@ -48,11 +48,44 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	services := d.lookupServicesKeepingAlive(cfg)
 	pods := d.lookupPodsKeepingAlive(cfg)
 
+	pinnedClasses, err := d.k.Workloads()
+	if err != nil {
+		return fmt.Errorf("reading pinned workloads: %w", err)
+	}
+	pinnedBulkheads, err := d.k.WorkloadBulkheads()
+	if err != nil {
+		return fmt.Errorf("reading pinned workloads: %w", err)
+	}
+
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	// The selected pods before the first classification, so their cgroups'
 	// entries a previous daemon left stay in the workloads map.
 	d.scope.presetPods(pods)
+	// Classes that name other workloads than they did for the previous
+	// daemon: their pinned verdicts and limits are not adopted, and no
+	// circuit inherits their ids (as a reload drops the circuits of the
+	// classes it changes): a healthy workload never takes over another's
+	// open circuit or the sockets counted in its bulkhead.
+	moved := d.scope.movedClasses(cfg, pinnedEntries(pinnedClasses, pinnedBulkheads))
+	if len(moved) > 0 {
+		d.log.Info("workload classes changed since the previous daemon: their pinned circuits and bulkheads are not adopted", "classes", len(moved))
+		d.reg.ids.forgetClasses(moved)
+		// Gone before the workloads map says the new classes, so no
+		// connection is judged by another workload's entry meanwhile.
+		for dst := range verdicts {
+			if moved[dst.Class] {
+				_ = d.k.DeleteVerdict(dst)
+				delete(verdicts, dst)
+			}
+		}
+		for dst := range limits {
+			if moved[dst.Class] {
+				_ = d.k.DeleteLimit(dst)
+				delete(limits, dst)
+			}
+		}
+	}
 	d.applyConfig(cfg)
 	d.applyResolved(resolved)
 	d.applyServices(services)
@@ -253,4 +286,14 @@ func (d *Daemon) checkGround(ctx context.Context) {
 	if p != nil {
 		d.problems = p
 	}
+}
+
+// pinnedEntries are the pinned workloads map's entries (classes only: the
+// workload names are not pinned).
+func pinnedEntries(classes, bulkheads map[uint64]uint8) map[uint64]entry {
+	out := make(map[uint64]entry, len(classes))
+	for id, k := range classes {
+		out[id] = entry{class: k, bulkhead: bulkheads[id]}
+	}
+	return out
 }

@@ -64,10 +64,13 @@ type cgroupWatch struct {
 	podOf sync.Map
 }
 
-// entry is one cgroup's workload as written to the map.
+// entry is one cgroup's workload as written to the map: its class and its
+// bulkhead class (a reordered list moves a sharing workload's bulkhead
+// class and leaves its class 0: the entry is written again).
 type entry struct {
 	workload string
 	class    uint8
+	bulkhead uint8
 }
 
 // rescanInterval is how often the whole tree is scanned again.
@@ -164,13 +167,14 @@ func (cw *cgroupWatch) addLocked(path string) {
 		}
 		return
 	}
-	if e, ok := cw.written[id]; ok && e == (entry{name, class}) {
+	want := entry{name, class, uint8(cw.classes.Bulkhead(name))}
+	if e, ok := cw.written[id]; ok && e == want {
 		return
 	}
-	if err := cw.k.PutWorkload(id, class, uint8(cw.classes.Bulkhead(name))); err != nil {
+	if err := cw.k.PutWorkload(id, class, want.bulkhead); err != nil {
 		_, known := cw.full[path]
 		if errors.Is(err, maps.ErrWorkloadsFull) {
-			cw.full[path] = entry{name, class}
+			cw.full[path] = want
 		}
 		if !known { // once per cgroup, not at every rescan
 			cw.log.Error("cgroup not protected: writing its workload", "cgroup", path, "workload", name, "capacity", cw.k.WorkloadCapacity(), "err", err)
@@ -181,7 +185,7 @@ func (cw *cgroupWatch) addLocked(path string) {
 		delete(cw.full, path)
 		cw.log.Info("cgroup protected: its workload written once the workloads map had room", "cgroup", path, "workload", name)
 	}
-	cw.written[id] = entry{name, class}
+	cw.written[id] = want
 }
 
 // addTreeLocked adds path and every cgroup below it.
@@ -419,4 +423,51 @@ func (cw *cgroupWatch) names() map[uint64]cgroupName {
 		out[id] = cgroupName{path: filepath.ToSlash(rel), workload: cw.written[id].workload}
 	}
 	return out
+}
+
+// movedClasses returns the key classes whose pinned entries (verdicts,
+// limits) cannot be trusted under cfg: a previous daemon wrote the
+// workloads map that pinned holds (cgroup id → entry; read before this
+// daemon writes it), and a class whose cgroups now have another class, or
+// that now holds cgroups of another class, names another workload than
+// the one its pinned circuits and bulkheads belonged to (a reordered or
+// changed workloads list across the restart). The same for bulkhead
+// classes. Class 0 is never moved. Cgroups gone since are no evidence.
+func (cw *cgroupWatch) movedClasses(cfg *policy.Config, pinned map[uint64]entry) map[uint8]bool {
+	if len(pinned) == 0 {
+		return nil
+	}
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	savedCfg, savedClasses := cw.cfg, cw.classes
+	cw.cfg, cw.classes = cfg, cfg.Classes()
+	defer func() { cw.cfg, cw.classes = savedCfg, savedClasses }()
+	moved := map[uint8]bool{}
+	move := func(was, is uint8) {
+		if was != is {
+			moved[was], moved[is] = true, true
+		}
+	}
+	_ = filepath.WalkDir(cw.attach, func(p string, e fs.DirEntry, err error) error {
+		if err != nil || !e.IsDir() {
+			return nil
+		}
+		id, err := cgroupID(p)
+		if err != nil {
+			return nil
+		}
+		old, ok := pinned[id]
+		if !ok {
+			return nil // a cgroup of no workload then: its class 0 is never moved
+		}
+		var now entry
+		if name, class, ok := cw.classOf(p); ok {
+			now = entry{name, class, uint8(cw.classes.Bulkhead(name))}
+		}
+		move(old.class, now.class)
+		move(old.bulkhead, now.bulkhead)
+		return nil
+	})
+	delete(moved, 0)
+	return moved
 }
