@@ -425,6 +425,17 @@ func (cw *cgroupWatch) names() map[uint64]cgroupName {
 	return out
 }
 
+// podCgroup reports whether the cgroup at path is a pod's (or one of its
+// containers').
+func (cw *cgroupWatch) podCgroup(path string) bool {
+	rel, err := filepath.Rel(cw.root, path)
+	if err != nil {
+		return false
+	}
+	_, _, ok := kube.PodOfCgroup(filepath.ToSlash(rel))
+	return ok
+}
+
 // movedClasses returns the key classes whose pinned entries (verdicts,
 // limits) cannot be trusted under cfg: a previous daemon wrote the
 // workloads map that pinned holds (cgroup id → entry; read before this
@@ -432,7 +443,8 @@ func (cw *cgroupWatch) names() map[uint64]cgroupName {
 // that now holds cgroups of another class, names another workload than
 // the one its pinned circuits and bulkheads belonged to (a reordered or
 // changed workloads list across the restart). The same for bulkhead
-// classes. Class 0 is never moved. Cgroups gone since are no evidence.
+// classes. Class 0 is never moved. Cgroups gone since are no evidence,
+// nor a pod's cgroup of no workload now.
 func (cw *cgroupWatch) movedClasses(cfg *policy.Config, pinned map[uint64]entry) map[uint8]bool {
 	if len(pinned) == 0 {
 		return nil
@@ -463,6 +475,10 @@ func (cw *cgroupWatch) movedClasses(cfg *policy.Config, pinned map[uint64]entry)
 		var now entry
 		if name, class, ok := cw.classOf(p); ok {
 			now = entry{name, class, uint8(cw.classes.Bulkhead(name))}
+		} else if cw.podCgroup(p) {
+			// Maybe only not known to be selected yet (the API was not
+			// reachable): no evidence either way.
+			return nil
 		}
 		move(old.class, now.class)
 		move(old.bulkhead, now.bulkhead)
