@@ -649,7 +649,7 @@ func (d *Daemon) reconcileRounds(now time.Time) {
 // destination of it now matches elsewhere (rematch). A target whose
 // `state` key changed takes the new state.
 func (d *Daemon) applyConfig(cfg *policy.Config) {
-	old := d.cfg
+	old, oldClasses := d.cfg, d.classes
 	d.cfg = cfg
 	d.classes = cfg.Classes()
 	d.ensureCloser(cfg)
@@ -658,7 +658,13 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 		d.setResponses(cfg)
 	}
 	// The kernel's workloads map first: cgroups of a newly selected
-	// workload are protected before the settings say scoped.
+	// workload are protected before the settings say scoped. A workload
+	// whose class changes finds its verdicts under the new class already
+	// (bridge.go).
+	var bridged []maps.Dest
+	if old != nil {
+		bridged = d.bridgeClasses(old, oldClasses)
+	}
 	d.scope.apply(cfg)
 	if old != nil {
 		now := d.now()
@@ -699,6 +705,7 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 		}
 	}
 	d.rematch()
+	d.unbridge(bridged)
 }
 
 // setOptions gives a kept circuit its reloaded options and rewrites its

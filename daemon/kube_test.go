@@ -668,6 +668,8 @@ targets:
 	}()
 	time.Sleep(500 * time.Millisecond)
 	kf.restart()
+	// The workload is added before shop, so shop's class changes (the
+	// verdicts are bridged to the new class: bridge.go).
 	kf.writeConfig(strings.ReplaceAll(strings.Replace(conf, "workloads:\n", "workloads:\n  - name: other\n    namespaces: [elsewhere]\n", 1), "NS", kf.ns))
 	if err := kf.d.Reload(); err != nil {
 		t.Fatal(err)
