@@ -62,7 +62,15 @@ struct kernfs_node {
 	__u64 id;
 } __attribute__((preserve_access_index));
 
+struct cgroup;
+
+struct cgroup_subsys_state {
+	struct cgroup *cgroup;
+	struct cgroup_subsys_state *parent;
+} __attribute__((preserve_access_index));
+
 struct cgroup {
+	struct cgroup_subsys_state self;
 	struct kernfs_node *kn;
 } __attribute__((preserve_access_index));
 
@@ -1165,9 +1173,34 @@ int observe(struct bpf_sock_ops *ops)
  * the machine, before the reset is applied, so the state is still the
  * one it came in: only ESTABLISHED and CLOSE_WAIT count, as on_close
  * counts ECONNRESET and EPIPE (a reset after the application closed is no
- * failure anyone saw). The record carries EVENT_NO_AGE: the daemon dates it
- * by the socket's established record, and drops it if it has none (a
- * socket some other breakerd follows). */
+ * failure anyone saw), and only for sockets made at or below the attach
+ * point (settings.attach_cgroup_id; another breakerd's are its own). The
+ * record carries EVENT_NO_AGE: the daemon dates it by the socket's
+ * established record, and drops it if it has none. */
+/* Deepest nesting below the attach point whose sockets reset_seen follows
+ * (kubelet's pods are five levels down); deeper ones are not reported,
+ * the fail-open direction. */
+#define MAX_CGROUP_DEPTH 32
+
+/* below reports whether cgroup cg is the cgroup attach or below it (a
+ * walk up its parents; it runs only on a reset). attach 0: any is. */
+static __always_inline int below(struct cgroup *cg, __u64 attach)
+{
+	if (!attach)
+		return 1;
+	for (int i = 0; i <= MAX_CGROUP_DEPTH; i++) {
+		if (!cg)
+			return 0;
+		if (BPF_CORE_READ(cg, kn, id) == attach)
+			return 1;
+		struct cgroup_subsys_state *parent = BPF_CORE_READ(cg, self.parent);
+		if (!parent)
+			return 0;
+		cg = BPF_CORE_READ(parent, cgroup);
+	}
+	return 0;
+}
+
 SEC("tp_btf/tcp_receive_reset")
 int reset_seen(__u64 *ctx)
 {
@@ -1184,6 +1217,8 @@ int reset_seen(__u64 *ctx)
 	struct settings *cfg = bpf_map_lookup_elem(&config, &zero);
 	if (!cfg || !(cfg->flags & CONFIG_RESET_TRACE))
 		return 0;
+	if (!below(sk->sk_cgrp_data.cgroup, cfg->attach_cgroup_id))
+		return 0; /* another breakerd's socket, or no one's */
 	struct dest_key k;
 	__builtin_memset(&k, 0, sizeof(k));
 	if (sk->__sk_common.skc_family == AF_INET) {

@@ -121,6 +121,9 @@ struct settings {
 	__u64 wake_slow_ns; /* an established record whose handshake took this long
 			     * wakes the daemon at once (0: never); the others are
 			     * read in batches */
+	__u64 attach_cgroup_id; /* the protected cgroup (set by the loader, not the
+				 * daemon): reset_seen, which sees every socket of the
+				 * machine, keeps those made at or below it (0: all) */
 };
 
 /* Per-circuit counters, one shared entry per circuit id, atomic adds. */

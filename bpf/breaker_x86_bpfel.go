@@ -165,12 +165,13 @@ const (
 )
 
 type BreakerSettings struct {
-	_           structs.HostLayout
-	HeartbeatNs uint64
-	FailsafeNs  uint64
-	Flags       uint32
-	MaxRto      uint32
-	WakeSlowNs  uint64
+	_              structs.HostLayout
+	HeartbeatNs    uint64
+	FailsafeNs     uint64
+	Flags          uint32
+	MaxRto         uint32
+	WakeSlowNs     uint64
+	AttachCgroupId uint64
 }
 
 type BreakerSockState struct {

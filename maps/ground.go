@@ -183,6 +183,9 @@ func (k *Kernel) Repair() error {
 				k.links[h.name] = l
 			}
 			k.cgroupID = id
+			if err := k.syncLoaderSettings(); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	for name, l := range k.links {

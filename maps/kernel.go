@@ -69,7 +69,7 @@ import (
 // of the pin directory; bump it whenever bpf/breaker.h or a map definition
 // in bpf/breaker.c changes (TestLayoutVersionMatchesLayout fails until
 // then).
-const LayoutVersion = 8
+const LayoutVersion = 9
 
 // DefaultDir is the default bpffs directory for breakerd's pins.
 const DefaultDir = "/sys/fs/bpf/breakerd"
@@ -395,26 +395,23 @@ func (k *Kernel) attach(cgroup string) error {
 		}
 	}
 	k.attachTracer()
-	return k.syncTraceFlag()
+	return k.syncLoaderSettings()
 }
 
-// syncTraceFlag makes the settings' CONFIG_RESET_TRACE say whether
-// reset_seen is attached now (a previous daemon's settings may say
-// otherwise). Call with k.mu held.
-func (k *Kernel) syncTraceFlag() error {
+// syncLoaderSettings writes what the loader, not the daemon, says in the
+// settings: CONFIG_RESET_TRACE, whether reset_seen is attached now (a
+// previous daemon's settings may say otherwise), and attach_cgroup_id,
+// the cgroup attached to now. Call with k.mu held.
+func (k *Kernel) syncLoaderSettings() error {
 	var raw bpf.BreakerSettings
 	if err := k.objs.Config.Lookup(uint32(0), &raw); err != nil {
 		return fmt.Errorf("reading settings: %w", err)
 	}
-	bit := uint32(bpf.BreakerConfigFlagsCONFIG_RESET_TRACE)
-	want := raw.Flags &^ bit
-	if k.tracing() {
-		want |= bit
-	}
-	if want == raw.Flags {
+	was := raw
+	k.loaderSettings(&raw)
+	if raw == was {
 		return nil
 	}
-	raw.Flags = want
 	if err := k.objs.Config.Put(uint32(0), &raw); err != nil {
 		return fmt.Errorf("writing settings: %w", err)
 	}
@@ -481,6 +478,17 @@ func sameProgram(l link.Link, p *ebpf.Program) bool {
 	ma, ok1 := a.MapIDs()
 	mb, ok2 := b.MapIDs()
 	return ok1 && ok2 && slices.Equal(ma, mb)
+}
+
+// loaderSettings sets what the loader says in raw (see
+// syncLoaderSettings). Call with k.mu held.
+func (k *Kernel) loaderSettings(raw *bpf.BreakerSettings) {
+	bit := uint32(bpf.BreakerConfigFlagsCONFIG_RESET_TRACE)
+	raw.Flags &^= bit
+	if k.tracing() {
+		raw.Flags |= bit
+	}
+	raw.AttachCgroupId = k.cgroupID
 }
 
 // tracing reports whether reset_seen is attached. Call with k.mu held.

@@ -532,3 +532,25 @@ func TestNoStallAfterApplicationClose(t *testing.T) {
 		}
 	}
 }
+
+// reset_seen sees every socket of the machine; it reports only those made
+// at or below its own attach point: another breakerd's (here: another
+// Kernel on a sibling cgroup) stay out of this ring, a child cgroup's are
+// in it.
+func TestResetSeenOnlyBelowAttachPoint(t *testing.T) {
+	mine, other := newEnv(t, Options{}), newEnv(t, Options{})
+	wMine, wOther := mine.watch(t), other.watch(t)
+	mine.srv.ServeReset(t, 9114)
+	mine.srv.ServeHold(t, 9199)
+	child := mine.cg.Child(t, "pod")
+	mine.dial(t, mine.cg, kerneltest.DialSpec{Network: "tcp4", Addr: mine.dest(9199, false).Addr}) // neighbours resolved
+	for _, cg := range []*kerneltest.Cgroup{mine.cg, child} {
+		mine.dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: mine.dest(9114, false).Addr, Op: "connect-read"})
+	}
+	evs := wMine.wait(9114, 4, 2*time.Second)
+	expectOutcomes(t, evs, Established, Reset, Established, Reset)
+	time.Sleep(100 * time.Millisecond)
+	if evs := wOther.wait(9114, 0, 0); len(evs) != 0 {
+		t.Fatalf("the other attach point's ring has %v", outcomes(evs))
+	}
+}

@@ -45,7 +45,8 @@ type Settings struct {
 }
 
 // SetSettings writes the settings. Whether reset_seen is attached
-// (CONFIG_RESET_TRACE) is the loader's to say, not the caller's.
+// (CONFIG_RESET_TRACE) and the cgroup attached to are the loader's to say,
+// not the caller's.
 func (k *Kernel) SetSettings(s Settings) error {
 	raw := bpf.BreakerSettings{
 		HeartbeatNs: uint64(s.Heartbeat),
@@ -69,9 +70,7 @@ func (k *Kernel) SetSettings(s Settings) error {
 		raw.Flags |= uint32(bpf.BreakerConfigFlagsCONFIG_CLASSES)
 	}
 	k.mu.Lock()
-	if k.tracing() {
-		raw.Flags |= uint32(bpf.BreakerConfigFlagsCONFIG_RESET_TRACE)
-	}
+	k.loaderSettings(&raw)
 	k.mu.Unlock()
 	if err := k.objs.Config.Put(uint32(0), &raw); err != nil {
 		return fmt.Errorf("writing settings: %w", err)
