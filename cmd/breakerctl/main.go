@@ -219,6 +219,9 @@ type InspectEntry struct {
 	CircuitID  uint32  `json:"circuit_id"`
 	Rejected   uint64  `json:"rejected"`
 	ProbesUsed uint64  `json:"probes_admitted"`
+	// RejectedCgroups are the cgroup ids this verdict's circuit (id and
+	// epoch) rejected, with their counts, from the rejections map.
+	RejectedCgroups map[uint64]uint64 `json:"rejected_cgroups,omitempty"`
 }
 
 // InspectReport is what inspect prints.
@@ -251,6 +254,17 @@ func inspect(dir string, asJSON bool, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	type owner struct{ id, epoch uint32 }
+	byOwner := map[owner]map[uint64]uint64{}
+	if rs, err := v.Rejections(); err == nil {
+		for _, r := range rs {
+			o := owner{r.CircuitID, r.Epoch}
+			if byOwner[o] == nil {
+				byOwner[o] = map[uint64]uint64{}
+			}
+			byOwner[o][r.CgroupID] += r.Rejected
+		}
+	}
 	rep.Verdicts = []InspectEntry{}
 	for d, vd := range all {
 		e := InspectEntry{Dest: d.String(), State: vd.State.String(), Round: vd.Round, Probes: vd.Probes,
@@ -270,6 +284,9 @@ func inspect(dir string, asJSON bool, out io.Writer) error {
 		if cnt, err := v.Counters(vd.CircuitID); err == nil {
 			e.Rejected, e.ProbesUsed = cnt.Rejected, cnt.Probes
 		}
+		if vd.Epoch != 0 {
+			e.RejectedCgroups = byOwner[owner{vd.CircuitID, vd.Epoch}]
+		}
 		rep.Verdicts = append(rep.Verdicts, e)
 	}
 	sort.Slice(rep.Verdicts, func(i, j int) bool { return rep.Verdicts[i].Dest < rep.Verdicts[j].Dest })
@@ -285,9 +302,9 @@ func inspect(dir string, asJSON bool, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "heartbeat %.1fs ago, fail-safe %.0fs: %s; events lost %d\n", rep.HeartbeatAgeSec, rep.FailsafeSec, mode, rep.EventsLost)
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DEST\tSTATE\tDUE IN\tROUND\tTOKENS\tERRNO\tCIRCUIT\tREJECTED")
+	fmt.Fprintln(tw, "DEST\tSTATE\tDUE IN\tROUND\tTOKENS\tERRNO\tCIRCUIT\tREJECTED\tCGROUPS REJECTED")
 	for _, e := range rep.Verdicts {
-		fmt.Fprintf(tw, "%s\t%s\t%.1fs\t%d\t%d/%d\t%s\t%d\t%d\n", e.Dest, e.State, e.DueInSec, e.Round, e.Tokens, e.Probes, e.Errno, e.CircuitID, e.Rejected)
+		fmt.Fprintf(tw, "%s\t%s\t%.1fs\t%d\t%d/%d\t%s\t%d\t%d\t%d\n", e.Dest, e.State, e.DueInSec, e.Round, e.Tokens, e.Probes, e.Errno, e.CircuitID, e.Rejected, len(e.RejectedCgroups))
 	}
 	return tw.Flush()
 }

@@ -118,6 +118,9 @@ targets:
 	if v.Dest != reported.Destinations[0] || v.State != reported.State || v.CircuitID != reported.CircuitID || v.Rejected != reported.Rejected || v.Rejected != 3 {
 		t.Fatalf("inspect %+v disagrees with the daemon's report %+v", v, reported)
 	}
+	if id, err := cg.ID(); err != nil || len(v.RejectedCgroups) != 1 || v.RejectedCgroups[id] != 3 {
+		t.Fatalf("inspect's rejected cgroups %v, want the client's cgroup %d with 3 (%v)", v.RejectedCgroups, id, err)
+	}
 	if due := time.Until(reported.OpenUntil).Seconds(); v.DueInSec < due-2 || v.DueInSec > due+2 {
 		t.Fatalf("due in %.1fs, the daemon said %.1fs", v.DueInSec, due)
 	}
