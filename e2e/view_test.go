@@ -151,9 +151,15 @@ func TestStatusPageShowsATrip(t *testing.T) {
 	if c.State != "open" || int(c.Rejected) < second {
 		t.Errorf("API: %+v; page showed %d rejections", c, second)
 	}
-	wl, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('`+row+` td.workloads').textContent`))
+	// The cell's own text is the workload; below it, whom the circuit
+	// rejected (the test's cgroup, with a count).
+	wl, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('`+row+` td.workloads').childNodes[0].textContent`))
 	if want := cmp.Or(c.Workload, "-"); err != nil || wl != want {
 		t.Errorf("web's workload on the page %q, the API says %q (%v)", wl, want, err)
+	}
+	by, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.querySelector('`+row+` td.workloads .rejected-by') || {textContent: ""}).textContent`))
+	if err != nil || !strings.HasPrefix(by, "rejected: ") || !strings.Contains(by, filepath.Base(w.cg.Path)+": ") {
+		t.Errorf("web's rejected cgroups on the page %q, want the test's cgroup %s with a count (%v)", by, filepath.Base(w.cg.Path), err)
 	}
 	t.Logf("web: %d then %d rejections, %s/s on the page; screenshot %s", first, second, v.Rate, shot)
 
