@@ -246,6 +246,9 @@ all:
 }
 
 func TestReload(t *testing.T) {
+	// Open for longer than the test takes (in a TCG VM, seconds), so no
+	// half-open probe is let through between its checks.
+	svcConfig := strings.Replace(svcConfig, "open_duration: 1s", "open_duration: 1m", 1)
 	f := newFixture(t, svcConfig)
 	f.start()
 	f.dial(8080, 3, 0)
@@ -279,11 +282,11 @@ func TestReload(t *testing.T) {
 	}
 	// A change of svc's options keeps its state; the new options apply
 	// from its next transition.
-	f.writeConfig(strings.Replace(svcConfig, "open_duration: 1s", "open_duration: 2s", 1))
+	f.writeConfig(strings.Replace(svcConfig, "open_duration: 1m", "open_duration: 2m", 1))
 	if err := f.d.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	if c, _ := f.circuit("svc"); c.State != "open" || c.Options["open_duration"] != "2s" {
+	if c, _ := f.circuit("svc"); c.State != "open" || c.Options["open_duration"] != "2m0s" {
 		t.Fatalf("a changed target lost its state or kept its old options: %+v", c)
 	}
 	if got := errnos(f.dial(8080, 1, 0)); got[unix.EHOSTUNREACH] != 1 {
@@ -321,7 +324,8 @@ func TestReloadOnFileChange(t *testing.T) {
 
 func TestRestartAdoptsWithoutGap(t *testing.T) {
 	// The fail-safe must outlast the restart (in a TCG VM it takes seconds).
-	f := newFixture(t, strings.Replace(strings.Replace(svcConfig, "open_duration: 1s", "open_duration: 1m", 1), "failsafe_timeout: 2s", "failsafe_timeout: 30s", 1))
+	// So must the open state (400,000 connects take over a minute there).
+	f := newFixture(t, strings.Replace(strings.Replace(svcConfig, "open_duration: 1s", "open_duration: 4m", 1), "failsafe_timeout: 2s", "failsafe_timeout: 30s", 1))
 	f.start()
 	f.dial(8080, 3, 0)
 	f.waitState("svc", "open", 2*time.Second)
