@@ -18,6 +18,8 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_core_read.h>
 
+#include "cgroup.h"
+
 #define AF_INET 2
 #define AF_INET6 10
 #define IPPROTO_TCP 6
@@ -57,27 +59,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 volatile const __u32 has_set_retval = 0;
 
 
-/* Minimal CO-RE views of kernel structs: only the fields read here. */
-struct kernfs_node {
-	__u64 id;
-} __attribute__((preserve_access_index));
-
-struct cgroup;
-
-struct cgroup_subsys_state {
-	struct cgroup *cgroup;
-	struct cgroup_subsys_state *parent;
-} __attribute__((preserve_access_index));
-
-struct cgroup {
-	struct cgroup_subsys_state self;
-	struct kernfs_node *kn;
-} __attribute__((preserve_access_index));
-
-struct sock_cgroup_data {
-	struct cgroup *cgroup;
-} __attribute__((preserve_access_index));
-
+/* Minimal CO-RE views of kernel structs: only the fields read here (the
+ * cgroup ones in cgroup.h). */
 struct in6_addr {
 	__u32 u6_addr32[4];
 };
@@ -1177,30 +1160,6 @@ int observe(struct bpf_sock_ops *ops)
  * point (settings.attach_cgroup_id; another breakerd's are its own). The
  * record carries EVENT_NO_AGE: the daemon dates it by the socket's
  * established record, and drops it if it has none. */
-/* Deepest nesting below the attach point whose sockets reset_seen follows
- * (kubelet's pods are five levels down); deeper ones are not reported,
- * the fail-open direction. */
-#define MAX_CGROUP_DEPTH 32
-
-/* below reports whether cgroup cg is the cgroup attach or below it (a
- * walk up its parents; it runs only on a reset). attach 0: any is. */
-static __always_inline int below(struct cgroup *cg, __u64 attach)
-{
-	if (!attach)
-		return 1;
-	for (int i = 0; i <= MAX_CGROUP_DEPTH; i++) {
-		if (!cg)
-			return 0;
-		if (BPF_CORE_READ(cg, kn, id) == attach)
-			return 1;
-		struct cgroup_subsys_state *parent = BPF_CORE_READ(cg, self.parent);
-		if (!parent)
-			return 0;
-		cg = BPF_CORE_READ(parent, cgroup);
-	}
-	return 0;
-}
-
 SEC("tp_btf/tcp_receive_reset")
 int reset_seen(__u64 *ctx)
 {
@@ -1217,7 +1176,8 @@ int reset_seen(__u64 *ctx)
 	struct settings *cfg = bpf_map_lookup_elem(&config, &zero);
 	if (!cfg || !(cfg->flags & CONFIG_RESET_TRACE))
 		return 0;
-	if (!below(sk->sk_cgrp_data.cgroup, cfg->attach_cgroup_id))
+	__u64 attach = cfg->attach_cgroup_id;
+	if (attach && !cgroup_below(sk->sk_cgrp_data.cgroup, attach, MAX_CGROUP_DEPTH))
 		return 0; /* another breakerd's socket, or no one's */
 	struct dest_key k;
 	__builtin_memset(&k, 0, sizeof(k));

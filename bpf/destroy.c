@@ -21,37 +21,18 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 
+#include "cgroup.h"
+
 #define AF_INET 2
 #define AF_INET6 10
 #define IPPROTO_TCP 6
 #define TCP_ESTABLISHED 1
 #define TCP_LISTEN 10
 
-/* Deepest cgroup nesting the ancestry walk follows below the attach point
- * (cgroup v2 allows more, but kubelet's deepest is five). A socket deeper
- * than that is left open: the fail-open direction. */
-#define MAX_CGROUP_DEPTH 32
-
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* Minimal CO-RE views of kernel structs: only the fields read here. */
-struct kernfs_node {
-	__u64 id;
-} __attribute__((preserve_access_index));
-
-struct cgroup_subsys_state {
-	struct cgroup *cgroup;
-	struct cgroup_subsys_state *parent;
-} __attribute__((preserve_access_index));
-
-struct cgroup {
-	struct cgroup_subsys_state self;
-	struct kernfs_node *kn;
-} __attribute__((preserve_access_index));
-
-struct sock_cgroup_data {
-	struct cgroup *cgroup;
-} __attribute__((preserve_access_index));
+/* Minimal CO-RE views of kernel structs: only the fields read here (the
+ * cgroup ones in cgroup.h). */
 
 struct in6_addr {
 	union {
@@ -118,22 +99,6 @@ struct {
 	__type(value, struct workload);
 } workloads SEC(".maps");
 
-/* below reports whether cgroup cg is the attach point or below it. */
-static __always_inline int below(struct cgroup *cg, __u64 attach, __u32 max_depth)
-{
-	for (__u32 i = 0; i <= MAX_CGROUP_DEPTH; i++) {
-		if (!cg || i > max_depth)
-			return 0;
-		if (BPF_CORE_READ(cg, kn, id) == attach)
-			return 1;
-		struct cgroup_subsys_state *parent = BPF_CORE_READ(cg, self.parent);
-		if (!parent)
-			return 0;
-		cg = BPF_CORE_READ(parent, cgroup);
-	}
-	return 0;
-}
-
 SEC("iter/tcp")
 int close_established(struct bpf_iter__tcp *ctx)
 {
@@ -173,7 +138,7 @@ int close_established(struct bpf_iter__tcp *ctx)
 	/* ESTABLISHED is a full socket: its cgroup is the one it was made in. */
 	struct sock *sk = (struct sock *)skc;
 	struct cgroup *cg = BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
-	if (!cg || !below(cg, cfg->cgroup_id, cfg->max_depth))
+	if (!cg || !cgroup_below(cg, cfg->cgroup_id, cfg->max_depth))
 		return 0;
 	if (cfg->workloads != CLOSE_UNCLASSED) {
 		__u64 id = BPF_CORE_READ(cg, kn, id);
