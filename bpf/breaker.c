@@ -272,11 +272,12 @@ struct {
 
 #define MAX_REJECTIONS (1 << 15)
 
-/* Which cgroups each circuit turned away, and how often (struct
- * rejection_key). Written on the reject path only: a connect that is
- * allowed never touches it. Full, a new (circuit, cgroup) pair is not
- * recorded and STAT_REJECTIONS_FULL counts it; the circuit's own counters
- * still count the rejection. */
+/* Which cgroups each circuit, open or over a bulkhead's limit, turned
+ * away, and how often (struct rejection_key; the two kinds counted apart
+ * in struct rejection_count). Written on the reject paths only: a connect
+ * that is allowed never touches it. Full, a new (circuit, cgroup) pair is
+ * not recorded and STAT_REJECTIONS_FULL counts it; the circuit's own
+ * counters still count the rejection. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_REJECTIONS);
@@ -294,6 +295,24 @@ struct {
 	__type(value, struct connect_handoff);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } handoff SEC(".maps");
+
+/* resp_ports holds one bit per remote port (host order: bit port % 64 of
+ * word port / 64) of a socket the response programs follow: sockops' connect
+ * callback sets it for a socket connect marked (st->resp), after every
+ * connect program has run (one of another agent may have rewritten the
+ * destination), before its SYN. A packet of a socket to any other port
+ * leaves the programs after this array load, which the verifier inlines,
+ * with no storage lookup. Bits are never cleared while the layout's pins
+ * live: a port no target uses any more costs its packets the storage
+ * lookup, as every packet did before. */
+#define RESP_PORT_WORDS (65536 / 64)
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RESP_PORT_WORDS);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} resp_ports SEC(".maps");
 
 /* Keep the exported types in the object's BTF for bpf2go's -type. */
 const struct event *unused_event __attribute__((unused));
@@ -434,21 +453,31 @@ static __always_inline enum decision decide(struct verdict *v, struct dest_key *
 	}
 }
 
-/* note_rejection counts a rejection (or a shadow one) against the calling
- * process's cgroup (process context: connect and sendmsg run in the
- * caller). Reached only when a verdict rejects; a verdict without an epoch
- * (written by a daemon that does not record them) records nothing. A
- * failed insert other than a racing one (EEXIST: another CPU made the
- * entry first) means the map is full: counted, and the connect is
- * rejected all the same. */
-static __always_inline void note_rejection(struct verdict *v, int shadow)
+/* What turned a connect or a send away, and which field of its
+ * rejection_count counts it. */
+enum rejection_kind {
+	REJ_VERDICT = 0,
+	REJ_VERDICT_SHADOW = 1,
+	REJ_BULKHEAD = 2,
+	REJ_BULKHEAD_SHADOW = 3,
+};
+
+/* note_rejection counts a rejection (or a shadow one) of the given kind
+ * against the calling process's cgroup (process context: connect and
+ * sendmsg run in the caller), under the rejecting verdict's circuit id and
+ * epoch or the rejecting limit's slot and epoch. Reached only on a reject
+ * path; an epoch of 0 (written by a daemon that does not record them)
+ * records nothing. A failed insert other than a racing one (EEXIST:
+ * another CPU made the entry first) means the map is full: counted, and
+ * the connect is rejected all the same. */
+static __always_inline void note_rejection(__u32 id, __u32 epoch, enum rejection_kind kind)
 {
-	if (!v->epoch)
+	if (!epoch)
 		return;
 	struct rejection_key k = {
 		.cgroup_id = bpf_get_current_cgroup_id(),
-		.circuit_id = v->circuit_id,
-		.epoch = v->epoch,
+		.circuit_id = id,
+		.epoch = epoch,
 	};
 	struct rejection_count *r = bpf_map_lookup_elem(&rejections, &k);
 	if (!r) {
@@ -462,10 +491,20 @@ static __always_inline void note_rejection(struct verdict *v, int shadow)
 		if (!r)
 			return;
 	}
-	if (shadow)
-		count(r->shadow_rejected);
-	else
+	switch (kind) {
+	case REJ_VERDICT:
 		count(r->rejected);
+		break;
+	case REJ_VERDICT_SHADOW:
+		count(r->shadow_rejected);
+		break;
+	case REJ_BULKHEAD:
+		count(r->bulkhead_rejected);
+		break;
+	case REJ_BULKHEAD_SHADOW:
+		count(r->bulkhead_shadow_rejected);
+		break;
+	}
 }
 
 /* verdict_allows applies an open, half-open or forced-open verdict. */
@@ -503,12 +542,12 @@ static __always_inline int verdict_allows(struct bpf_sock_addr *ctx, struct dest
 		if (flags & CONFIG_SHADOW) {
 			if (c)
 				count(c->shadow_rejected);
-			note_rejection(v, 1);
+			note_rejection(v->circuit_id, v->epoch, REJ_VERDICT_SHADOW);
 			return 1;
 		}
 		if (c)
 			count(c->rejected);
-		note_rejection(v, 0);
+		note_rejection(v->circuit_id, v->epoch, REJ_VERDICT);
 		if (has_set_retval)
 			bpf_set_retval(-(int)(v->reject_errno ? v->reject_errno : ECONNREFUSED));
 		return 0;
@@ -580,14 +619,18 @@ static __always_inline int bulkhead_admits(struct bpf_sock_addr *ctx, struct lim
 	st->bulk = took;
 	return 1;
 over:;
+	/* Only here, past the limit, is the rejections map touched: an
+	 * admitted connect costs what it did before. */
 	struct circuit_counters *c = counters_of(slot);
 	if (flags & CONFIG_SHADOW) {
 		if (c)
 			count(c->shadow_rejected);
+		note_rejection(slot, l->epoch, REJ_BULKHEAD_SHADOW);
 		return 1;
 	}
 	if (c)
 		count(c->bulkhead_rejected);
+	note_rejection(slot, l->epoch, REJ_BULKHEAD);
 	if (has_set_retval)
 		bpf_set_retval(-(int)(l->reject_errno ? l->reject_errno : EAGAIN));
 	return 0;
@@ -899,8 +942,17 @@ static __always_inline void on_connect(struct bpf_sock_ops *ops, __u64 now)
 	bpf_sock_ops_cb_flags_set(ops, BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RTO_CB_FLAG);
 	/* Storage exists only if connect made it (a probe, a bulkhead). */
 	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
-	if (st)
-		track(ops, st, full_sock(ops), now, class);
+	if (!st)
+		return;
+	track(ops, st, full_sock(ops), now, class);
+	if (st->resp) {
+		__u32 port = bpf_ntohs((__u16)(ops->remote_port >> 16));
+		__u32 word = port / 64;
+		__u64 *bits = bpf_map_lookup_elem(&resp_ports, &word);
+		__u64 bit = 1ULL << (port % 64);
+		if (bits && !(*bits & bit))
+			__sync_fetch_and_or(bits, bit);
+	}
 }
 
 static __always_inline __u8 probe_flag(struct sock_state *st)
@@ -1224,7 +1276,9 @@ int sock_release(struct bpf_sock *sk)
  * Responses: cgroup_skb on the same cgroup, attached only while some
  * target has response options (slow_response_duration, response_timeout,
  * protocol: http). Every packet of the cgroup's sockets passes them; a
- * socket connect did not mark (st->resp) leaves after one storage lookup.
+ * socket to a port of no marked destination leaves after one array load
+ * (resp_ports), and one connect did not mark (st->resp) after one storage
+ * lookup.
  *
  * A turn is one request and its response, without parsing the protocol:
  * it begins with the first new byte the socket sends while no turn awaits
@@ -1284,11 +1338,17 @@ static __always_inline int tcp_segment(struct __sk_buff *skb, struct segment *s)
 }
 
 /* followed is the storage of a socket whose responses are followed, or 0:
- * the whole cost of every other packet. */
+ * the whole cost of every other packet (for a socket to a port of no marked
+ * destination, one inlined array load). */
 static __always_inline struct sock_state *followed(struct __sk_buff *skb)
 {
 	struct bpf_sock *sk = skb->sk;
 	if (!sk)
+		return 0;
+	__u32 port = bpf_ntohs(sk->dst_port);
+	__u32 word = port / 64;
+	__u64 *bits = bpf_map_lookup_elem(&resp_ports, &word);
+	if (!bits || !(*bits & (1ULL << (port % 64))))
 		return 0;
 	/* No bpf_sk_fullsock first: the storage helper takes the socket as
 	 * it is and finds nothing on a request or time-wait socket. */

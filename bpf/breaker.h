@@ -135,22 +135,29 @@ struct circuit_counters {
 	__u64 bulkhead_rejected; /* connects turned away by a concurrency limit */
 };
 
-/* Key of the rejections map: the cgroup a circuit turned a connect or a
- * send away from. circuit_id and epoch come from the rejecting verdict;
- * the epoch tells apart two circuits that held the same id one after the
- * other, so a reused id never inherits another circuit's entries. */
+/* Key of the rejections map: the cgroup a circuit or a bulkhead turned a
+ * connect or a send away from. circuit_id and epoch come from the
+ * rejecting verdict, or from the rejecting limit (its slot and epoch: a
+ * circuit's own slot is its circuit id, and its limits carry the epoch its
+ * verdicts do, so both kinds of one circuit share an entry; a sharing
+ * workload's bulkhead slot has an epoch of its own). The epoch tells apart
+ * two holders of the same id one after the other, so a reused id never
+ * inherits another circuit's entries. */
 struct rejection_key {
 	__u64 cgroup_id; /* the rejected process's current cgroup */
 	__u32 circuit_id;
 	__u32 epoch;
 };
 
-/* Value of the rejections map, written by the kernel on the reject path
+/* Value of the rejections map, written by the kernel on the reject paths
  * only (atomic adds); the daemon deletes entries of gone cgroups and
- * circuits. */
+ * circuits. An open circuit's rejections and a bulkhead's are counted
+ * apart. */
 struct rejection_count {
-	__u64 rejected;        /* turned away */
-	__u64 shadow_rejected; /* would have been turned away (shadow mode) */
+	__u64 rejected;        /* turned away by an open circuit */
+	__u64 shadow_rejected; /* would have been turned away by it (shadow mode) */
+	__u64 bulkhead_rejected;        /* turned away by a concurrency limit */
+	__u64 bulkhead_shadow_rejected; /* would have been turned away by one (shadow mode) */
 };
 
 /* Concurrency limits of one destination (bulkheads), value of the limits
@@ -162,6 +169,9 @@ struct limit {
 	__u32 max_connecting;  /* sockets in SYN_SENT */
 	__u16 reject_errno;    /* errno a connect over the limit sees */
 	__u16 responses;       /* enum response_flags: follow this destination's responses */
+	__u32 epoch; /* which holder of slot this is: keys the cgroups the limit
+		      * turns away in the rejections map (0: none recorded) */
+	__u32 _pad;
 };
 
 /* What connect marks a socket to a destination with response options for

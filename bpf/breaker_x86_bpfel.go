@@ -100,6 +100,8 @@ type BreakerLimit struct {
 	MaxConnecting  uint32
 	RejectErrno    uint16
 	Responses      uint16
+	Epoch          uint32
+	Pad            uint32
 }
 
 type BreakerOutcome uint32
@@ -144,9 +146,11 @@ type BreakerProbeBudget struct {
 }
 
 type BreakerRejectionCount struct {
-	_              structs.HostLayout
-	Rejected       uint64
-	ShadowRejected uint64
+	_                      structs.HostLayout
+	Rejected               uint64
+	ShadowRejected         uint64
+	BulkheadRejected       uint64
+	BulkheadShadowRejected uint64
 }
 
 type BreakerRejectionKey struct {
@@ -247,6 +251,7 @@ const (
 	BreakerMapOverrides            = "overrides"
 	BreakerMapProbeBudgets         = "probe_budgets"
 	BreakerMapRejections           = "rejections"
+	BreakerMapRespPorts            = "resp_ports"
 	BreakerMapSocks                = "socks"
 	BreakerMapStats                = "stats"
 	BreakerMapVerdicts             = "verdicts"
@@ -346,6 +351,7 @@ type BreakerMapSpecs struct {
 	Overrides    *ebpf.MapSpec `ebpf:"overrides"`
 	ProbeBudgets *ebpf.MapSpec `ebpf:"probe_budgets"`
 	Rejections   *ebpf.MapSpec `ebpf:"rejections"`
+	RespPorts    *ebpf.MapSpec `ebpf:"resp_ports"`
 	Socks        *ebpf.MapSpec `ebpf:"socks"`
 	Stats        *ebpf.MapSpec `ebpf:"stats"`
 	Verdicts     *ebpf.MapSpec `ebpf:"verdicts"`
@@ -405,6 +411,7 @@ type BreakerMaps struct {
 	Overrides    *ebpf.Map `ebpf:"overrides"`
 	ProbeBudgets *ebpf.Map `ebpf:"probe_budgets"`
 	Rejections   *ebpf.Map `ebpf:"rejections"`
+	RespPorts    *ebpf.Map `ebpf:"resp_ports"`
 	Socks        *ebpf.Map `ebpf:"socks"`
 	Stats        *ebpf.Map `ebpf:"stats"`
 	Verdicts     *ebpf.Map `ebpf:"verdicts"`
@@ -423,6 +430,7 @@ func (m *BreakerMaps) Close() error {
 		m.Overrides,
 		m.ProbeBudgets,
 		m.Rejections,
+		m.RespPorts,
 		m.Socks,
 		m.Stats,
 		m.Verdicts,

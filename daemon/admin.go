@@ -96,7 +96,8 @@ type CircuitInfo struct {
 	CloseMechanism    string `json:"close_mechanism,omitempty"`
 	ClosedEstablished uint64 `json:"closed_established,omitempty"`
 	// RejectedBy are the pods (or, for cgroups that are no known pod's,
-	// the cgroups) the circuit turned away and how often, most first, at
+	// the cgroups) the circuit turned away and how often, open
+	// (rejected) or by its bulkhead (bulkhead_rejected), most first, at
 	// most 32; RejectedByTotal counts them all. Counted by the kernel per
 	// cgroup as it rejects, read every second.
 	RejectedBy      []RejectedBy `json:"rejected_by,omitempty"`
@@ -113,7 +114,7 @@ type circuitSnap struct {
 	// cgroups whose connections failed, named as pods by complete.
 	cgroups []uint64
 	bulk    []bulkSlot // the sharing workloads' bulkheads
-	epoch   uint32     // keys the cgroups it rejected (rejections.go)
+	owners  []owner    // key the cgroups it rejected (rejections.go)
 }
 
 // snap copies what the API shows of c. Called under d.mu; no kernel reads.
@@ -133,7 +134,7 @@ func snap(c *circuit, now time.Time) circuitSnap {
 		round:   st.Round,
 		cgroups: c.failedCgroups(),
 		bulk:    c.bulkSlots(),
-		epoch:   c.epoch(),
+		owners:  c.owners(),
 	}
 }
 
@@ -149,7 +150,7 @@ func (d *Daemon) complete(s circuitSnap, names *cgroupNamer) CircuitInfo {
 			ci.CloseMechanism = string(m)
 		}
 	}
-	ci.RejectedBy, ci.RejectedByTotal = d.rejectedBy(ci.CircuitID, s.epoch, names)
+	ci.RejectedBy, ci.RejectedByTotal = d.rejectedBy(s.owners, names)
 	ci.Destinations = make([]string, 0, len(s.dests))
 	for _, dst := range s.dests {
 		ci.Destinations = append(ci.Destinations, dst.String())

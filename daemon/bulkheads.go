@@ -19,16 +19,22 @@ import (
 // bulkhead of the processes of no workload (class 0). An isolated
 // workload's circuit is its own bulkhead, as before.
 
-// bulkSlot is one sharing workload's bulkhead slot of a circuit.
+// bulkSlot is one sharing workload's bulkhead slot of a circuit. Its
+// epoch keys the cgroups its limits turn away in the rejections map
+// (rejections.go); a slot a previous daemon left keeps its epoch.
 type bulkSlot struct {
 	id       uint32
+	epoch    uint32
 	workload string
 }
 
-// bulkEntry is one limits-map entry of a circuit: its key and slot.
+// bulkEntry is one limits-map entry of a circuit: its key, slot and the
+// epoch its rejections are recorded under (0: none, an entry for
+// responses only).
 type bulkEntry struct {
-	dst  maps.Dest
-	slot uint32
+	dst   maps.Dest
+	slot  uint32
+	epoch uint32
 }
 
 // bulkSlotName names a workload's bulkhead slot of circuit c for the id
@@ -51,11 +57,25 @@ func (d *Daemon) syncBulkSlots(c *circuit) {
 			want[uint8(k)] = d.classes.SharedOfBulkhead(k)
 		}
 	}
+	// A workload that still shares under another class (a reordered
+	// list) keeps its slot: its id, with the sockets it counts and its
+	// counters, and its epoch, with the cgroups it turned away. Released
+	// and taken again, an idle slot could come back as another's id, and
+	// both workloads' rejected cgroups would be forgotten.
+	wanted := map[string]bool{}
+	for _, w := range want {
+		wanted[w] = true
+	}
+	moved := map[string]bulkSlot{}
 	if c.extra != nil {
 		for k, s := range c.extra.bulkSlots {
 			if want[k] != s.workload {
-				d.releaseBulkSlot(c, s)
 				delete(c.extra.bulkSlots, k)
+				if wanted[s.workload] {
+					moved[s.workload] = s
+					continue
+				}
+				d.releaseBulkSlot(c, s)
 			}
 		}
 	}
@@ -72,6 +92,10 @@ func (d *Daemon) syncBulkSlots(c *circuit) {
 		if _, ok := c.extra.bulkSlots[k]; ok {
 			continue
 		}
+		if s, ok := moved[w]; ok {
+			c.extra.bulkSlots[k] = s
+			continue
+		}
 		// A slot a previous daemon left for this workload's entry is
 		// inherited, with the sockets it counts.
 		dst := c.first[0]
@@ -86,19 +110,28 @@ func (d *Daemon) syncBulkSlots(c *circuit) {
 			d.log.Error("no circuit id free for a workload's bulkhead; its connections are not limited", "circuit", c.name(), "workload", w)
 			continue
 		}
-		if !inherited {
-			if err := d.k.ResetCounters(id); err != nil {
-				d.log.Warn("resetting counters", "circuit", name, "err", err)
-			}
+		var epoch uint32
+		if inherited {
+			epoch = d.reg.ids.pinnedEpoch(id) // its rejected cgroups carry on
+		} else if err := d.k.ResetCounters(id); err != nil {
+			d.log.Warn("resetting counters", "circuit", name, "err", err)
 		}
-		c.extra.bulkSlots[k] = bulkSlot{id: id, workload: w}
+		if epoch == 0 {
+			epoch = d.reg.newEpoch()
+		}
+		c.extra.bulkSlots[k] = bulkSlot{id: id, epoch: epoch, workload: w}
+		d.reg.recording[id] = c
 	}
 }
 
 // releaseBulkSlot gives a workload's bulkhead slot back, keeping its
-// kernel counts in the target's retired counters.
+// kernel counts in the target's retired counters; the cgroups it
+// rejected are no longer c's (the next sweep deletes their entries).
 func (d *Daemon) releaseBulkSlot(c *circuit, s bulkSlot) {
 	d.retire(c.target(), s.id)
+	if d.reg.recording[s.id] == c {
+		delete(d.reg.recording, s.id)
+	}
 	d.reg.ids.release(s.id, bulkSlotName(c, s.workload))
 }
 
@@ -117,12 +150,14 @@ func (d *Daemon) retire(target string, id uint32) {
 
 // bulkheadEntries are the limits entries of destination dst of c (which
 // has limits): an isolated workload's circuit, or a shared one without a
-// workloads list, is keyed as the destination with its own id; a shared
-// circuit has an entry per sharing workload besides (syncBulkSlots first).
+// workloads list, is keyed as the destination with its own id and epoch
+// (given here if it has none: the kernel records whom the bulkhead turns
+// away under them); a shared circuit has an entry per sharing workload
+// besides, with the slot's id and epoch (syncBulkSlots first). Under d.mu.
 func (d *Daemon) bulkheadEntries(c *circuit, dst maps.Dest) []bulkEntry {
 	var out []bulkEntry
 	if c.workload() != policy.SharedWorkload || !d.cfg.Scoped() {
-		out = append(out, bulkEntry{dst, c.id})
+		out = append(out, bulkEntry{dst: dst, slot: c.id, epoch: d.epochOf(c)})
 	}
 	if c.extra == nil {
 		return out
@@ -130,7 +165,7 @@ func (d *Daemon) bulkheadEntries(c *circuit, dst maps.Dest) []bulkEntry {
 	for k, s := range c.extra.bulkSlots {
 		b := dst
 		b.Class = k
-		out = append(out, bulkEntry{b, s.id})
+		out = append(out, bulkEntry{dst: b, slot: s.id, epoch: s.epoch})
 	}
 	return out
 }

@@ -65,8 +65,9 @@ type circuitExtra struct {
 	// closed counts the established connections its close passes
 	// closed since the daemon started (close_established).
 	closed uint64
-	// epoch keys the kernel's count of the cgroups its verdicts reject
-	// (rejections.go); 0 until it first writes a rejecting verdict.
+	// epoch keys the kernel's count of the cgroups its verdicts and its
+	// own bulkhead reject (rejections.go); 0 until it first writes a
+	// rejecting verdict or a limit.
 	epoch uint32
 }
 
@@ -164,8 +165,10 @@ type registry struct {
 	// verdicts: max_circuits does not refuse those (an open verdict is
 	// never dropped for want of room; eviction brings the count back).
 	adopting bool
-	// recording holds the circuits that have an epoch, by id: only the
-	// circuits that ever rejected (rejections.go).
+	// recording holds the circuits that have an epoch, by id (only the
+	// circuits that ever wrote a rejecting verdict or a limit), and the
+	// circuits of the sharing workloads' bulkhead slots, by slot id
+	// (rejections.go).
 	recording map[uint32]*circuit
 	nextEpoch uint32
 }
@@ -531,6 +534,7 @@ func (d *Daemon) writeLimit(c *circuit, dst maps.Dest) {
 	d.syncBulkSlots(c)
 	for _, e := range d.limitEntries(c, dst) {
 		l := limitOf(e.slot, o)
+		l.Epoch = e.epoch
 		if err := d.k.PutLimit(e.dst, l); err != nil {
 			d.metrics.verdictWriteErrors.Inc()
 			d.log.Error("writing bulkhead limits (not enforced for this destination)", "circuit", c.name(), "dest", e.dst, "err", err)

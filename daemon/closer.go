@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/breakerd/breakerd/maps"
@@ -49,13 +50,25 @@ func (d *Daemon) ensureCloser(cfg *policy.Config) {
 	}
 	d.closer = d.k.NewCloser(d.opts.CloseMechanisms...)
 	d.closeMech.Store(d.closer.Mechanism())
-	d.metrics.closeMechanism.WithLabelValues(string(d.closer.Mechanism())).Set(1)
+	reach, missing := maps.ProbeCloseReach()
+	d.metrics.closeMechanism.WithLabelValues(string(d.closer.Mechanism()), string(reach)).Set(1)
 	if d.closer.Mechanism() == maps.CloseNone {
 		d.log.Error("close_established is configured, but this kernel offers no way to close established connections: they stay open when a circuit opens (new connects are still rejected)",
 			"reason", d.closer.Reason())
 		return
 	}
-	d.log.Info("close_established ready", "mechanism", string(d.closer.Mechanism()), "fallback_reason", d.closer.Reason())
+	// The kernel can; whether these privileges reach the protected
+	// processes' network namespaces is said as plainly (maps/closereach.go).
+	switch reach {
+	case maps.ReachOwn:
+		d.log.Error("close_established is configured, but with these privileges a close pass can enter no network namespace but breakerd's own: connections of processes in any other stay open when a circuit opens (new connects are still rejected); in Kubernetes, add the close-established component (deploy/components/close-established)",
+			"mechanism", string(d.closer.Mechanism()), "namespaces", string(reach), "missing", strings.Join(missing, "; "))
+	case maps.ReachSome:
+		d.log.Warn("close_established ready, but without CAP_SYS_PTRACE a close pass cannot enter the network namespaces of processes of other users or with capabilities breakerd lacks: their connections stay open when a circuit opens",
+			"mechanism", string(d.closer.Mechanism()), "namespaces", string(reach), "missing", strings.Join(missing, "; "))
+	default:
+		d.log.Info("close_established ready", "mechanism", string(d.closer.Mechanism()), "namespaces", string(reach), "fallback_reason", d.closer.Reason())
+	}
 }
 
 func wantsClose(cfg *policy.Config) bool {
@@ -169,10 +182,15 @@ func (d *Daemon) runClose(batch []closeJob) {
 		}
 		stats.Namespaces += st.Namespaces
 		stats.Skipped += st.Skipped
+		stats.Hidden = max(stats.Hidden, st.Hidden)
+		stats.Unreadable = max(stats.Unreadable, st.Unreadable)
 		stats.Duration += st.Duration
 	}
-	if stats.Namespaces == 0 && stats.Skipped == 0 {
-		d.log.Warn("the close pass found no process below the cgroup whose network namespace it could enter (in a container, breakerd needs the host's PID namespace to see them)")
+	if stats.Hidden > 0 || stats.Unreadable > 0 {
+		d.log.Warn("the close pass could not find the network namespaces of some processes below the cgroup: their connections stay open (see the close_established start-up line)",
+			"hidden", stats.Hidden, "unreadable", stats.Unreadable, "namespaces", stats.Namespaces)
+	} else if stats.Namespaces == 0 && stats.Skipped == 0 {
+		d.log.Warn("the close pass found no process below the cgroup")
 	}
 	closed, failed := make([]uint64, len(batch)), make([]uint64, len(batch))
 	for dst, n := range counts {

@@ -491,8 +491,9 @@ func TestCloseEstablishedNoMechanism(t *testing.T) {
 	if !strings.Contains(f.logs.String(), "level=ERROR msg=\"close_established is configured, but this kernel offers no way to close established connections") {
 		t.Fatalf("no start-up error:\n%s", f.logs.String())
 	}
-	if got := testutil.ToFloat64(d.metrics.closeMechanism.WithLabelValues("none")); got != 1 {
-		t.Fatalf("breakerd_close_established_mechanism{mechanism=none} %v, want 1", got)
+	reach, _ := maps.ProbeCloseReach()
+	if got := testutil.ToFloat64(d.metrics.closeMechanism.WithLabelValues("none", string(reach))); got != 1 {
+		t.Fatalf("breakerd_close_established_mechanism{mechanism=none,namespaces=%s} %v, want 1", reach, got)
 	}
 	pool := f.topo.Client.StartPool(t, f.cg, []kerneltest.PoolTarget{{Addr: netip.AddrPortFrom(f.srv.IPv4, 8601), N: 2}}, 0)
 	if _, err := d.Force("web", "open"); err != nil {

@@ -16,7 +16,7 @@ type ids struct {
 	free     []uint32          // returned ids whose slot counts nothing
 	draining map[uint32]string // returned ids whose slot still counts sockets, with the circuit's name
 	pinned   map[uint32]bool   // ids found in the pinned maps at start-up, not yet claimed
-	epochs   map[uint32]uint32 // the epochs of pinned verdicts, by id (start-up only)
+	epochs   map[uint32]uint32 // the epochs of pinned verdicts and limits, by id (start-up only)
 	byDest   map[maps.Dest]uint32
 }
 
@@ -47,6 +47,11 @@ func (s *ids) loadPinned(verdicts map[maps.Dest]maps.Verdict, limits map[maps.De
 		mark(l.Slot)
 		if _, ok := s.byDest[d]; !ok {
 			s.byDest[d] = l.Slot
+		}
+		// A circuit's own limits carry its verdicts' epoch; a sharing
+		// workload's slot has its own. A verdict's wins.
+		if _, ok := s.epochs[l.Slot]; !ok && l.Epoch != 0 {
+			s.epochs[l.Slot] = l.Epoch
 		}
 	}
 	for id := range busy {
@@ -129,8 +134,8 @@ func (s *ids) endStartup() {
 	clear(s.epochs)
 }
 
-// pinnedEpoch is the epoch the pinned verdicts of id carry (0: none), for
-// the circuit that inherits id at start-up.
+// pinnedEpoch is the epoch the pinned verdicts or limits of id carry (0:
+// none), for the circuit or bulkhead slot that inherits id at start-up.
 func (s *ids) pinnedEpoch(id uint32) uint32 { return s.epochs[id] }
 
 func (s *ids) busy(id uint32) bool {

@@ -724,10 +724,11 @@ targets:
 
 // TestRejectedPods: one open circuit rejects two pods of a workload
 // (their containers' cgroups in both kubelet layouts, real processes in
-// them): /v1/circuits names both pods with their exact counts, a pod of
-// no workload is neither rejected nor listed, the counts carry on across
-// a SIGTERM restart and a reload, and the CircuitClosed Event names the
-// pods it rejected.
+// them), and the workload's bulkhead of another circuit, full with one of
+// web-1's connections, turns both away: /v1/circuits names both pods with
+// their exact counts of each kind, a pod of no workload is neither
+// rejected nor listed, the counts carry on across a SIGTERM restart and a
+// reload, and the CircuitClosed Event names the pods it rejected.
 func TestRejectedPods(t *testing.T) {
 	const conf = `
 failsafe_timeout: 30s
@@ -744,8 +745,12 @@ targets:
     half_open_probes: 1
     half_open_success_threshold: 1
     reject_errno: EHOSTUNREACH
+  pool:
+    match: {cidrs: [SRV], ports: ["8408"]}
+    max_connections: 1
 `
 	kf := newKubeFixture(t, conf)
+	kf.srv.ServeHold(t, 8408)
 	web1 := kf.createPod(t, "web-1", kf.node, map[string]string{"app": "web"})
 	web2 := kf.createPod(t, "web-2", kf.node, map[string]string{"app": "web"})
 	db := kf.createPod(t, "db-1", kf.node, map[string]string{"app": "db"})
@@ -769,10 +774,23 @@ targets:
 	}
 	w1, w2 := kf.ns+"/web-1", kf.ns+"/web-2"
 	kf.waitRejectedBy("svc", map[string]uint64{w1: 5, w2: 3})
-	c, _ := kf.circuit("svc")
-	for _, r := range c.RejectedBy {
-		if r.Workload != "shop" || r.Cgroup != "" {
-			t.Fatalf("rejected_by %+v: want workload shop and the pod, not a cgroup path", r)
+	// The workload's bulkhead of pool, full with web-1's one connection.
+	holder := kf.topo.Client.StartDial(t, ctr1, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(kf.srv.IPv4, 8408), Hold: time.Minute})
+	t.Cleanup(func() { kill(holder) })
+	kf.waitConnections("pool", 1)
+	over := func(cg *kerneltest.Cgroup, n int) { kf.overFrom(cg, 8408, n) }
+	over(ctr2, 2)
+	over(ctr1, 1)
+	if got := kf.dialFrom(dbCtr, 8408, 2); got[0] != 2 {
+		t.Fatalf("a pod of no workload to the bulkheaded pool: %v, want connected (not counted, not limited)", got)
+	}
+	kf.waitRejectedKinds("pool", map[string]kinds{w1: {0, 1}, w2: {0, 2}})
+	for _, name := range []string{"svc", "pool"} {
+		c, _ := kf.circuit(name)
+		for _, r := range c.RejectedBy {
+			if r.Workload != "shop" || r.Cgroup != "" {
+				t.Fatalf("%s rejected_by %+v: want workload shop and the pod, not a cgroup path", name, r)
+			}
 		}
 	}
 	// SIGTERM restart and a reload: the counts carry on.
@@ -783,7 +801,9 @@ targets:
 		t.Fatal(err)
 	}
 	reject(ctr1, 1)
+	over(ctr2, 1)
 	kf.waitRejectedBy("svc", map[string]uint64{w1: 6, w2: 4})
+	kf.waitRejectedKinds("pool", map[string]kinds{w1: {0, 1}, w2: {0, 3}})
 	// The host comes back; a probe closes the circuit; its Event names
 	// the pods it rejected.
 	kf.srv.Listen(t, "tcp4", 8407)

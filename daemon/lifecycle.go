@@ -197,7 +197,9 @@ func (d *Daemon) reconcileLimits() error {
 				continue
 			}
 			for _, e := range d.limitEntries(c, dst) {
-				want[e.dst] = limitOf(e.slot, o)
+				l := limitOf(e.slot, o)
+				l.Epoch = e.epoch
+				want[e.dst] = l
 			}
 		}
 	}

@@ -14,12 +14,16 @@ import (
 )
 
 // Which cgroups (and so which pods) each circuit turned away: the kernel
-// counts them in the rejections map on the reject path only, keyed by the
-// rejecting verdict's circuit id and epoch and the caller's cgroup. The
-// epoch names one circuit among those that held the id one after the
-// other: a circuit takes one when it first writes a rejecting verdict (or
-// inherits the one its pinned verdicts carry at start-up), so a reused id
-// never shows another circuit's rejections.
+// counts them in the rejections map on the reject paths only, keyed by the
+// rejecting verdict's circuit id and epoch, or the rejecting limit's slot
+// and epoch, and the caller's cgroup; an open circuit's rejections and a
+// bulkhead's are counted apart in one entry. The epoch names one circuit
+// among those that held the id one after the other: a circuit takes one
+// when it first writes a rejecting verdict or a limit of its own slot (or
+// inherits the one its pinned verdicts or limits carry at start-up), and a
+// sharing workload's bulkhead slot one of its own when it is given out
+// (bulkSlot.epoch), so a reused id never shows another circuit's
+// rejections.
 //
 // Every rejectionsEvery the daemon reads the map (outside d.mu), keeps
 // the live circuits' entries in an index the admin API and Events read,
@@ -35,10 +39,13 @@ const rejectionsEvery = time.Second
 // rejected_by_total counts them all.
 const listedRejected = 32
 
-// cgroupRejections is one cgroup's rejections by one circuit.
+// cgroupRejections is one cgroup's rejections by one circuit (or one of
+// its sharing workloads' bulkhead slots): by the open circuit and by the
+// bulkhead.
 type cgroupRejections struct {
-	cgroup           uint64
-	rejected, shadow uint64
+	cgroup                   uint64
+	rejected, shadow         uint64
+	bulkhead, bulkheadShadow uint64
 }
 
 // rejectionIndex is the last sweep's view, with its own lock.
@@ -48,8 +55,41 @@ type rejectionIndex struct {
 	suspect   map[uint64]bool              // cgroups not below the attach point at the last sweep
 }
 
-// owner is the circuit an entry counts for: its id and epoch.
+// owner is the circuit an entry counts for: its id and epoch, or one of
+// its sharing workloads' bulkhead slots (the slot's id and epoch).
 type owner struct{ id, epoch uint32 }
+
+// owners are the keys c's entries are counted under: its own id and
+// epoch (when it has one) and each sharing workload's bulkhead slot's.
+// Under d.mu.
+func (c *circuit) owners() []owner {
+	var out []owner
+	if e := c.epoch(); e != 0 {
+		out = append(out, owner{c.id, e})
+	}
+	if c.extra != nil {
+		for _, s := range c.extra.bulkSlots {
+			out = append(out, owner{s.id, s.epoch})
+		}
+	}
+	return out
+}
+
+// records reports whether c counts the entries of owner o. Under d.mu.
+func (c *circuit) records(o owner) bool {
+	if o.id == c.id {
+		return c.epoch() == o.epoch
+	}
+	if c.extra == nil {
+		return false
+	}
+	for _, s := range c.extra.bulkSlots {
+		if s.id == o.id {
+			return s.epoch == o.epoch
+		}
+	}
+	return false
+}
 
 // of returns a copy of the entries of the circuit with id and epoch.
 func (x *rejectionIndex) of(id, epoch uint32) []cgroupRejections {
@@ -152,7 +192,7 @@ func (d *Daemon) sweepRejections() {
 	d.mu.Lock()
 	for o := range live {
 		c := d.reg.recording[o.id]
-		live[o] = c != nil && c.epoch() == o.epoch
+		live[o] = c != nil && c.records(o)
 	}
 	d.mu.Unlock()
 	x.mu.Lock()
@@ -174,7 +214,7 @@ func (d *Daemon) sweepRejections() {
 			suspect[r.CgroupID] = true
 		}
 		o := owner{r.CircuitID, r.Epoch}
-		byCircuit[o] = append(byCircuit[o], cgroupRejections{r.CgroupID, r.Rejected, r.ShadowRejected})
+		byCircuit[o] = append(byCircuit[o], cgroupRejections{r.CgroupID, r.Rejected, r.ShadowRejected, r.BulkheadRejected, r.BulkheadShadowRejected})
 	}
 	if len(stale) > 0 {
 		if err := d.k.DeleteRejections(stale); err != nil {
@@ -187,7 +227,8 @@ func (d *Daemon) sweepRejections() {
 }
 
 // RejectedBy is one pod (or, for a cgroup that is no pod's, one cgroup)
-// a circuit turned connects or sends away from, as /v1/circuits reports it.
+// a circuit turned connects or sends away from, open or by its bulkhead,
+// as /v1/circuits reports it.
 type RejectedBy struct {
 	// Pod is "namespace/name" when the cgroup is a known pod's (its
 	// containers' cgroups summed).
@@ -198,10 +239,20 @@ type RejectedBy struct {
 	// Workload is the protected workload the cgroup belongs to (with
 	// workloads configured).
 	Workload string `json:"workload,omitempty"`
-	// Rejected counts the connects and sends turned away; ShadowRejected
-	// those shadow mode let through.
+	// Rejected counts the connects and sends the open circuit turned
+	// away; ShadowRejected those shadow mode let through.
 	Rejected       uint64 `json:"rejected"`
 	ShadowRejected uint64 `json:"shadow_rejected,omitempty"`
+	// BulkheadRejected counts the connects its bulkhead (max_connections,
+	// max_connecting; for a shared circuit, the cgroup's workload's)
+	// turned away; BulkheadShadowRejected those shadow mode let through.
+	BulkheadRejected       uint64 `json:"bulkhead_rejected,omitempty"`
+	BulkheadShadowRejected uint64 `json:"bulkhead_shadow_rejected,omitempty"`
+}
+
+// total is every rejection it counts, of both kinds, shadow ones included.
+func (r RejectedBy) total() uint64 {
+	return r.Rejected + r.ShadowRejected + r.BulkheadRejected + r.BulkheadShadowRejected
 }
 
 // Label is how breakerctl and Events name it: the pod, else the cgroup.
@@ -221,11 +272,15 @@ type cgroupNamer struct {
 	names map[uint64]cgroupName
 }
 
-// rejectedBy lists who the circuit with id and epoch rejected, most
-// rejections first, at most listedRejected, and how many there are in all.
-// The caller must not hold d.mu.
-func (d *Daemon) rejectedBy(id, epoch uint32, n *cgroupNamer) ([]RejectedBy, int) {
-	entries := d.rejections.of(id, epoch)
+// rejectedBy lists who the circuit whose entries are counted under owners
+// rejected, open or by its bulkheads, most rejections first, at most
+// listedRejected, and how many there are in all. The caller must not
+// hold d.mu.
+func (d *Daemon) rejectedBy(owners []owner, n *cgroupNamer) ([]RejectedBy, int) {
+	var entries []cgroupRejections
+	for _, o := range owners {
+		entries = append(entries, d.rejections.of(o.id, o.epoch)...)
+	}
 	if len(entries) == 0 {
 		return nil, 0
 	}
@@ -250,13 +305,15 @@ func (d *Daemon) rejectedBy(id, epoch uint32, n *cgroupNamer) ([]RejectedBy, int
 		}
 		x.Rejected += e.rejected
 		x.ShadowRejected += e.shadow
+		x.BulkheadRejected += e.bulkhead
+		x.BulkheadShadowRejected += e.bulkheadShadow
 	}
 	out := make([]RejectedBy, 0, len(byKey))
 	for _, r := range byKey {
 		out = append(out, *r)
 	}
 	slices.SortFunc(out, func(a, b RejectedBy) int {
-		if c := cmp.Compare(b.Rejected+b.ShadowRejected, a.Rejected+a.ShadowRejected); c != 0 {
+		if c := cmp.Compare(b.total(), a.total()); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.Label(), b.Label())
@@ -268,10 +325,12 @@ func (d *Daemon) rejectedBy(id, epoch uint32, n *cgroupNamer) ([]RejectedBy, int
 // eventRejected is the most pods a CircuitClosed Event names.
 const eventRejected = 8
 
-// rejectedPods names the pods c rejected, "namespace/name (N)", most
-// first, at most eventRejected: for its CircuitClosed Event, from the
-// last sweep (at most rejectionsEvery old). Cgroups of no known pod are
-// left out. No kernel read: callable under d.mu.
+// rejectedPods names the pods c rejected while open, "namespace/name
+// (N)", most first, at most eventRejected: for its CircuitClosed Event,
+// from the last sweep (at most rejectionsEvery old). Cgroups of no known
+// pod are left out, and so are bulkhead rejections: they are no part of
+// the circuit opening and closing (/v1/circuits lists them). No kernel
+// read: callable under d.mu.
 func (d *Daemon) rejectedPods(c *circuit) []string {
 	byPod := map[string]uint64{}
 	for _, e := range d.rejections.of(c.id, c.epoch()) {

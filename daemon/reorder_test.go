@@ -131,3 +131,63 @@ targets:
     consecutive_failures: 2
     open_duration: 1m
 `
+
+// A reordered workloads list moves the sharing workloads' bulkhead
+// classes; each workload keeps its slot, and with it the cgroups its
+// bulkhead turned away, also when its slot counts no socket at the reload
+// (given back and taken again, two idle slots could change hands: each
+// workload then got a new epoch and the pool listed no one).
+func TestBulkheadRejectionsFollowReorderedIdleWorkloads(t *testing.T) {
+	f := newScopedFixture(t, sharedBulkheadConfig)
+	a, b := f.cg.Child(t, "a"), f.cg.Child(t, "b")
+	la, lb := f.cgroupRel()+"/a", f.cgroupRel()+"/b"
+	f.srv.ServeHold(t, 8440)
+	f.start()
+	dst := netip.AddrPortFrom(f.srv.IPv4, 8440)
+	for _, x := range []struct {
+		cg *kerneltest.Cgroup
+		w  string
+		n  int
+	}{{a, "a", 2}, {b, "b", 1}} {
+		h := f.topo.Client.StartDial(t, x.cg, kerneltest.DialSpec{Network: "tcp4", Addr: dst, Count: 3, Parallel: 3, Hold: time.Minute})
+		if !kerneltest.WaitFor(5*time.Second, func() bool {
+			c, _ := f.circuit("pool")
+			return c.Bulkheads[x.w].Connections == 3
+		}) {
+			kill(h)
+			t.Fatalf("%s's holder did not fill its bulkhead", x.w)
+		}
+		f.overFrom(x.cg, 8440, x.n)
+		kill(h)
+	}
+	f.waitConnections("pool", 0) // both slots idle
+	want := map[string]kinds{la: {0, 2}, lb: {0, 1}}
+	f.waitRejectedKinds("pool", want)
+	swapped := reorder(t, sharedBulkheadConfig, false)
+	for i := range 20 {
+		cfg := swapped
+		if i%2 == 1 {
+			cfg = sharedBulkheadConfig
+		}
+		f.writeConfig(strings.ReplaceAll(cfg, "CGROUP", f.cgroupRel()))
+		if err := f.d.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		f.waitRejectedKinds("pool", want)
+	}
+	// Each workload still counts in its own bulkhead.
+	h := f.topo.Client.StartDial(t, a, kerneltest.DialSpec{Network: "tcp4", Addr: dst, Count: 3, Parallel: 3, Hold: time.Minute})
+	defer kill(h)
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		c, _ := f.circuit("pool")
+		return c.Bulkheads["a"].Connections == 3 && c.Bulkheads["b"].Connections == 0
+	}) {
+		c, _ := f.circuit("pool")
+		t.Fatalf("pool %+v, want a counting 3 and b 0", c.Bulkheads)
+	}
+	f.overFrom(a, 8440, 1)
+	if got := f.dialFrom(b, 8440, 1); got[0] != 1 {
+		t.Fatalf("b, its bulkhead empty: %v, want connected", got)
+	}
+	f.waitRejectedKinds("pool", map[string]kinds{la: {0, 3}, lb: {0, 1}})
+}

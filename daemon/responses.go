@@ -111,6 +111,11 @@ func (d *Daemon) handleResponse(c *circuit, ev *maps.Event, now time.Time) {
 		// Late, or ended late, and not seen waiting by a tick (it
 		// came between two): a timeout all the same.
 		kind = respTimeout
+	case ev.Outcome == maps.NoResponse && ev.PeerClosed && o.IgnoreDropped && ev.Err == 0:
+		// The peer's FIN, and count_dropped is off (a goodbye the
+		// server answers by closing): counted, but not a call.
+		tm.responseCounter(respDropped).Inc()
+		return
 	case ev.Outcome == maps.NoResponse && ev.PeerClosed:
 		kind = respDropped
 	case ev.Outcome == maps.NoResponse:
@@ -236,6 +241,7 @@ func responseOptions(m map[string]any, r *policy.ResponseOptions) {
 		m["protocol"] = "http"
 		m["failure_statuses"] = r.FailureStatuses.String()
 	}
+	m["count_dropped"] = !r.IgnoreDropped
 }
 
 // limitEntries are the limits entries of dst of c: its bulkheads' (see
@@ -248,14 +254,14 @@ func (d *Daemon) limitEntries(c *circuit, dst maps.Dest) []bulkEntry {
 	}
 	var out []bulkEntry
 	if c.workload() != policy.SharedWorkload || !d.cfg.Scoped() {
-		out = append(out, bulkEntry{dst, c.id})
+		out = append(out, bulkEntry{dst: dst, slot: c.id})
 	}
 	if c.workload() == policy.SharedWorkload {
 		for _, k := range d.classes.SharedBulkheads() {
 			b := dst
 			b.Class = uint8(k)
 			if !slices.ContainsFunc(out, func(e bulkEntry) bool { return e.dst == b }) {
-				out = append(out, bulkEntry{b, c.id})
+				out = append(out, bulkEntry{dst: b, slot: c.id})
 			}
 		}
 	}

@@ -121,8 +121,9 @@ func withWorkloads(ci CircuitInfo) map[string]any {
 	_ = json.Unmarshal(b, &m)
 	m["workload"] = "kubepods.slice/" + hostile
 	m["failed_pods"] = []string{"ns/" + hostile}
-	m["rejected_by"] = []map[string]any{{"pod": "ns/" + hostile, "rejected": 7}, {"cgroup": "system.slice/" + hostile, "rejected": 2}}
-	m["rejected_by_total"] = 3
+	m["rejected_by"] = []map[string]any{{"pod": "ns/" + hostile, "rejected": 7}, {"cgroup": "system.slice/" + hostile, "rejected": 2, "bulkhead_rejected": 1},
+		{"pod": "ns/b-" + hostile, "bulkhead_rejected": 4}}
+	m["rejected_by_total"] = 4
 	return m
 }
 
@@ -193,7 +194,7 @@ func TestUIHostileNamesAreText(t *testing.T) {
 	if !slices.Contains(st.Names, want) || !slices.Contains(st.Targets, hostile) || !slices.Contains(st.Work, "kubepods.slice/"+hostile) ||
 		!slices.Contains(st.Events, want) || !slices.Contains(st.Reasons, hostile) || !slices.Contains(st.EventWork, " (w/"+hostile+")") ||
 		!slices.Contains(st.Pods, "pods with failures: ns/"+hostile) ||
-		!slices.Contains(st.Rejected, "rejected: ns/"+hostile+": 7, system.slice/"+hostile+": 2, +1 more") {
+		!slices.Contains(st.Rejected, "rejected: ns/"+hostile+": 7, system.slice/"+hostile+": 2 (and 1 by the bulkhead), ns/b-"+hostile+": 4 by the bulkhead, +1 more") {
 		t.Fatalf("the literal text is not shown: %+v", st)
 	}
 	if st.Rate == "0.0" || st.Rate == "" {

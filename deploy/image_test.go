@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/breakerd/breakerd/internal/cgroup2"
@@ -36,6 +37,14 @@ func startContainerd(t *testing.T) *containerdForTest {
 // cri (a TOML fragment), or off when cri is empty, and ctr in namespace ns
 // (a unique one when empty).
 func startContainerdWith(t *testing.T, cri, ns string) *containerdForTest {
+	t.Helper()
+	return startContainerdIn(t, cri, ns, nil)
+}
+
+// startContainerdIn is startContainerdWith with containerd started by do
+// (on a thread in a network namespace: kerneltest.Host.Do), so its shims,
+// its sandboxes' CNI plugins and their bridge live there; nil: here.
+func startContainerdIn(t *testing.T, cri, ns string, do func(func() error) error) *containerdForTest {
 	t.Helper()
 	for _, bin := range []string{"containerd", "ctr", "runc", "buildah", "containerd-shim-runc-v2"} {
 		if _, err := exec.LookPath(bin); err != nil {
@@ -76,7 +85,10 @@ state = %q
 	cmd := exec.Command("containerd", "--config", filepath.Join(dir, "config.toml"))
 	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.SysProcAttr = &unix.SysProcAttr{Pdeathsig: unix.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if do == nil {
+		do = func(f func() error) error { return f() }
+	}
+	if err := do(cmd.Start); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -132,10 +144,26 @@ func (c *containerdForTest) ctr(args ...string) string {
 // directory that stands in for the ConfigMap.
 func ctrRunArgs(t *testing.T, config string) []string {
 	t.Helper()
-	pod := daemonSet(t).Spec.Template.Spec
+	return ctrRunArgsOf(t, daemonSet(t), config)
+}
+
+// ctrRunArgsOf is ctrRunArgs for the DaemonSet ds (the base, or a build
+// with components), hostPID and hostNetwork included.
+func ctrRunArgsOf(t *testing.T, ds *appsv1.DaemonSet, config string) []string {
+	t.Helper()
+	pod := ds.Spec.Template.Spec
 	c := pod.Containers[0]
 	sc := c.SecurityContext
 	var args []string
+	if pod.HostPID {
+		// The test's PID namespace is the host's (containerd's too); PID 1's
+		// may not be opened here (it holds CAP_SYS_RESOURCE, which root
+		// lacks on this machine).
+		args = append(args, "--with-ns", fmt.Sprintf("pid:/proc/%d/ns/pid", os.Getpid()))
+	}
+	if pod.HostNetwork {
+		args = append(args, "--net-host")
+	}
 	if sc.Privileged != nil && *sc.Privileged {
 		args = append(args, "--privileged")
 	}
@@ -202,8 +230,13 @@ func ctrRunArgs(t *testing.T, config string) []string {
 // mounts).
 func containerArgs(t *testing.T, cgroup, bpffs string) []string {
 	t.Helper()
+	return containerArgsOf(daemonSet(t), cgroup, bpffs)
+}
+
+// containerArgsOf is containerArgs for the DaemonSet ds.
+func containerArgsOf(ds *appsv1.DaemonSet, cgroup, bpffs string) []string {
 	var out []string
-	for _, a := range daemonSet(t).Spec.Template.Spec.Containers[0].Args {
+	for _, a := range ds.Spec.Template.Spec.Containers[0].Args {
 		switch {
 		case strings.HasPrefix(a, "--cgroup="):
 			a = "--cgroup=" + cgroup

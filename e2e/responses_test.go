@@ -3,6 +3,8 @@ package e2e
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -79,6 +81,139 @@ targets:
 	}
 	if c := w.circuits()["slow"]; c.Calls != 0 {
 		t.Fatalf("slow's window after the restart: %+v", c)
+	}
+	hold.Cmd.Process.Kill()
+	hold.Cmd.Wait()
+}
+
+// PostgreSQL and memcached with the real binary, across a SIGKILL and a
+// restart on the same pins: quick pgbench and memccat calls are successes
+// (counted exactly in /metrics, each libpq connection's start four of
+// them); three slow queries from psql open one circuit, a get that a
+// stopped memcached never answers opens the other at response_timeout
+// while memccat waits; once breakerd is killed the pinned verdicts keep
+// rejecting psql and memcping in connect() (no SYN gets out), a new
+// breakerd adopts both circuits, and the get still waiting is counted by
+// no daemon twice. Both targets have count_dropped false: each connection
+// ends with a goodbye (Terminate, quit) the server answers by closing.
+func TestPostgresAndMemcachedAcrossSIGKILL(t *testing.T) {
+	need(t, "psql", "pgbench", "memcached", "memccat", "memccp", "memcping")
+	w := newWorld(t, 1, `
+failsafe_timeout: 30s
+targets:
+  pg:
+    match: {cidrs: [SRV0], ports: ["5493"]}
+    count_dropped: false  # the Terminate psql and pgbench send as they close
+    slow_response_duration: 200ms
+    slow_call_rate_threshold: 1
+    window_size: 3
+    min_requests: 3
+    open_duration: 4m
+    reject_errno: EHOSTUNREACH
+  cache:
+    match: {cidrs: [SRV0], ports: ["11293"]}
+    count_dropped: false  # libmemcached's quit, which memcached answers by closing
+    response_timeout: 500ms
+    consecutive_failures: 1
+    open_duration: 4m
+    reject_errno: EHOSTUNREACH
+`)
+	srv := w.topo.Servers[0]
+	pg := srv.StartPostgres(t, 5493)
+	mc := srv.StartMemcached(t, 11293)
+	w.start()
+	series := func(outcome, target string, n int) string {
+		return fmt.Sprintf(`breakerd_connection_outcomes_total{outcome="%s",target="%s",workload="shared"} %d`, outcome, target, n)
+	}
+	waitMetric := func(want ...string) {
+		t.Helper()
+		if !kerneltest.WaitFor(3*time.Second, func() bool {
+			m := w.metrics()
+			for _, s := range want {
+				if !strings.Contains(m, s+"\n") {
+					return false
+				}
+			}
+			return true
+		}) {
+			t.Fatalf("metrics lack %v:\n%s", want, grep(w.metrics(), "outcome=\"response"))
+		}
+	}
+
+	script := filepath.Join(t.TempDir(), "quick.sql")
+	if err := os.WriteFile(script, []byte("SELECT 1;\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := pg.Client(w.topo.Client, w.cg, "pgbench", "-n", "-f", script, "-c", "2", "-t", "5").Run(t); err != nil {
+		t.Fatalf("pgbench: %v\n%s", err, out)
+	}
+	value := filepath.Join(t.TempDir(), "k1")
+	if err := os.WriteFile(value, []byte("v1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := mc.Client(w.topo.Client, w.cg, "memccp", value).Run(t); err != nil {
+		t.Fatalf("memccp: %v %s", err, out)
+	}
+	if out, err := mc.Client(w.topo.Client, w.cg, "memccat", "k1").Run(t); err != nil || string(out) != "v1\n" {
+		t.Fatalf("memccat: %v %q", err, out)
+	}
+	// pgbench: a connection to set up and two clients, each connection's
+	// start four calls, then five one-query transactions per client.
+	waitMetric(series("response", "pg", 3*kerneltest.PostgresStartTurns+2*5), series("response", "cache", 2))
+	if m := w.metrics(); strings.Contains(m, `outcome="response_timeout"`) {
+		t.Fatalf("quick calls counted as failures:\n%s", grep(m, "outcome=\"response"))
+	}
+	for name, c := range w.circuits() {
+		if c.Failures != 0 || c.Slow != 0 || c.State != "closed" {
+			t.Fatalf("/v1/circuits %s after quick calls: %+v", name, c)
+		}
+	}
+
+	if out, err := pg.PSQL(t, w.topo.Client, w.cg, "SELECT pg_sleep(0.25)", "SELECT pg_sleep(0.25)", "SELECT pg_sleep(0.25)"); err != nil {
+		t.Fatalf("psql: %v %s", err, out)
+	}
+	w.waitState("pg", "open", 3*time.Second)
+	if c := w.circuits()["pg"]; c.Slow != 3 || c.Failures != 0 {
+		t.Fatalf("/v1/circuits after three slow queries: %+v", c)
+	}
+	mc.Signal(t, syscall.SIGSTOP)
+	defer mc.Signal(t, syscall.SIGCONT)
+	hold := mc.Client(w.topo.Client, w.cg, "memccat", "k1")
+	if err := hold.Start(t); err != nil {
+		t.Fatal(err)
+	}
+	w.waitState("cache", "open", 3*time.Second)
+	if hold.Cmd.ProcessState != nil {
+		t.Fatal("memccat is gone already: the timeout was not the daemon's")
+	}
+	waitMetric(series("response_timeout", "cache", 1))
+
+	rejected := func(when string) {
+		t.Helper()
+		syns := srv.SYNs(t)
+		if out, err := pg.PSQL(t, w.topo.Client, w.cg, "SELECT 1"); err == nil || !strings.Contains(out, "No route to host") {
+			t.Fatalf("%s: psql to the open circuit: %v %s", when, err, out)
+		}
+		if out, err := mc.Client(w.topo.Client, w.cg, "memcping").Run(t); err == nil {
+			t.Fatalf("%s: memcping to the open circuit: %s", when, out)
+		}
+		if n := srv.SYNs(t); n != syns {
+			t.Fatalf("%s: %d SYNs reached the open destinations", when, n-syns)
+		}
+	}
+	rejected("before the kill")
+	w.signal(syscall.SIGKILL)
+	rejected("with breakerd killed")
+	w.start()
+	w.waitState("pg", "open", 3*time.Second)
+	w.waitState("cache", "open", 3*time.Second)
+	rejected("after the restart")
+	time.Sleep(time.Second) // ticks of the new daemon while the get still waits
+	if m := w.metrics(); strings.Contains(m, `outcome="response_timeout"`) {
+		t.Fatalf("the new daemon counted the get begun before it:\n%s", grep(m, "outcome=\"response"))
+	}
+	if c := w.circuits()["cache"]; c.Calls != 0 {
+		t.Fatalf("cache's window after the restart: %+v", c)
 	}
 	hold.Cmd.Process.Kill()
 	hold.Cmd.Wait()

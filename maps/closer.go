@@ -68,9 +68,14 @@ type CloseCount struct {
 
 // PassStats describe one close pass.
 type PassStats struct {
-	Namespaces int           // network namespaces walked
-	Skipped    int           // namespaces that could not be entered (logged)
-	Duration   time.Duration // the whole pass, namespace enumeration included
+	Namespaces int // network namespaces walked
+	Skipped    int // namespaces that could not be entered (logged)
+	// Processes below the attach point whose network namespace the pass
+	// could not find: Hidden, outside breakerd's PID namespace
+	// (cgroup.procs lists them as 0); Unreadable, whose /proc/PID/ns/net
+	// it may not open (the ptrace read check: CAP_SYS_PTRACE).
+	Hidden, Unreadable int
+	Duration           time.Duration // the whole pass, namespace enumeration included
 }
 
 // Closer closes the established TCP connections that protected processes
@@ -206,6 +211,7 @@ func (c *Closer) Close(dests []Dest, w CloseWorkloads) (map[Dest]CloseCount, Pas
 	if err != nil {
 		return out, st, err
 	}
+	st.Hidden, st.Unreadable = tree.hidden, tree.unreadable
 	var run func() error
 	var errs []error
 	switch c.mech {
@@ -322,12 +328,14 @@ func (c *Closer) runIterator() error {
 }
 
 // protectedTree is what a pass needs of the cgroup tree below the attach
-// point: its cgroup ids, its depth, and one way into each network
-// namespace its processes are in.
+// point: its cgroup ids, its depth, one way into each network namespace
+// its processes are in, and how many processes it could not place.
 type protectedTree struct {
-	ids   map[uint64]bool
-	depth int
-	netns map[uint64][]int // namespace inode -> pids in it
+	ids        map[uint64]bool
+	depth      int
+	netns      map[uint64][]int // namespace inode -> pids in it
+	hidden     int              // listed as 0: outside this PID namespace
+	unreadable int              // /proc/PID/ns/net refused (ptrace read check)
 }
 
 func walkProtected(root string) (protectedTree, error) {
@@ -353,12 +361,19 @@ func walkProtected(root string) (protectedTree, error) {
 		}
 		for _, f := range strings.Fields(string(b)) {
 			pid, err := strconv.Atoi(f)
-			if err != nil || pid <= 0 {
-				continue // 0: a process outside our pid namespace
+			if err != nil || pid < 0 {
+				continue
+			}
+			if pid == 0 {
+				t.hidden++ // a process outside our PID namespace
+				continue
 			}
 			ino, err := nsIno(fmt.Sprintf("/proc/%d/ns/net", pid))
+			if errors.Is(err, fs.ErrPermission) {
+				t.unreadable++
+			}
 			if err != nil {
-				continue
+				continue // or it exited
 			}
 			if len(t.netns[ino]) < 4 {
 				t.netns[ino] = append(t.netns[ino], pid)

@@ -45,6 +45,10 @@ func (p Problems) Error() string {
 	return errors.Join(errs...).Error()
 }
 
+// mapPins is every map the object pins by name, with this Kernel's handle
+// (TestCheckAndRepairEveryMapPin holds it to the object's list): one left
+// out is neither checked nor pinned again, and the next start makes it
+// anew, empty, beside the others.
 func (k *Kernel) mapPins() map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{
 		bpf.BreakerMapVerdicts: k.objs.Verdicts, bpf.BreakerMapConfig: k.objs.Config, bpf.BreakerMapCounters: k.objs.Counters,
@@ -53,6 +57,7 @@ func (k *Kernel) mapPins() map[string]*ebpf.Map {
 		bpf.BreakerMapOverrides: k.objs.Overrides, bpf.BreakerMapWorkloads: k.objs.Workloads, bpf.BreakerMapHandoff: k.objs.Handoff,
 		bpf.BreakerMapInflight:   k.objs.Inflight,
 		bpf.BreakerMapRejections: k.objs.Rejections,
+		bpf.BreakerMapRespPorts:  k.objs.RespPorts,
 	}
 }
 

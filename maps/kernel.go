@@ -69,7 +69,7 @@ import (
 // of the pin directory; bump it whenever bpf/breaker.h or a map definition
 // in bpf/breaker.c changes (TestLayoutVersionMatchesLayout fails until
 // then).
-const LayoutVersion = 9
+const LayoutVersion = 11
 
 // DefaultDir is the default bpffs directory for breakerd's pins.
 const DefaultDir = "/sys/fs/bpf/breakerd"
@@ -292,6 +292,9 @@ func Load(opts Options) (_ *Kernel, err error) {
 	if err := setFeatureVars(spec, k.features); err != nil {
 		return nil, err
 	}
+	// resp_ports about to be made anew beside an adopted socks map (its
+	// pin removed while the others stayed): see markEveryRespPort.
+	respPortsAnew := !k.fresh && !pinned(dir, bpf.BreakerMapRespPorts) && pinned(dir, bpf.BreakerMapSocks)
 	if opts.MaxVerdicts != 0 {
 		spec.Maps[bpf.BreakerMapVerdicts].MaxEntries = opts.MaxVerdicts
 	}
@@ -316,6 +319,13 @@ func Load(opts Options) (_ *Kernel, err error) {
 	}
 
 	k.View = viewOf(&k.objs)
+	if respPortsAnew {
+		if err := k.markEveryRespPort(); err != nil {
+			k.closeHandles()
+			return nil, err
+		}
+		log.Warn("resp_ports was made anew beside the pinned socket storage (its pin was removed): every port is marked, so the response programs look up the storage of every packet of the cgroup until the next uninstall", "pins", dir)
+	}
 
 	if opts.Cgroup != "" {
 		if err := k.attach(opts.Cgroup); err != nil {
@@ -327,6 +337,27 @@ func Load(opts Options) (_ *Kernel, err error) {
 	log.Info("kernel side loaded", "pins", dir, "cgroup", opts.Cgroup, "adopted", !k.fresh,
 		"set_retval", k.features.SetRetval)
 	return k, nil
+}
+
+// pinned reports whether dir holds a pin named name.
+func pinned(dir, name string) bool {
+	_, err := os.Lstat(filepath.Join(dir, name))
+	return err == nil
+}
+
+// markEveryRespPort sets every bit of resp_ports. A resp_ports made anew
+// beside an adopted socks map has no bit for the sockets connect marked
+// before (sockops set theirs in the old map, at their connect): without
+// all bits, their turns from now on would go unseen. Marked, every packet
+// of the cgroup pays the storage lookup, as before resp_ports existed.
+func (k *Kernel) markEveryRespPort() error {
+	all := ^uint64(0)
+	for i := range uint32(respPortWords) {
+		if err := k.objs.RespPorts.Put(i, all); err != nil {
+			return fmt.Errorf("marking every port in resp_ports (word %d): %w", i, err)
+		}
+	}
+	return nil
 }
 
 // setFeatureVars hands the probed features to the programs as load-time

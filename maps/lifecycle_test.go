@@ -2,6 +2,7 @@ package maps
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -307,4 +308,64 @@ func TestResetSeenAfterMapPinsRemoved(t *testing.T) {
 	w := e.watch(t)
 	e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: e.dest(9130, false).Addr, Op: "connect-read"})
 	expectOutcomes(t, w.wait(9130, 2, 2*time.Second), Established, Reset)
+}
+
+// Every map the object pins by name is watched: its pin removed under a
+// running Kernel is reported (naming it) and pinned again by Repair, so the
+// next start adopts the same map. A map missing from that watch is made
+// anew, empty, at the next start while the other pins live: for
+// resp_ports, the followed sockets of before would then lose their turns
+// (a request sent before the restart, its response missed after it, is a
+// no_response at close).
+func TestCheckAndRepairEveryMapPin(t *testing.T) {
+	e := newEnv(t, Options{Responses: true})
+	e.srv.ServeHTTPCases(t, 8097)
+	e.followResponses(t, 8097, RespTimed)
+	for i, r := range e.requests(t, 8097, 5*time.Second, gets("/ok")...) {
+		if r.Errno != 0 {
+			t.Fatalf("request %d: %v", i, r.Errno)
+		}
+	}
+	if ports, err := e.k.RespPorts(); err != nil || fmt.Sprint(ports) != "[8097]" {
+		t.Fatalf("resp_ports %v (%v), want [8097]", ports, err)
+	}
+	spec, err := bpf.LoadBreaker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pinned []string
+	for name, m := range spec.Maps {
+		if m.Pinning == ebpf.PinByName {
+			pinned = append(pinned, name)
+		}
+	}
+	if len(pinned) < 2 {
+		t.Fatalf("pinned maps in the object: %v", pinned)
+	}
+	for _, name := range pinned {
+		if err := os.Remove(filepath.Join(e.k.PinDir(), name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msg := e.k.Check()[PinsRemoved]
+	for _, name := range pinned {
+		if !strings.Contains(msg, name+" ") && !strings.Contains(msg, name+"]") {
+			t.Errorf("removed pin %s not reported: %q", name, msg)
+		}
+	}
+	if err := e.k.Repair(); err != nil {
+		t.Fatal(err)
+	}
+	if p := e.k.Check(); p != nil {
+		t.Fatalf("after repair: %v", p)
+	}
+	for _, name := range pinned {
+		if _, err := os.Lstat(filepath.Join(e.k.PinDir(), name)); err != nil {
+			t.Errorf("after repair: %v", err)
+		}
+	}
+	e.restart(t)
+	if ports, err := e.k.RespPorts(); err != nil || fmt.Sprint(ports) != "[8097]" {
+		t.Fatalf("resp_ports after repair and restart: %v (%v), want [8097] (the same map adopted)", ports, err)
+	}
 }

@@ -26,6 +26,10 @@ type Limit struct {
 	// Responses marks the destination's sockets for the response programs
 	// (an entry with both limits 0 and Responses set only marks).
 	Responses ResponseFlags
+	// Epoch names the slot's current holder: the kernel counts the
+	// connects a limit turns away per cgroup in the rejections map, under
+	// (Slot, Epoch) (Rejection.BulkheadRejected). 0 records none.
+	Epoch uint32
 }
 
 // PutLimit writes d's limits. Settings.Limits must be on for connect to
@@ -40,11 +44,33 @@ func (k *Kernel) PutLimit(d Dest, l Limit) error {
 		return fmt.Errorf("writing limits for %s: %w", d, err)
 	}
 	key := d.Key()
-	raw := bpf.BreakerLimit{Slot: l.Slot, MaxConnections: l.MaxConnections, MaxConnecting: l.MaxConnecting, RejectErrno: uint16(l.Errno), Responses: uint16(l.Responses)}
+	raw := bpf.BreakerLimit{Slot: l.Slot, MaxConnections: l.MaxConnections, MaxConnecting: l.MaxConnecting, RejectErrno: uint16(l.Errno), Responses: uint16(l.Responses), Epoch: l.Epoch}
 	if err := k.objs.Limits.Put(&key, &raw); err != nil {
 		return fmt.Errorf("writing limits for %s: %w", d, err)
 	}
 	return nil
+}
+
+// respPortWords is the size of resp_ports (bpf/breaker.c RESP_PORT_WORDS):
+// a bit per port, 64 to a word.
+const respPortWords = 65536 / 64
+
+// RespPorts reports the ports whose bit is set in resp_ports (the remote
+// ports of sockets the response programs have followed), ascending.
+func (v *View) RespPorts() ([]uint16, error) {
+	var out []uint16
+	for i := range uint32(respPortWords) {
+		var w uint64
+		if err := v.respPorts.Lookup(i, &w); err != nil {
+			return out, fmt.Errorf("reading resp_ports word %d: %w", i, err)
+		}
+		for b := range uint32(64) {
+			if w&(1<<b) != 0 {
+				out = append(out, uint16(i*64+b))
+			}
+		}
+	}
+	return out, nil
 }
 
 // DeleteLimit removes d's limits. Sockets already counted are still

@@ -48,12 +48,12 @@ const (
 	htabElem        = 48 + 8
 	htabBucket      = 16
 	verdictEntry    = htabElem + 24 + 32 + htabBucket // key 20 -> 24, value 32
-	limitEntry      = htabElem + 24 + 16 + htabBucket // key 20 -> 24, value 16
+	limitEntry      = htabElem + 24 + 24 + htabBucket // key 20 -> 24, value 24
 	overrideEntry   = htabElem + 128 + 8 + htabBucket // key 128 (a circuit name), value 8
 	maxOverrides    = 4096
 	workloadEntry   = htabElem + 8 + 8 + htabBucket   // key 8 (a cgroup id), value 8
 	inflightEntry   = htabElem + 8 + 48 + htabBucket  // key 8 (a socket cookie), value 48
-	rejectionEntry  = htabElem + 16 + 16 + htabBucket // key 16 (cgroup, circuit, epoch), value 16
+	rejectionEntry  = htabElem + 16 + 32 + htabBucket // key 16 (cgroup, circuit, epoch), value 32
 	handoffBytes    = 16                              // per CPU
 	counterEntry    = 40
 	bulkEntry       = 16
@@ -63,24 +63,28 @@ const (
 	perCPULockBytes = 4 * 8 // the hash maps' per-CPU lock counters (8 ints)
 )
 
+// respPortsBytes is the resp_ports array: a bit per port.
+const respPortsBytes = respPortWords * 8
+
 // MemoryBound is the most memory breakerd's maps take, every map full, on
 // a node with cpus possible CPUs (the README states it):
 //
 //	verdicts       MaxDestinations × 128 B   (32 MiB)
-//	limits         MaxDestinations × 120 B   (30 MiB)
+//	limits         MaxDestinations × 128 B   (32 MiB)
 //	overrides      4096 × 208 B              (0.8 MiB)
 //	counters       MaxCircuitIDs × 40 B      (10 MiB)
 //	bulk           MaxCircuitIDs × 16 B      (4 MiB)
 //	probe_budgets  MaxCircuitIDs × 8 B       (2 MiB)
 //	workloads      MaxWorkloadCgroups × 88 B (5.5 MiB)
 //	inflight       MaxInflight × 128 B       (8 MiB)
-//	rejections     MaxRejections × 104 B     (3.25 MiB)
+//	rejections     MaxRejections × 120 B     (3.75 MiB)
+//	resp_ports     a bit per port            (8 KiB)
 //	events         4 MiB ring buffer
 //	stats          8 × 8 B × cpus, plus 6 × 32 B × cpus of hash-map locks
 //	handoff        16 B × cpus
 //
-// about 98 MiB whatever the CPU count (97.6 MiB at 2 CPUs, 97.7 MiB at
-// 256).
+// about 100 MiB whatever the CPU count (100.1 MiB at 2 CPUs, 100.2 MiB
+// at 256).
 // Kernels before 6.5 report a coarser figure in fdinfo (key plus value
 // times capacity), below this bound too. The
 // per-socket storage (socks) is not in it: it holds one small entry (112
@@ -93,6 +97,7 @@ func MemoryBound(cpus int) uint64 {
 		MaxWorkloadCgroups*workloadEntry +
 		MaxInflight*inflightEntry +
 		MaxRejections*rejectionEntry +
+		respPortsBytes +
 		ringBytes +
 		uint64(cpus)*(statEntries*8+6*perCPULockBytes+handoffBytes) +
 		64<<10 // map headers, the config entry, the ring buffer's page array

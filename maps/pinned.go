@@ -17,7 +17,7 @@ func (v *View) AllLimits() (map[Dest]Limit, error) {
 	var raw bpf.BreakerLimit
 	it := v.limits.Iterate()
 	for it.Next(&key, &raw) {
-		out[DestFromKey(&key)] = Limit{Slot: raw.Slot, MaxConnections: raw.MaxConnections, MaxConnecting: raw.MaxConnecting, Errno: syscall.Errno(raw.RejectErrno), Responses: ResponseFlags(raw.Responses)}
+		out[DestFromKey(&key)] = Limit{Slot: raw.Slot, MaxConnections: raw.MaxConnections, MaxConnecting: raw.MaxConnecting, Errno: syscall.Errno(raw.RejectErrno), Responses: ResponseFlags(raw.Responses), Epoch: raw.Epoch}
 	}
 	if err := it.Err(); err != nil {
 		return out, fmt.Errorf("iterating limits: %w", err)

@@ -10,14 +10,17 @@ import (
 )
 
 // MaxRejections is the capacity of the rejections map: how many (circuit,
-// cgroup) pairs the kernel can count rejections of (MAX_REJECTIONS in
-// bpf/breaker.c). A pair past it is not recorded (Stats.RejectionsFull
-// counts those rejections); the circuit's own counters still count it.
+// cgroup) pairs the kernel can count rejections of, open-circuit and
+// bulkhead ones alike (MAX_REJECTIONS in bpf/breaker.c). A pair past it is
+// not recorded (Stats.RejectionsFull counts those rejections); the
+// circuit's own counters still count it.
 const MaxRejections = 1 << 15
 
 // RejectionKey names one entry of the rejections map: the cgroup a
 // circuit turned connects or sends away from. CircuitID and Epoch are the
-// rejecting verdict's.
+// rejecting verdict's, or the rejecting limit's Slot and Epoch (the same
+// pair for a circuit's own bulkhead; a sharing workload's bulkhead slot
+// has its own).
 type RejectionKey struct {
 	CgroupID  uint64
 	CircuitID uint32
@@ -27,10 +30,15 @@ type RejectionKey struct {
 // Rejection is one entry of the rejections map.
 type Rejection struct {
 	RejectionKey
-	// Rejected counts the connects and sends turned away.
+	// Rejected counts the connects and sends an open circuit turned away.
 	Rejected uint64
 	// ShadowRejected counts those shadow mode let through.
 	ShadowRejected uint64
+	// BulkheadRejected counts the connects a limit (max_connections,
+	// max_connecting) turned away.
+	BulkheadRejected uint64
+	// BulkheadShadowRejected counts those shadow mode let through.
+	BulkheadShadowRejected uint64
 }
 
 // Rejections reads the whole rejections map, in batches (one system call
@@ -45,7 +53,7 @@ func (v *View) Rejections() ([]Rejection, error) {
 		for i := range n {
 			k, c := keys[i], vals[i]
 			out = append(out, Rejection{RejectionKey: RejectionKey{CgroupID: k.CgroupId, CircuitID: k.CircuitId, Epoch: k.Epoch},
-				Rejected: c.Rejected, ShadowRejected: c.ShadowRejected})
+				Rejected: c.Rejected, ShadowRejected: c.ShadowRejected, BulkheadRejected: c.BulkheadRejected, BulkheadShadowRejected: c.BulkheadShadowRejected})
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return out, nil // the last batch

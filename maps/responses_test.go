@@ -2,11 +2,19 @@ package maps
 
 import (
 	"fmt"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/breakerd/breakerd/bpf"
 	"github.com/breakerd/breakerd/internal/kerneltest"
 )
 
@@ -180,5 +188,196 @@ func TestAwaitingAndNoResponse(t *testing.T) {
 	}
 	if resets != 1 {
 		t.Errorf("%d reset records, want 1 (the reset during a response; the one before it is the no_response)", resets)
+	}
+}
+
+// rewritePort attaches, after breakerd's connect4 at the same cgroup, a
+// connect4 program that sends every connect to port from on to port to,
+// as another agent's socket load balancing does after breakerd judged the
+// connect.
+func (e *env) rewritePort(t *testing.T, from, to uint16) {
+	t.Helper()
+	const userPort = 24 // offsetof(struct bpf_sock_addr, user_port)
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:       ebpf.CGroupSockAddr,
+		AttachType: ebpf.AttachCGroupInet4Connect,
+		License:    "GPL",
+		Instructions: asm.Instructions{
+			asm.LoadMem(asm.R2, asm.R1, userPort, asm.Word),
+			asm.JNE.Imm(asm.R2, int32(htons(from)), "out"),
+			asm.Mov.Imm(asm.R2, int32(htons(to))),
+			asm.StoreMem(asm.R1, userPort, asm.R2, asm.Word),
+			asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
+			asm.Return(),
+		},
+	})
+	if err != nil {
+		t.Fatalf("loading the port rewrite: %v", err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: e.cg.Path, Attach: ebpf.AttachCGroupInet4Connect, Program: prog})
+	if err != nil {
+		t.Fatalf("attaching the port rewrite: %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+}
+
+// TestRespPortsFilter: the response programs look for storage only on
+// sockets to a port in resp_ports, which sockops' connect callback sets
+// from the socket's real remote port once connect marked it: a marked
+// destination's responses are followed, also when a later connect program
+// rewrote its port (as another agent's socket load balancing does), and a
+// socket with storage but no mark (a bulkhead only) sets no bit. Bits stay
+// when the entries go.
+func TestRespPortsFilter(t *testing.T) {
+	e := newEnv(t, Options{Responses: true})
+	w := e.watch(t)
+	e.srv.ServeHTTPCases(t, 8091)
+	e.srv.ServeHTTPCases(t, 8093)
+	e.srv.ServeHTTPCases(t, 8094)
+	if ports, err := e.k.RespPorts(); err != nil || len(ports) != 0 {
+		t.Fatalf("resp_ports before any connect: %v, %v; want none", ports, err)
+	}
+	e.followResponses(t, 8091, RespTimed)
+	e.followResponses(t, 8092, RespTimed) // rewritten to 8093
+	if err := e.k.PutLimit(e.dest(8094, false), Limit{Slot: 8, MaxConnections: 100}); err != nil {
+		t.Fatal(err)
+	}
+	e.rewritePort(t, 8092, 8093)
+	for _, port := range []uint16{8091, 8092, 8094} {
+		for i, r := range e.requests(t, port, 5*time.Second, gets("/ok", "/404")...) {
+			if r.Errno != 0 {
+				t.Fatalf("port %d request %d: %v", port, i, r.Errno)
+			}
+		}
+	}
+	if got := statuses(w.waitResponses(8091, 2, 5*time.Second)); len(got) != 2 {
+		t.Errorf("port 8091: %d responses, want 2", len(got))
+	}
+	if got := statuses(w.waitResponses(8093, 2, 5*time.Second)); len(got) != 2 {
+		t.Errorf("port 8092 rewritten to 8093: %d responses, want 2", len(got))
+	}
+	if got := responses(w.wait(8094, 0, 0)); len(got) != 0 {
+		t.Errorf("port 8094 (a bulkhead, no mark): %d responses, want none", len(got))
+	}
+	want := "[8091 8093]"
+	ports, err := e.k.RespPorts()
+	if err != nil || fmt.Sprint(ports) != want {
+		t.Fatalf("resp_ports %v (%v), want %s", ports, err, want)
+	}
+	for _, port := range []uint16{8091, 8092} {
+		if err := e.k.DeleteLimit(e.dest(port, false)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ports, err := e.k.RespPorts(); err != nil || fmt.Sprint(ports) != want {
+		t.Fatalf("resp_ports after the entries went: %v (%v), want %s still", ports, err, want)
+	}
+}
+
+// TestRespPortsFilterIPv6: an IPv6 socket's turns pass resp_ports as an
+// IPv4 one's do (sockops and the response programs read the port of the
+// same socket field for both families), and its bit is its own port's.
+func TestRespPortsFilterIPv6(t *testing.T) {
+	e := newEnv(t, Options{Responses: true})
+	w := e.watch(t)
+	e.srv.ServeHTTPCases(t, 8198)
+	if err := e.k.PutLimit(e.dest(8198, true), Limit{Slot: 9, Responses: RespTimed | RespHTTP}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, Limits: true}); err != nil {
+		t.Fatal(err)
+	}
+	rs := e.dial(t, e.cg, kerneltest.DialSpec{Op: "keepalive", Addr: e.dest(8198, true).Addr, Timeout: 5 * time.Second, Requests: gets("/ok", "/404", "/ok")})
+	for i, r := range rs {
+		if r.Errno != 0 {
+			t.Fatalf("request %d: %v", i, r.Errno)
+		}
+	}
+	if got := fmt.Sprint(statuses(w.waitResponses(8198, 3, 5*time.Second))); got != "[200 404 200]" {
+		t.Errorf("IPv6 responses %s, want [200 404 200]", got)
+	}
+	if ports, err := e.k.RespPorts(); err != nil || fmt.Sprint(ports) != "[8198]" {
+		t.Fatalf("resp_ports %v (%v), want [8198]", ports, err)
+	}
+}
+
+// TestClientClosesFirst: a last request that has no answer (memcached's
+// quit, PostgreSQL's Terminate), after which the client shuts its side and
+// waits for the server to close, and a server that closes once it has read
+// the client's FIN. The peer's FIN comes after the client's own, to a
+// socket the client still holds: the request is the client's to end, so
+// the connection's end reports it as the client's (no_response, not the
+// peer's), which the daemon counts as nothing.
+func TestClientClosesFirst(t *testing.T) {
+	e := newEnv(t, Options{Responses: true})
+	w := e.watch(t)
+	e.srv.ServeHold(t, 8083) // reads until the client's FIN, then closes
+	e.followResponses(t, 8083, RespTimed|RespInflight)
+	for _, r := range e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Op: "goodbye", Addr: e.dest(8083, false).Addr, Count: 3}) {
+		if r.Errno != 0 {
+			t.Fatalf("goodbye: %v", r.Errno)
+		}
+	}
+	evs := w.waitResponses(8083, 3, 5*time.Second)
+	want := "no_response(peer=false,errno 0)"
+	if got := statuses(evs); strings.Join(got, " ") != strings.Join([]string{want, want, want}, " ") {
+		t.Fatalf("records %v, want three no_response the client caused", got)
+	}
+	if a, err := e.k.Awaiting(nil); err != nil || len(a) != 0 {
+		t.Errorf("inflight after the closes: %v %v, want none", a, err)
+	}
+}
+
+// TestRespPortsMadeAnewBesideAdoptedSocks: resp_ports' pin removed while
+// no daemon runs, the other pins left: the next start makes it anew,
+// empty, beside the adopted socks map, whose marked sockets set their bits
+// in the old one. Their turns after the start must still be followed
+// (else responses on a pool kept from before go unseen, silently): the
+// new map marks every port.
+func TestRespPortsMadeAnewBesideAdoptedSocks(t *testing.T) {
+	e := newEnv(t, Options{Responses: true})
+	e.srv.Serve(t, 8196, func(c *net.TCPConn) {
+		defer c.Close()
+		buf := make([]byte, 4096)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			if n > 0 {
+				if _, err := c.Write([]byte("pong")); err != nil {
+					return
+				}
+			}
+		}
+	})
+	e.followResponses(t, 8196, RespTimed)
+	// Connected now, its request written after the restart.
+	p := e.topo.Client.StartDial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Op: "connect-send", Addr: e.dest(8196, false).Addr, Hold: 3 * time.Second, Linger: 500 * time.Millisecond})
+	t.Cleanup(func() { p.Cmd.Process.Kill(); p.Cmd.Wait() })
+	if !kerneltest.WaitFor(2*time.Second, func() bool {
+		ports, _ := e.k.RespPorts()
+		return fmt.Sprint(ports) == "[8196]"
+	}) {
+		t.Fatal("the connect set no bit")
+	}
+	dir := e.k.PinDir()
+	if err := e.k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, bpf.BreakerMapRespPorts)); err != nil {
+		t.Fatal(err)
+	}
+	e.k = e.load(t)
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, Limits: true}); err != nil {
+		t.Fatal(err)
+	}
+	w := e.watch(t)
+	if got := w.waitResponses(8196, 1, 6*time.Second); len(got) == 0 || got[0].Outcome != Response {
+		t.Fatalf("the adopted socket's turn after the start: %+v, want its response", got)
+	}
+	if ports, err := e.k.RespPorts(); err != nil || len(ports) != 65536 {
+		t.Fatalf("resp_ports made anew: %d ports marked (%v), want every one", len(ports), err)
 	}
 }

@@ -325,11 +325,19 @@ func TestREADMEExampleIsValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rest, ok := strings.Cut(string(data), "```yaml\n")
-	if !ok {
-		t.Fatal("README has no yaml example")
+	// The first yaml block that is a policy (others are kustomizations).
+	var example string
+	for rest := string(data); example == ""; {
+		var ok bool
+		if _, rest, ok = strings.Cut(rest, "```yaml\n"); !ok {
+			t.Fatal("README has no yaml example with targets")
+		}
+		var block string
+		block, rest, _ = strings.Cut(rest, "```")
+		if strings.HasPrefix(block, "targets:") || strings.Contains(block, "\ntargets:") {
+			example = block
+		}
 	}
-	example, _, _ := strings.Cut(rest, "```")
 	c, err := Parse([]byte(example), false)
 	if err != nil {
 		t.Fatal(err)

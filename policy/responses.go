@@ -21,7 +21,23 @@ type ResponseOptions struct {
 	HTTP bool
 	// FailureStatuses are the HTTP statuses that are failures (with HTTP).
 	FailureStatuses StatusSet
+	// IgnoreDropped (count_dropped: false) counts a connection the peer
+	// closed with a FIN while a request awaited its first response byte as
+	// nothing instead of as a failure (a reset before any byte still is
+	// one). Unless count_dropped is set, it is on for every protocol but
+	// http (see droppedByProtocol).
+	IgnoreDropped bool
+	// droppedSet: count_dropped was set (not the default).
+	droppedSet bool
 }
+
+// droppedByProtocol is count_dropped's default: an HTTP server answers
+// every request, so its closing before any byte of an answer is a dropped
+// request (a failure); in other protocols a request may be a goodbye the
+// server answers by closing (memcached's quit, PostgreSQL's Terminate),
+// which cannot be told from a dropped request without parsing, and a
+// healthy client's goodbyes must not open its circuit.
+const droppedByProtocol = "true with protocol: http, else false"
 
 // Followed reports whether the kernel follows the target's responses.
 func (r *ResponseOptions) Followed() bool {
@@ -79,10 +95,21 @@ var responseFields = []optionField{
 		}},
 	{"failure_statuses", defaultFailureStatuses, "list of statuses or classes", "With `protocol: http`: the statuses that are failures, as the router counts them by default (a 5xx or a 429); each entry a status (`503`) or a class (`5xx`). Every other status, 1xx included, is a success.",
 		func(o *Options, r any) error { return setStatuses(&o.Responses.FailureStatuses, r) }},
+	{"count_dropped", droppedByProtocol, "bool", "`true`: a connection the peer closes (its FIN) while a request awaits its first response byte is a failure (`response_dropped`). `false`: it counts as nothing but that metric, for protocols whose goodbye the server answers by closing (memcached's `quit`, which libmemcached sends as it closes, PostgreSQL's Terminate; see *Responses*), so by default only `protocol: http` counts it (an HTTP server answers every request). A reset before any response byte is a failure either way. Targets only.",
+		func(o *Options, r any) error {
+			if r == droppedByProtocol {
+				o.Responses.droppedSet = false
+				return nil
+			}
+			var b bool
+			err := setBool(&b, r)
+			o.Responses.IgnoreDropped, o.Responses.droppedSet = !b, true
+			return err
+		}},
 }
 
 // responseKeys are the keys only a target may set.
-var responseKeys = map[string]bool{"slow_response_duration": true, "response_timeout": true, "protocol": true, "failure_statuses": true}
+var responseKeys = map[string]bool{"slow_response_duration": true, "response_timeout": true, "protocol": true, "failure_statuses": true, "count_dropped": true}
 
 func init() { optionFields = append(optionFields, responseFields...) }
 
@@ -171,8 +198,14 @@ func (d *decoder) checkResponses(path string, m map[string]any, t *Target) {
 		return
 	}
 	r := &t.Options.Responses
+	if !r.droppedSet {
+		r.IgnoreDropped = !r.HTTP
+	}
 	if _, ok := m["failure_statuses"]; ok && !r.HTTP {
 		d.add(path+".failure_statuses", "needs protocol: http (without it no status is read)")
+	}
+	if _, ok := m["count_dropped"]; ok && !r.Followed() {
+		d.add(path+".count_dropped", "needs slow_response_duration, response_timeout or protocol: http (without them no response is followed)")
 	}
 	if r.Followed() && t.Match.Proto != "tcp" {
 		for _, k := range sortedKeys(m) {
@@ -191,7 +224,7 @@ const responsesReference = "## Responses\n\n" +
 	"A target with `slow_response_duration`, `response_timeout` or `protocol: http` counts its responses, not only its connections. " +
 	"The kernel follows every connection of the protected cgroup to the target, with no proxy and no change to the client: per connection, a **turn** begins with the first new byte the client sends while no earlier request awaits its answer, and its response begins with the first new byte received after it. " +
 	"Each turn is one call of the target's circuit: a response is a success (slow when its first byte came `slow_response_duration` or more after its request's first byte), a failure when its status is in `failure_statuses` (`protocol: http`), and a failure when no byte of it came within `response_timeout`, counted at that moment by the daemon, not when the client gives up. " +
-	"A connection the peer closes or resets while a request awaits its first response byte is a failure too; one the client closes first counts as nothing (unless it waited `response_timeout`). " +
+	"A connection the peer resets while a request awaits its first response byte is a failure too, and one it closes is with `count_dropped`; one the client closes first counts as nothing (unless it waited `response_timeout`), also after a goodbye that has no answer (PostgreSQL's Terminate, memcached's `quit`) when the client closes or shuts its side before the server closes. A server that closes first (memcached mostly does, a PostgreSQL backend seldom) cannot be told from one that drops the request without parsing: with `count_dropped: false`, the default on every target but `protocol: http` ones, a peer's close before any response byte counts as nothing (a reset still fails). " +
 	"The handshake is then not a call of its own (refused, timed-out and other failed connects still are), so a client that opens a connection per request and one that keeps it alive count the same; a half-open probe's result is its first response. " +
 	"Timing needs no parsing: it works for HTTP/1, Redis, PostgreSQL, memcached and any protocol where the client speaks first and waits for an answer (a server's greeting before any request, as MySQL's, is not a turn).\n\n" +
 	"With `protocol: http` the kernel reads the status line (`HTTP/1.1 503`) at the start of each response, also when it is split across segments; bodies are never read, so a body holding `HTTP/1.1 500` changes nothing, whether plain, chunked or many segments long. " +

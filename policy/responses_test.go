@@ -22,6 +22,14 @@ targets:
   timed:
     match: {cidrs: [10.0.2.0/24]}
     response_timeout: 1s
+  cache:
+    match: {cidrs: [10.0.4.0/24]}
+    slow_response_duration: 100ms
+    count_dropped: false
+  counted:
+    match: {cidrs: [10.0.5.0/24]}
+    slow_response_duration: 100ms
+    count_dropped: true
   plain:
     match: {cidrs: [10.0.3.0/24]}
 `), false)
@@ -43,8 +51,18 @@ targets:
 			t.Errorf("[503, 4XX]: %d is %v, want %v", st, !want, want)
 		}
 	}
-	if r := c.Targets["timed"].Options.Responses; r.HTTP || !r.Followed() {
-		t.Errorf("timed %+v", r)
+	// count_dropped's default: counted with protocol http only.
+	if r := c.Targets["timed"].Options.Responses; r.HTTP || !r.Followed() || !r.IgnoreDropped {
+		t.Errorf("timed (tcp, count_dropped unset: false) %+v", r)
+	}
+	if web.IgnoreDropped {
+		t.Errorf("web (http, count_dropped unset: true) %+v", web)
+	}
+	if r := c.Targets["counted"].Options.Responses; r.IgnoreDropped {
+		t.Errorf("counted (tcp, count_dropped: true) %+v", r)
+	}
+	if r := c.Targets["cache"].Options.Responses; !r.IgnoreDropped || !r.Followed() {
+		t.Errorf("cache (count_dropped: false) %+v", r)
 	}
 	if r := c.Targets["plain"].Options.Responses; r.Followed() {
 		t.Errorf("a target without response options is followed: %+v", r)
@@ -90,6 +108,13 @@ targets:
   tiny:
     match: {cidrs: [10.0.8.0/24]}
     response_timeout: 10us
+  dropped:
+    match: {cidrs: [10.0.9.0/24]}
+    count_dropped: false
+  droppedbad:
+    match: {cidrs: [10.0.10.0/24]}
+    response_timeout: 1s
+    count_dropped: sometimes
 `), "\n")
 	for _, want := range []string{
 		"all.response_timeout: only a target can set it",
@@ -103,6 +128,8 @@ targets:
 		"targets.proto.protocol: grpc is not tcp or http",
 		"targets.order.slow_response_duration: 2s is not shorter than response_timeout 1s",
 		"targets.tiny.response_timeout: 10µs is not 0 (off) or in [1ms, 1h0m0s]",
+		"targets.dropped.count_dropped: needs slow_response_duration, response_timeout or protocol: http",
+		`targets.droppedbad.count_dropped: "sometimes" is not true or false`,
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("missing %q in:\n%s", want, got)

@@ -13,6 +13,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,6 +24,7 @@ import (
 	"net/url"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -224,14 +226,33 @@ type InspectEntry struct {
 	RejectedCgroups map[uint64]uint64 `json:"rejected_cgroups,omitempty"`
 }
 
+// InspectBulkhead is one destination's bulkhead (a limits entry with a
+// limit) as inspect prints it.
+type InspectBulkhead struct {
+	Dest           string `json:"dest"`
+	Slot           uint32 `json:"slot"`
+	MaxConnections uint32 `json:"max_connections"`
+	MaxConnecting  uint32 `json:"max_connecting"`
+	// Connections and Connecting are the slot's live counts (shared by
+	// the destinations of one slot).
+	Connections int64 `json:"connections"`
+	Connecting  int64 `json:"connecting"`
+	// BulkheadRejected counts the slot's connects turned away.
+	BulkheadRejected uint64 `json:"bulkhead_rejected"`
+	// RejectedCgroups are the cgroup ids the slot (id and epoch) turned
+	// away, with their counts, from the rejections map.
+	RejectedCgroups map[uint64]uint64 `json:"rejected_cgroups,omitempty"`
+}
+
 // InspectReport is what inspect prints.
 type InspectReport struct {
-	HeartbeatAgeSec float64        `json:"heartbeat_age_seconds"`
-	FailsafeSec     float64        `json:"failsafe_seconds"`
-	Enforcing       bool           `json:"enforcing"`
-	Shadow          bool           `json:"shadow"`
-	EventsLost      uint64         `json:"events_lost"`
-	Verdicts        []InspectEntry `json:"verdicts"`
+	HeartbeatAgeSec float64           `json:"heartbeat_age_seconds"`
+	FailsafeSec     float64           `json:"failsafe_seconds"`
+	Enforcing       bool              `json:"enforcing"`
+	Shadow          bool              `json:"shadow"`
+	EventsLost      uint64            `json:"events_lost"`
+	Verdicts        []InspectEntry    `json:"verdicts"`
+	Bulkheads       []InspectBulkhead `json:"bulkheads"`
 }
 
 func inspect(dir string, asJSON bool, out io.Writer) error {
@@ -254,15 +275,24 @@ func inspect(dir string, asJSON bool, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// The cgroups each (id, epoch) turned away: open (a verdict's) and
+	// by a bulkhead (a limit's), counted apart.
 	type owner struct{ id, epoch uint32 }
-	byOwner := map[owner]map[uint64]uint64{}
+	byOwner, byBulkhead := map[owner]map[uint64]uint64{}, map[owner]map[uint64]uint64{}
+	add := func(m map[owner]map[uint64]uint64, o owner, cg, n uint64) {
+		if n == 0 {
+			return
+		}
+		if m[o] == nil {
+			m[o] = map[uint64]uint64{}
+		}
+		m[o][cg] += n
+	}
 	if rs, err := v.Rejections(); err == nil {
 		for _, r := range rs {
 			o := owner{r.CircuitID, r.Epoch}
-			if byOwner[o] == nil {
-				byOwner[o] = map[uint64]uint64{}
-			}
-			byOwner[o][r.CgroupID] += r.Rejected
+			add(byOwner, o, r.CgroupID, r.Rejected)
+			add(byBulkhead, o, r.CgroupID, r.BulkheadRejected)
 		}
 	}
 	rep.Verdicts = []InspectEntry{}
@@ -290,6 +320,28 @@ func inspect(dir string, asJSON bool, out io.Writer) error {
 		rep.Verdicts = append(rep.Verdicts, e)
 	}
 	sort.Slice(rep.Verdicts, func(i, j int) bool { return rep.Verdicts[i].Dest < rep.Verdicts[j].Dest })
+	limits, err := v.AllLimits()
+	if err != nil {
+		return err
+	}
+	rep.Bulkheads = []InspectBulkhead{}
+	for d, l := range limits {
+		if l.MaxConnections == 0 && l.MaxConnecting == 0 {
+			continue // an entry for responses only
+		}
+		b := InspectBulkhead{Dest: d.String(), Slot: l.Slot, MaxConnections: l.MaxConnections, MaxConnecting: l.MaxConnecting}
+		if n, err := v.BulkCount(l.Slot); err == nil {
+			b.Connections, b.Connecting = n.Connections, n.Connecting
+		}
+		if cnt, err := v.Counters(l.Slot); err == nil {
+			b.BulkheadRejected = cnt.BulkheadRejected
+		}
+		if l.Epoch != 0 {
+			b.RejectedCgroups = byBulkhead[owner{l.Slot, l.Epoch}]
+		}
+		rep.Bulkheads = append(rep.Bulkheads, b)
+	}
+	sort.Slice(rep.Bulkheads, func(i, j int) bool { return rep.Bulkheads[i].Dest < rep.Bulkheads[j].Dest })
 	if asJSON {
 		return writeJSON(out, rep)
 	}
@@ -305,6 +357,21 @@ func inspect(dir string, asJSON bool, out io.Writer) error {
 	fmt.Fprintln(tw, "DEST\tSTATE\tDUE IN\tROUND\tTOKENS\tERRNO\tCIRCUIT\tREJECTED\tCGROUPS REJECTED")
 	for _, e := range rep.Verdicts {
 		fmt.Fprintf(tw, "%s\t%s\t%.1fs\t%d\t%d/%d\t%s\t%d\t%d\t%d\n", e.Dest, e.State, e.DueInSec, e.Round, e.Tokens, e.Probes, e.Errno, e.CircuitID, e.Rejected, len(e.RejectedCgroups))
+	}
+	if err := tw.Flush(); err != nil || len(rep.Bulkheads) == 0 {
+		return err
+	}
+	fmt.Fprintln(out)
+	tw = tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "BULKHEAD\tSLOT\tCONNS\tCONNECTING\tBULKHEAD REJECTED\tCGROUPS REJECTED")
+	limit := func(n int64, max uint32) string {
+		if max == 0 {
+			return strconv.FormatInt(n, 10)
+		}
+		return fmt.Sprintf("%d/%d", n, max)
+	}
+	for _, b := range rep.Bulkheads {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\n", b.Dest, b.Slot, limit(b.Connections, b.MaxConnections), limit(b.Connecting, b.MaxConnecting), b.BulkheadRejected, len(b.RejectedCgroups))
 	}
 	return tw.Flush()
 }
@@ -410,16 +477,23 @@ func connsOf(ci daemon.CircuitInfo, limit int) string {
 }
 
 // rejectedBy lists the pods (or cgroups) a circuit rejected with their
-// counts, "shop/web-1:5,shop/web-2:3", most first, and how many more the
-// API left out; "" when none.
+// counts, most first, and how many more the API left out; "" when none:
+// "shop/web-1:5,shop/web-2:bulkhead:3,shop/web-3:2+bulkhead:1" (web-1
+// turned away 5 times by the open circuit, web-2 3 times by its bulkhead,
+// web-3 both).
 func rejectedBy(ci daemon.CircuitInfo) string {
 	parts := make([]string, 0, len(ci.RejectedBy)+1)
 	for _, r := range ci.RejectedBy {
-		n := r.Rejected
-		if n == 0 {
-			n = r.ShadowRejected // shadow mode: what it would have rejected
+		// Shadow mode: what it would have rejected.
+		open, bulk := cmp.Or(r.Rejected, r.ShadowRejected), cmp.Or(r.BulkheadRejected, r.BulkheadShadowRejected)
+		switch {
+		case bulk == 0:
+			parts = append(parts, fmt.Sprintf("%s:%d", r.Label(), open))
+		case open == 0:
+			parts = append(parts, fmt.Sprintf("%s:bulkhead:%d", r.Label(), bulk))
+		default:
+			parts = append(parts, fmt.Sprintf("%s:%d+bulkhead:%d", r.Label(), open, bulk))
 		}
-		parts = append(parts, fmt.Sprintf("%s:%d", r.Label(), n))
 	}
 	if more := ci.RejectedByTotal - len(ci.RejectedBy); more > 0 {
 		parts = append(parts, fmt.Sprintf("+%d more", more))

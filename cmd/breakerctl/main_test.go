@@ -63,7 +63,11 @@ targets:
     match: {cidrs: [SRV], ports: ["8080"]}
     consecutive_failures: 2
     open_duration: 1m
+  pool:
+    match: {cidrs: [SRV], ports: ["8081"]}
+    max_connections: 1
 `, "SRV", srv.IPv4.String())), 0o644)
+	srv.ServeHold(t, 8081)
 	bpffs := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
 	t.Cleanup(func() { os.RemoveAll(bpffs) })
 	sock := filepath.Join(dir, "admin.sock")
@@ -77,11 +81,29 @@ targets:
 	defer func() { cancel(); <-done }()
 	dst := netip.AddrPortFrom(srv.IPv4, 8080)
 	topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: dst, Count: 2})
-	if !kerneltest.WaitFor(2*time.Second, func() bool { return d.Circuits()[0].State == "open" }) {
+	// Circuits come by name: pool, then svc.
+	if !kerneltest.WaitFor(2*time.Second, func() bool { return d.Circuits()[1].State == "open" }) {
 		t.Fatal("circuit did not open")
 	}
 	if res := topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: dst, Count: 3}); res[0].Errno != unix.ECONNREFUSED {
 		t.Fatalf("not rejected: %+v", res)
+	}
+	// The pool's bulkhead, full with one held connection, turns 2 away.
+	pool := netip.AddrPortFrom(srv.IPv4, 8081)
+	holder := topo.Client.StartDial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: pool, Hold: time.Minute})
+	defer func() { holder.Cmd.Process.Kill(); holder.Cmd.Wait() }()
+	if !kerneltest.WaitFor(3*time.Second, func() bool {
+		for _, c := range d.Circuits() {
+			if c.Name == "pool" {
+				return c.Connections == 1
+			}
+		}
+		return false
+	}) {
+		t.Fatal("the pool's holder is not counted")
+	}
+	if res := topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: pool, Count: 2}); res[0].Errno != unix.EAGAIN || res[1].Errno != unix.EAGAIN {
+		t.Fatalf("not turned away by the bulkhead: %+v", res)
 	}
 
 	var out bytes.Buffer
@@ -95,7 +117,7 @@ targets:
 	if err := run([]string{"force", "reset", "nope", "--socket", sock}, &out); err == nil || !strings.Contains(err.Error(), "no such circuit") {
 		t.Fatalf("force on an unknown circuit: %v", err)
 	}
-	reported := d.Circuits()[0]
+	reported := d.Circuits()[1] // svc, after pool
 
 	// Stop the daemon: the pins stay and inspect reads them directly.
 	cancel()
@@ -127,6 +149,20 @@ targets:
 	if !rep.Enforcing || rep.HeartbeatAgeSec > 5 {
 		t.Fatalf("heartbeat: %+v", rep)
 	}
+	// The pool's bulkhead, with the cgroup it turned away (its kind
+	// apart: the verdict's rejected cgroups count none of these).
+	if len(rep.Bulkheads) != 1 {
+		t.Fatalf("inspect's bulkheads: %+v", rep.Bulkheads)
+	}
+	b := rep.Bulkheads[0]
+	if id, err := cg.ID(); err != nil || b.Dest != "tcp/"+pool.String() || b.MaxConnections != 1 || b.Connections != 1 || b.BulkheadRejected != 2 || len(b.RejectedCgroups) != 1 || b.RejectedCgroups[id] != 2 {
+		t.Fatalf("inspect's bulkhead %+v, want the pool's, holding 1, with the client's cgroup %d turned away twice (%v)", b, id, err)
+	}
+	out.Reset()
+	if err := run([]string{"inspect", "--bpffs", bpffs}, &out); err != nil || !strings.Contains(out.String(), "BULKHEAD REJECTED") || !strings.Contains(out.String(), "tcp/"+pool.String()) {
+		t.Fatalf("inspect's table: %v\n%s", err, out.String())
+	}
+	t.Logf("inspect:\n%s", out.String())
 }
 
 // TestHelperBreakerctl runs main() when re-executed by a test, so the

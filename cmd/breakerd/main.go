@@ -145,6 +145,13 @@ func run(args []string, stdout io.Writer) error {
 		if why != "" {
 			probe["close_established_fallback"] = why
 		}
+		// Which network namespaces a close pass could enter with this
+		// process's privileges (all, some, own), and what the rest need.
+		reach, missing := maps.ProbeCloseReach()
+		probe["close_established_namespaces"] = string(reach)
+		if len(missing) > 0 {
+			probe["close_established_missing"] = missing
+		}
 		out, _ := json.MarshalIndent(probe, "", "  ")
 		fmt.Fprintln(stdout, string(out))
 		return nil

@@ -27,8 +27,11 @@ import (
 // rejections map holds exactly one entry per rejected cgroup (sel and sel2
 // under the one shared open circuit, pat under its own), under the id and
 // epoch of that circuit's verdict, counting exactly the rejections the
-// client saw. Checked across a SIGTERM restart, reloads, a SIGKILL and a
-// second start on the same pins.
+// client saw, and one per cgroup its pool's bulkhead turned away (sel and
+// sel2 each under its workload's bulkhead slot, pat under its own
+// circuit's), under the id and epoch of that pool limit, counting exactly
+// the bulkhead rejections the client saw, apart. Checked across a SIGTERM
+// restart, reloads, a SIGKILL and a second start on the same pins.
 const scopedLifecycleConfig = lifecycleConfig + `  pool-p:
     source: ["cgroup:CGROUP/pat"]
     match: {cidrs: [SRV], ports: ["8501"]}
@@ -44,6 +47,7 @@ workloads:
 type scopedLoop struct {
 	healthyRejected, openAdmitted, unselRejected, rounds atomic.Int64
 	openRejected                                         map[*kerneltest.Cgroup]uint64 // under mu
+	bulkRejected                                         map[*kerneltest.Cgroup]uint64 // by the pools' bulkheads, under mu
 	stop                                                 atomic.Bool
 	wg                                                   sync.WaitGroup
 	mu                                                   sync.Mutex // held for a round: check reads the counts between rounds
@@ -73,7 +77,7 @@ func TestLifecycleScoped(t *testing.T) {
 	}
 	p := l.start()
 
-	lp := scopedLoop{openRejected: map[*kerneltest.Cgroup]uint64{}}
+	lp := scopedLoop{openRejected: map[*kerneltest.Cgroup]uint64{}, bulkRejected: map[*kerneltest.Cgroup]uint64{}}
 	lp.wg.Go(func() {
 		for !lp.stop.Load() {
 			lp.mu.Lock()
@@ -150,28 +154,45 @@ func TestLifecycleScoped(t *testing.T) {
 		if selPool.Class == sel2Pool.Class {
 			t.Fatalf("%s: sel and sel2 share bulkhead class %d", step, selPool.Class)
 		}
-		lp.mu.Lock()
-		rejected := map[*kerneltest.Cgroup]uint64{sel: lp.openRejected[sel], sel2: lp.openRejected[sel2], pat: lp.openRejected[pat]}
-		rs, err := v.Rejections()
-		lp.mu.Unlock()
-		if err != nil || len(rs) != 3 {
-			t.Fatalf("%s: rejections map %+v (%v), want one entry each for sel, sel2 and pat", step, rs, err)
-		}
-		for _, who := range []struct {
-			cg *kerneltest.Cgroup
-			id uint64
-		}{{sel, selID}, {sel2, sel2ID}, {pat, patID}} {
-			down := l.down
-			down.Class = w[who.id] // pat's connects have circuits of its class
-			dv, ok, verr := v.Verdict(down)
-			i := slices.IndexFunc(rs, func(r maps.Rejection) bool { return r.CgroupID == who.id })
-			if verr != nil || !ok || dv.Epoch == 0 || i < 0 || rs[i].CircuitID != dv.CircuitID || rs[i].Epoch != dv.Epoch || rs[i].Rejected != rejected[who.cg] {
-				t.Fatalf("%s: rejections map %+v, verdict %+v (%v); want cgroup %d's entry under the verdict's id and epoch with %d rejections, as the client saw", step, rs, dv, verr, who.id, rejected[who.cg])
-			}
-		}
 		all, err := v.AllLimits()
 		if err != nil || len(all) != 3 {
 			t.Fatalf("%s: pinned limits %v (%v), want the pool's of sel, sel2 and pat only", step, all, err)
+		}
+		lp.mu.Lock()
+		rejected := map[*kerneltest.Cgroup]uint64{sel: lp.openRejected[sel], sel2: lp.openRejected[sel2], pat: lp.openRejected[pat]}
+		bulkRejected := map[*kerneltest.Cgroup]uint64{sel: lp.bulkRejected[sel], sel2: lp.bulkRejected[sel2], pat: lp.bulkRejected[pat]}
+		rs, err := v.Rejections()
+		lp.mu.Unlock()
+		wantEntries := 3
+		for _, n := range bulkRejected {
+			if n > 0 {
+				wantEntries++
+			}
+		}
+		if err != nil || len(rs) != wantEntries {
+			t.Fatalf("%s: rejections map %+v (%v), want %d entries: one each for sel, sel2 and pat, and one for each the pool's bulkhead turned away (%v)", step, rs, err, wantEntries, bulkRejected)
+		}
+		for _, who := range []struct {
+			cg   *kerneltest.Cgroup
+			id   uint64
+			pool maps.Dest
+		}{{sel, selID, selPool}, {sel2, sel2ID, sel2Pool}, {pat, patID, patPool}} {
+			down := l.down
+			down.Class = w[who.id] // pat's connects have circuits of its class
+			dv, ok, verr := v.Verdict(down)
+			i := slices.IndexFunc(rs, func(r maps.Rejection) bool {
+				return r.CgroupID == who.id && r.CircuitID == dv.CircuitID && r.Epoch == dv.Epoch
+			})
+			if verr != nil || !ok || dv.Epoch == 0 || i < 0 || rs[i].Rejected != rejected[who.cg] || rs[i].BulkheadRejected != 0 {
+				t.Fatalf("%s: rejections map %+v, verdict %+v (%v); want cgroup %d's entry under the verdict's id and epoch with %d rejections, as the client saw", step, rs, dv, verr, who.id, rejected[who.cg])
+			}
+			lim := all[who.pool]
+			j := slices.IndexFunc(rs, func(r maps.Rejection) bool {
+				return r.CgroupID == who.id && r.CircuitID == lim.Slot && r.Epoch == lim.Epoch
+			})
+			if lim.Epoch == 0 || (bulkRejected[who.cg] == 0) != (j < 0) || (j >= 0 && (rs[j].BulkheadRejected != bulkRejected[who.cg] || rs[j].Rejected != 0)) {
+				t.Fatalf("%s: rejections map %+v, pool limit %+v; want cgroup %d's entry under the limit's slot and epoch with %d bulkhead rejections, as the client saw", step, rs, lim, who.id, bulkRejected[who.cg])
+			}
 		}
 		for _, want := range []struct {
 			who  string
@@ -189,13 +210,25 @@ func TestLifecycleScoped(t *testing.T) {
 		}
 	}
 	check("start")
-	for _, cg := range []*kerneltest.Cgroup{sel, sel2, pat} {
-		if got := errnos(l.topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr})); got[unix.EAGAIN] != 1 {
-			t.Fatalf("%s over its pool's limit: %v, want EAGAIN", cg.Path, got)
+	// Over their pools' limits (each holds its limit): sel once, sel2
+	// twice, pat three times.
+	overPools := func(step string) {
+		t.Helper()
+		for i, cg := range []*kerneltest.Cgroup{sel, sel2, pat} {
+			lp.mu.Lock()
+			got := errnos(l.topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.pool.Addr, Count: i + 1}))
+			lp.bulkRejected[cg] += uint64(got[unix.EAGAIN])
+			lp.mu.Unlock()
+			if got[unix.EAGAIN] != i+1 {
+				t.Fatalf("%s: %s over its pool's limit: %v, want %d × EAGAIN", step, cg.Path, got, i+1)
+			}
 		}
 	}
+	overPools("running")
+	check("over the pools' limits")
 
 	l.sigterm(p)
+	overPools("between SIGTERM and the next start") // the pinned programs count them
 	p = l.start()
 	check("SIGTERM restart")
 
@@ -208,6 +241,7 @@ func TestLifecycleScoped(t *testing.T) {
 
 	p.cmd.Process.Signal(syscall.SIGKILL)
 	p.cmd.Wait()
+	overPools("after SIGKILL")
 	check("SIGKILL (pins enforce on their own)")
 	p = l.start()
 	check("start after SIGKILL")
@@ -215,6 +249,7 @@ func TestLifecycleScoped(t *testing.T) {
 	if out, err := l.run(l.args...); err == nil || !strings.Contains(out, "another breakerd") {
 		t.Fatalf("a second breakerd on the same pins: %v\n%s", err, out)
 	}
+	overPools("after a second start was refused")
 	check("second start refused")
 
 	// A cgroup removed while the daemon is down leaves no entry once a

@@ -76,12 +76,21 @@ function pods(c) {
   return Array.isArray(c.failed_pods) ? c.failed_pods.map(String) : [];
 }
 
-// rejectedBy returns who the circuit rejected, "name: count", most first
-// (pods, or cgroups that are no known pod's), and "+N more" when the API
+// rejectedBy returns who the circuit rejected, most first (pods, or
+// cgroups that are no known pod's): "name: count" for the open circuit's
+// rejections, "name: count by the bulkhead" for its bulkhead's, "name:
+// count (and count by the bulkhead)" for both; and "+N more" when the API
 // listed only some.
 function rejectedBy(c) {
   const list = Array.isArray(c.rejected_by) ? c.rejected_by : [];
-  const out = list.map((r) => String(r.pod || r.cgroup || "(gone)") + ": " + Number(r.rejected || r.shadow_rejected || 0));
+  const out = list.map((r) => {
+    const name = String(r.pod || r.cgroup || "(gone)");
+    const open = Number(r.rejected || r.shadow_rejected || 0);
+    const bulk = Number(r.bulkhead_rejected || r.bulkhead_shadow_rejected || 0);
+    if (!bulk) return name + ": " + open;
+    if (!open) return name + ": " + bulk + " by the bulkhead";
+    return name + ": " + open + " (and " + bulk + " by the bulkhead)";
+  });
   const more = Number(c.rejected_by_total || 0) - list.length;
   if (more > 0) out.push("+" + more + " more");
   return out;

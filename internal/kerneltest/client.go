@@ -71,7 +71,10 @@ type DialSpec struct {
 	// "abandon" (non-blocking connect, close after Hold) or
 	// "connect-send" (connect, wait Hold, write, wait Linger, close) or
 	// "connect-abort" (connect, wait Hold, close with SO_LINGER 0: the
-	// client resets the connection itself).
+	// client resets the connection itself) or "goodbye" (connect, write,
+	// shut the write side, read until the server closes, close: a last
+	// request with no answer, as libmemcached's quit when the client's FIN
+	// goes first).
 	Op string
 	// Count connects are made, Parallel at a time (default 1 and 1).
 	Count, Parallel int
@@ -303,6 +306,21 @@ func dialOnce(spec DialSpec) DialResult {
 		if err == nil {
 			time.Sleep(spec.Hold)
 			_ = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+			return r
+		}
+	case "goodbye":
+		if err == nil {
+			_, werr := unix.Write(fd, []byte("quit\r\n"))
+			if werr == nil {
+				werr = unix.Shutdown(fd, unix.SHUT_WR)
+			}
+			for buf := make([]byte, 512); werr == nil; {
+				var n int
+				if n, werr = unix.Read(fd, buf); n == 0 && werr == nil {
+					break
+				}
+			}
+			r.Errno = errnoOf(werr)
 			return r
 		}
 	case "connect-send":

@@ -8,6 +8,12 @@
 // Without the binaries (or when they cannot start) a test skips with the
 // reason; with CI set it fails instead, so CI never passes on a skipped
 // Kubernetes suite.
+//
+// StartWith runs the same pair inside a network namespace of the test's
+// own, advertised on an address there (the kubernetes Service's endpoint),
+// optionally with kube-controller-manager and kube-scheduler beside it
+// (kubetest/build-cluster builds those): the control plane of the one-node
+// cluster test.
 package kubeapitest
 
 import (
@@ -19,6 +25,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -35,6 +42,7 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
@@ -51,9 +59,31 @@ type Server struct {
 	CAData []byte
 
 	dir   string
+	opts  Options
+	pki   *pkiFiles
 	procs []*proc
 	logs  *bytes.Buffer
 	mu    sync.Mutex
+}
+
+// Options say where and with what StartWith runs the API server.
+type Options struct {
+	// Do runs f on a thread inside the network namespace the processes
+	// start in and the Server's clients dial from (kerneltest.Host.Do);
+	// nil: this process's own. In a namespace of the test's own,
+	// kube-apiserver binds every address there, not only loopback.
+	Do func(f func() error) error
+	// AdvertiseAddress is published as the endpoint of the kubernetes
+	// Service (the lease reconciler), so pods reach the API through its
+	// cluster IP (10.96.0.1, in the serving certificate). Needs Do: empty
+	// keeps the loopback-only server with no such endpoint.
+	AdvertiseAddress string
+	// Controllers runs kube-controller-manager (every default controller:
+	// DaemonSets, service accounts, the kube-root-ca.crt ConfigMap,
+	// EndpointSlices, garbage collection) and kube-scheduler against it,
+	// from ClusterBinaries, and turns the ServiceAccount admission plugin
+	// on (it needs the accounts the controller manager makes).
+	Controllers bool
 }
 
 // proc is a started process and its exit.
@@ -67,13 +97,57 @@ func (s *Server) run(name string, cmd *exec.Cmd) (*proc, error) {
 	w := lockedWriter{&s.mu, s.logs}
 	cmd.Stdout, cmd.Stderr = w, w
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := s.do(cmd.Start); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
 	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	s.procs = append(s.procs, p)
 	return p, nil
+}
+
+// do runs f in the Server's network namespace.
+func (s *Server) do(f func() error) error {
+	if s.opts.Do == nil {
+		return f()
+	}
+	return s.opts.Do(f)
+}
+
+// dial opens a connection from the Server's network namespace (a socket
+// stays in the namespace it was made in).
+func (s *Server) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := s.do(func() error {
+		var err error
+		var d net.Dialer
+		c, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+// Kubeconfig writes a kubeconfig file with the admin's credentials (for
+// kubectl, the kubelet, kube-proxy) and returns its path; the file goes
+// when the Server does.
+func (s *Server) Kubeconfig(tb testing.TB) string {
+	tb.Helper()
+	path := filepath.Join(s.dir, "admin.kubeconfig")
+	if err := os.WriteFile(path, s.kubeconfig(), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	return path
+}
+
+func (s *Server) kubeconfig() []byte {
+	b64 := base64.StdEncoding.EncodeToString
+	return fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters: [{name: t, cluster: {server: %q, certificate-authority-data: %s}}]
+users: [{name: u, user: {client-certificate-data: %s, client-key-data: %s}}]
+contexts: [{name: c, context: {cluster: t, user: u}}]
+current-context: c
+`, s.URL, b64(s.CAData), b64(s.Admin.CertData), b64(s.Admin.KeyData))
 }
 
 // Clientset returns a clientset with cluster-admin rights.
@@ -89,7 +163,16 @@ func (s *Server) Clientset(tb testing.TB) *kubernetes.Clientset {
 // TokenConfig returns a client configuration that authenticates with a
 // bearer token (a service account's, from the TokenRequest API).
 func (s *Server) TokenConfig(token string) *rest.Config {
-	return &rest.Config{Host: s.URL, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: s.CAData}, QPS: 50, Burst: 100}
+	return &rest.Config{Host: s.URL, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: s.CAData}, QPS: 50, Burst: 100,
+		Dial: s.dialer()}
+}
+
+// dialer is nil (client-go's own) unless the Server runs in a namespace.
+func (s *Server) dialer() func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if s.opts.Do == nil {
+		return nil
+	}
+	return s.dial
 }
 
 // Logs returns what etcd and kube-apiserver printed so far.
@@ -123,38 +206,56 @@ func unavailable(tb testing.TB, format string, args ...any) {
 	tb.Skipf("kube-apiserver unavailable: %s", msg)
 }
 
-var (
-	binOnce sync.Once
-	binDir  string
-	binErr  error
-)
+// binaries is a directory of built binaries, found or built once.
+type binaries struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// get returns the directory named by env, or the one script (a
+// kubetest/ build script, cached) prints, and checks it holds names.
+func (b *binaries) get(env, script string, names ...string) (string, error) {
+	b.once.Do(func() {
+		if b.dir = os.Getenv(env); b.dir == "" {
+			root, err := repoRoot()
+			if err != nil {
+				b.err = err
+				return
+			}
+			cmd := exec.Command(filepath.Join(root, "kubetest", script))
+			cmd.Stderr = os.Stderr // a build takes minutes: its progress shows
+			out, err := cmd.Output()
+			if err != nil {
+				b.err = fmt.Errorf("kubetest/%s: %w", script, err)
+				return
+			}
+			b.dir = strings.TrimSpace(string(out))
+		}
+		for _, n := range names {
+			if _, err := os.Stat(filepath.Join(b.dir, n)); err != nil {
+				b.err = fmt.Errorf("no %s in %s: %w", n, b.dir, err)
+			}
+		}
+	})
+	return b.dir, b.err
+}
+
+var apiBinaries, clusterBinaries binaries
 
 // Binaries returns the directory holding etcd and kube-apiserver: from
 // BREAKERD_KUBE_BIN, or built (cached) by kubetest/build.
 func Binaries() (string, error) {
-	binOnce.Do(func() {
-		if d := os.Getenv("BREAKERD_KUBE_BIN"); d != "" {
-			binDir = d
-		} else {
-			root, err := repoRoot()
-			if err != nil {
-				binErr = err
-				return
-			}
-			out, err := exec.Command(filepath.Join(root, "kubetest", "build")).Output()
-			if err != nil {
-				binErr = fmt.Errorf("kubetest/build: %w", err)
-				return
-			}
-			binDir = strings.TrimSpace(string(out))
-		}
-		for _, b := range []string{"etcd", "kube-apiserver"} {
-			if _, err := os.Stat(filepath.Join(binDir, b)); err != nil {
-				binErr = fmt.Errorf("no %s in %s: %w", b, binDir, err)
-			}
-		}
-	})
-	return binDir, binErr
+	return apiBinaries.get("BREAKERD_KUBE_BIN", "build", "etcd", "kube-apiserver")
+}
+
+// ClusterBinaries returns the directory holding kube-controller-manager,
+// kube-scheduler, kube-proxy and kubectl: from BREAKERD_KUBE_CLUSTER_BIN,
+// or built (cached) by kubetest/build-cluster. Only the one-node cluster
+// test needs them, so only it calls this (a build takes minutes).
+func ClusterBinaries() (string, error) {
+	return clusterBinaries.get("BREAKERD_KUBE_CLUSTER_BIN", "build-cluster",
+		"kube-controller-manager", "kube-scheduler", "kube-proxy", "kubectl")
 }
 
 func repoRoot() (string, error) {
@@ -190,6 +291,16 @@ func freePorts(n int) ([]int, error) {
 // skips the test (it runs on the host).
 func Start(tb testing.TB) *Server {
 	tb.Helper()
+	return StartWith(tb, Options{})
+}
+
+// StartWith is Start with options: in a network namespace, advertised
+// there, with the controller manager and the scheduler.
+func StartWith(tb testing.TB, opts Options) *Server {
+	tb.Helper()
+	if opts.AdvertiseAddress != "" && opts.Do == nil {
+		tb.Fatal("kubeapitest: an advertise address needs a network namespace of the test's own (Options.Do)")
+	}
 	if os.Getenv("BREAKERD_VMTEST") != "" {
 		// The API server's side does not depend on the kernel, and the
 		// VM has neither its binaries nor a network to them: these tests
@@ -205,7 +316,7 @@ func Start(tb testing.TB) *Server {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s := &Server{dir: dir, logs: &bytes.Buffer{}}
+	s := &Server{dir: dir, opts: opts, logs: &bytes.Buffer{}}
 	tb.Cleanup(s.stop)
 	for range 3 { // a port taken between freePorts and the bind: try again
 		if err = s.start(bin); err == nil || !strings.Contains(s.Logs(), "address already in use") {
@@ -217,7 +328,75 @@ func Start(tb testing.TB) *Server {
 		tb.Logf("etcd and kube-apiserver output:\n%s", tail(s.Logs(), 8000))
 		unavailable(tb, "%v", err)
 	}
+	if opts.Controllers {
+		if err := s.startControllers(); err != nil {
+			tb.Logf("control plane output:\n%s", tail(s.Logs(), 8000))
+			tb.Fatal(err)
+		}
+	}
 	return s
+}
+
+// startControllers runs kube-controller-manager and kube-scheduler with
+// the admin's credentials, and waits for the first service account (made
+// by the controller manager) and for the scheduler's health.
+func (s *Server) startControllers() error {
+	bin, err := ClusterBinaries()
+	if err != nil {
+		return err
+	}
+	kc := filepath.Join(s.dir, "controllers.kubeconfig")
+	if err := os.WriteFile(kc, s.kubeconfig(), 0o600); err != nil {
+		return err
+	}
+	ports, err := freePorts(2)
+	if err != nil {
+		return err
+	}
+	common := []string{"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
+		"--leader-elect=false", "--bind-address=127.0.0.1", "--v=0"}
+	kcm, err := s.run("kube-controller-manager", exec.Command(filepath.Join(bin, "kube-controller-manager"), append(common,
+		"--secure-port="+strconv.Itoa(ports[0]), "--cert-dir="+filepath.Join(s.dir, "kcm-certs"),
+		// kube-root-ca.crt in every namespace: the CA pods' projected
+		// service account volumes trust the API server with.
+		"--root-ca-file="+s.pki.caCert,
+		"--service-account-private-key-file="+s.pki.saKey,
+		"--use-service-account-credentials=false")...))
+	if err != nil {
+		return err
+	}
+	sched, err := s.run("kube-scheduler", exec.Command(filepath.Join(bin, "kube-scheduler"), append(common,
+		"--secure-port="+strconv.Itoa(ports[1]), "--cert-dir="+filepath.Join(s.dir, "scheduler-certs"))...))
+	if err != nil {
+		return err
+	}
+	cs, err := kubernetes.NewForConfig(s.Admin)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for {
+		for _, p := range []*proc{kcm, sched} {
+			select {
+			case <-p.done:
+				return fmt.Errorf("%s exited: %s", p.name, p.cmd.ProcessState)
+			default:
+			}
+		}
+		// The service account controller's first account, and the root
+		// CA published: pods can be admitted and mount their tokens.
+		_, errSA := cs.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		_, errCA := cs.CoreV1().ConfigMaps("default").Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
+		if errSA == nil && errCA == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kube-controller-manager: no default service account and kube-root-ca.crt within 60 s (%v; %v)", errSA, errCA)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 func tail(s string, n int) string {
@@ -233,7 +412,17 @@ func (s *Server) start(bin string) error {
 		return err
 	}
 	etcdPort, peerPort, apiPort := ports[0], ports[1], ports[2]
-	pki, err := writePKI(s.dir)
+	var sans []net.IP
+	if s.opts.AdvertiseAddress != "" {
+		adv := net.ParseIP(s.opts.AdvertiseAddress)
+		if adv == nil {
+			return fmt.Errorf("advertise address %q is not an IP address", s.opts.AdvertiseAddress)
+		}
+		// The kubernetes Service's cluster IP (the first of the range
+		// below), which in-cluster clients dial, and the endpoint.
+		sans = append(sans, net.IPv4(10, 96, 0, 1), adv)
+	}
+	pki, err := writePKI(s.dir, sans)
 	if err != nil {
 		return err
 	}
@@ -250,30 +439,39 @@ func (s *Server) start(bin string) error {
 		return err
 	}
 	s.URL = "https://127.0.0.1:" + strconv.Itoa(apiPort)
-	apisrv, err := s.run("kube-apiserver", exec.Command(filepath.Join(bin, "kube-apiserver"),
-		"--etcd-servers="+etcdURL,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(apiPort),
-		"--cert-dir="+filepath.Join(s.dir, "certs"),
-		"--tls-cert-file="+pki.serverCert, "--tls-private-key-file="+pki.serverKey,
-		"--client-ca-file="+pki.caCert,
-		"--service-account-key-file="+pki.saKey, "--service-account-signing-key-file="+pki.saKey,
+	// Loopback only, with no kubernetes Service endpoint (a loopback
+	// advertise address cannot be published; nothing needs it) and no
+	// service account admission (no controller manager makes the
+	// accounts); or, in a namespace of the test's own, every address
+	// there, the advertised one published by the lease reconciler.
+	bind, advertise, reconciler := "127.0.0.1", "127.0.0.1", "none"
+	if s.opts.AdvertiseAddress != "" {
+		bind, advertise, reconciler = "0.0.0.0", s.opts.AdvertiseAddress, "lease"
+	}
+	var admission []string
+	if !s.opts.Controllers {
+		admission = []string{"--disable-admission-plugins=ServiceAccount"}
+	}
+	apisrv, err := s.run("kube-apiserver", exec.Command(filepath.Join(bin, "kube-apiserver"), append([]string{
+		"--etcd-servers=" + etcdURL,
+		"--bind-address=" + bind, "--advertise-address=" + advertise, "--secure-port=" + strconv.Itoa(apiPort),
+		"--cert-dir=" + filepath.Join(s.dir, "certs"),
+		"--tls-cert-file=" + pki.serverCert, "--tls-private-key-file=" + pki.serverKey,
+		"--client-ca-file=" + pki.caCert,
+		"--service-account-key-file=" + pki.saKey, "--service-account-signing-key-file=" + pki.saKey,
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--authorization-mode=RBAC",
 		"--service-cluster-ip-range=10.96.0.0/16",
-		// A loopback advertise address cannot be published as the
-		// kubernetes Service's endpoint; nothing needs that Service.
-		"--endpoint-reconciler-type=none",
-		// No controller manager runs: pods may not wait for a default
-		// service account that nothing would create.
-		"--disable-admission-plugins=ServiceAccount",
+		"--endpoint-reconciler-type=" + reconciler,
 		"--enable-priority-and-fairness=false",
-		"--v=0"))
+		"--v=0"}, admission...)...))
 	if err != nil {
 		return err
 	}
 	s.CAData = pki.caPEM
+	s.pki = pki
 	s.Admin = &rest.Config{Host: s.URL, QPS: 100, Burst: 200, TLSClientConfig: rest.TLSClientConfig{
-		CAData: pki.caPEM, CertData: pki.adminCertPEM, KeyData: pki.adminKeyPEM}}
+		CAData: pki.caPEM, CertData: pki.adminCertPEM, KeyData: pki.adminKeyPEM}, Dial: s.dialer()}
 	return s.waitReady(60*time.Second, etcd, apisrv)
 }
 
@@ -286,7 +484,7 @@ func (s *Server) waitReady(limit time.Duration, procs ...*proc) error {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(s.CAData)
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
-		RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
+		RootCAs: pool, Certificates: []tls.Certificate{cert}}, DialContext: s.dialer()}}
 	defer hc.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
@@ -337,9 +535,10 @@ type pkiFiles struct {
 	caPEM, adminCertPEM, adminKeyPEM     []byte
 }
 
-// writePKI makes a CA, a serving certificate for 127.0.0.1, an admin
-// client certificate (system:masters) and a service-account signing key.
-func writePKI(dir string) (*pkiFiles, error) {
+// writePKI makes a CA, a serving certificate for 127.0.0.1 (and sans), an
+// admin client certificate (system:masters) and a service-account signing
+// key.
+func writePKI(dir string, sans []net.IP) (*pkiFiles, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -371,7 +570,7 @@ func writePKI(dir string) (*pkiFiles, error) {
 		}
 		return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd}), nil
 	}
-	srvCert, srvKey, err := leaf(2, "kube-apiserver", nil, x509.ExtKeyUsageServerAuth, []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback})
+	srvCert, srvKey, err := leaf(2, "kube-apiserver", nil, x509.ExtKeyUsageServerAuth, append([]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, sans...))
 	if err != nil {
 		return nil, err
 	}
