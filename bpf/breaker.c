@@ -928,7 +928,7 @@ static __always_inline void track(struct bpf_sock_ops *ops, struct sock_state *s
 	st->rtos = 0;
 }
 
-static __always_inline void on_connect(struct bpf_sock_ops *ops, __u64 now)
+static __always_inline void on_connect(struct bpf_sock_ops *ops)
 {
 	if (ops->family != AF_INET && ops->family != AF_INET6)
 		return;
@@ -943,8 +943,8 @@ static __always_inline void on_connect(struct bpf_sock_ops *ops, __u64 now)
 	/* Storage exists only if connect made it (a probe, a bulkhead). */
 	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
 	if (!st)
-		return;
-	track(ops, st, full_sock(ops), now, class);
+		return; /* the usual case: no clock read, nothing written */
+	track(ops, st, full_sock(ops), bpf_ktime_get_ns(), class);
 	if (st->resp) {
 		__u32 port = bpf_ntohs((__u16)(ops->remote_port >> 16));
 		__u32 word = port / 64;
@@ -1163,7 +1163,7 @@ int observe(struct bpf_sock_ops *ops)
 	 * state and RTO callbacks. */
 	switch (ops->op) {
 	case BPF_SOCK_OPS_TCP_CONNECT_CB:
-		on_connect(ops, bpf_ktime_get_ns());
+		on_connect(ops);
 		break;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 		on_established(ops, bpf_ktime_get_ns());
@@ -1300,30 +1300,40 @@ struct segment {
 
 #define IP_MF_OFFSET 0x3fff /* more-fragments flag and fragment offset */
 
+/* tcp_segment reads the headers with as few loads as it can: the first 34
+ * bytes hold an IPv4 header without options and the TCP header's first 14,
+ * or the start of an IPv6 header, whose TCP header a second load reads (a
+ * TCP packet of either family is at least 40 bytes long). Only an IPv4
+ * header with options needs a second load too. */
 static __always_inline int tcp_segment(struct __sk_buff *skb, struct segment *s)
 {
-	__u8 ip[20];
+	__u8 h[34];
+	__u8 th6[14];
+	const __u8 *th;
 	__u32 iplen;
-	if (bpf_skb_load_bytes(skb, 0, ip, 1))
+	if (bpf_skb_load_bytes(skb, 0, h, sizeof(h)))
 		return 0;
-	if ((ip[0] >> 4) == 4) {
-		if (bpf_skb_load_bytes(skb, 0, ip, 20))
+	if ((h[0] >> 4) == 4) {
+		if (h[9] != IPPROTO_TCP || (((__u32)h[6] << 8 | h[7]) & IP_MF_OFFSET))
 			return 0;
-		if (ip[9] != IPPROTO_TCP || (((__u32)ip[6] << 8 | ip[7]) & IP_MF_OFFSET))
-			return 0;
-		iplen = (ip[0] & 0xf) * 4;
-	} else if ((ip[0] >> 4) == 6) {
-		if (bpf_skb_load_bytes(skb, 0, ip, 8))
-			return 0;
-		if (ip[6] != IPPROTO_TCP)
+		iplen = (h[0] & 0xf) * 4;
+		if (iplen == 20) {
+			th = &h[20];
+		} else {
+			if (iplen < 20 || bpf_skb_load_bytes(skb, iplen, th6, sizeof(th6)))
+				return 0;
+			th = th6;
+		}
+	} else if ((h[0] >> 4) == 6) {
+		if (h[6] != IPPROTO_TCP)
 			return 0; /* extension headers: not followed */
 		iplen = 40;
+		if (bpf_skb_load_bytes(skb, iplen, th6, sizeof(th6)))
+			return 0;
+		th = th6;
 	} else {
 		return 0;
 	}
-	__u8 th[14];
-	if (bpf_skb_load_bytes(skb, iplen, th, sizeof(th)))
-		return 0;
 	if (th[13] & (TCP_FLAG_SYN | TCP_FLAG_RST))
 		return 0;
 	__u32 off = iplen + (th[12] >> 4) * 4;
