@@ -53,6 +53,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -126,6 +127,17 @@ type Kernel struct {
 	cgroup    string
 	cgroupID  uint64
 	responses bool // the response hooks are wanted (SetResponses)
+
+	// What the loader says in the settings, as syncLoaderSettings last
+	// wrote it: SetSettings (the heartbeat) reads these, never k.mu, which
+	// attaching, repairing and the ground check hold around their system
+	// calls.
+	loaderTrace    atomic.Bool   // reset_seen attached: CONFIG_RESET_TRACE
+	loaderCgroupID atomic.Uint64 // settings.attach_cgroup_id
+	// cfgMu orders the writes of the settings (the heartbeat's, and the
+	// loader's read-modify-write), so neither overwrites the other's newer
+	// fields with older ones. Held only around the map's system calls.
+	cfgMu sync.Mutex
 }
 
 type hook struct {
@@ -351,11 +363,13 @@ func pinned(dir, name string) bool {
 // all bits, their turns from now on would go unseen. Marked, every packet
 // of the cgroup pays the storage lookup, as before resp_ports existed.
 func (k *Kernel) markEveryRespPort() error {
-	all := ^uint64(0)
-	for i := range uint32(respPortWords) {
-		if err := k.objs.RespPorts.Put(i, all); err != nil {
-			return fmt.Errorf("marking every port in resp_ports (word %d): %w", i, err)
-		}
+	keys := make([]uint32, respPortWords)
+	all := make([]uint64, respPortWords)
+	for i := range keys {
+		keys[i], all[i] = uint32(i), ^uint64(0)
+	}
+	if _, err := k.objs.RespPorts.BatchUpdate(keys, all, nil); err != nil {
+		return fmt.Errorf("marking every port in resp_ports: %w", err)
 	}
 	return nil
 }
@@ -432,8 +446,13 @@ func (k *Kernel) attach(cgroup string) error {
 // syncLoaderSettings writes what the loader, not the daemon, says in the
 // settings: CONFIG_RESET_TRACE, whether reset_seen is attached now (a
 // previous daemon's settings may say otherwise), and attach_cgroup_id,
-// the cgroup attached to now. Call with k.mu held.
+// the cgroup attached to now. Call with k.mu held, after every change of
+// either.
 func (k *Kernel) syncLoaderSettings() error {
+	k.loaderTrace.Store(k.tracing())
+	k.loaderCgroupID.Store(k.cgroupID)
+	k.cfgMu.Lock()
+	defer k.cfgMu.Unlock()
 	var raw bpf.BreakerSettings
 	if err := k.objs.Config.Lookup(uint32(0), &raw); err != nil {
 		return fmt.Errorf("reading settings: %w", err)
@@ -511,15 +530,15 @@ func sameProgram(l link.Link, p *ebpf.Program) bool {
 	return ok1 && ok2 && slices.Equal(ma, mb)
 }
 
-// loaderSettings sets what the loader says in raw (see
-// syncLoaderSettings). Call with k.mu held.
+// loaderSettings sets what the loader says in raw, as syncLoaderSettings
+// last stored it. Needs no lock.
 func (k *Kernel) loaderSettings(raw *bpf.BreakerSettings) {
 	bit := uint32(bpf.BreakerConfigFlagsCONFIG_RESET_TRACE)
 	raw.Flags &^= bit
-	if k.tracing() {
+	if k.loaderTrace.Load() {
 		raw.Flags |= bit
 	}
-	raw.AttachCgroupId = k.cgroupID
+	raw.AttachCgroupId = k.loaderCgroupID.Load()
 }
 
 // tracing reports whether reset_seen is attached. Call with k.mu held.

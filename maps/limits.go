@@ -56,17 +56,21 @@ func (k *Kernel) PutLimit(d Dest, l Limit) error {
 const respPortWords = 65536 / 64
 
 // RespPorts reports the ports whose bit is set in resp_ports (the remote
-// ports of sockets the response programs have followed), ascending.
+// ports of sockets the response programs have followed), ascending. The
+// whole array is read in one batch.
 func (v *View) RespPorts() ([]uint16, error) {
+	keys := make([]uint32, respPortWords)
+	words := make([]uint64, respPortWords)
+	var cursor ebpf.MapBatchCursor
+	n, err := v.respPorts.BatchLookup(&cursor, keys, words, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil, fmt.Errorf("reading resp_ports: %w", err)
+	}
 	var out []uint16
-	for i := range uint32(respPortWords) {
-		var w uint64
-		if err := v.respPorts.Lookup(i, &w); err != nil {
-			return out, fmt.Errorf("reading resp_ports word %d: %w", i, err)
-		}
+	for j, w := range words[:n] {
 		for b := range uint32(64) {
 			if w&(1<<b) != 0 {
-				out = append(out, uint16(i*64+b))
+				out = append(out, uint16(keys[j]*64+b))
 			}
 		}
 	}

@@ -46,7 +46,9 @@ type Settings struct {
 
 // SetSettings writes the settings. Whether reset_seen is attached
 // (CONFIG_RESET_TRACE) and the cgroup attached to are the loader's to say,
-// not the caller's.
+// not the caller's. It takes no lock that attaching or the ground check
+// hold, so the heartbeat that calls it waits only for another write of
+// the settings.
 func (k *Kernel) SetSettings(s Settings) error {
 	raw := bpf.BreakerSettings{
 		HeartbeatNs: uint64(s.Heartbeat),
@@ -69,9 +71,9 @@ func (k *Kernel) SetSettings(s Settings) error {
 	if s.Classes {
 		raw.Flags |= uint32(bpf.BreakerConfigFlagsCONFIG_CLASSES)
 	}
-	k.mu.Lock()
+	k.cfgMu.Lock()
+	defer k.cfgMu.Unlock()
 	k.loaderSettings(&raw)
-	k.mu.Unlock()
 	if err := k.objs.Config.Put(uint32(0), &raw); err != nil {
 		return fmt.Errorf("writing settings: %w", err)
 	}
