@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/breakerd/breakerd/maps"
@@ -69,22 +70,32 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	// open circuit or the sockets counted in its bulkhead.
 	moved := d.scope.movedClasses(cfg, pinnedEntries(pinnedClasses, pinnedBulkheads))
 	if len(moved) > 0 {
-		d.log.Info("workload classes changed since the previous daemon: their pinned circuits and bulkheads are not adopted", "classes", len(moved))
 		d.reg.ids.forgetClasses(moved)
 		// Gone before the workloads map says the new classes, so no
 		// connection is judged by another workload's entry meanwhile.
+		droppedVerdicts, droppedLimits := 0, 0
 		for dst := range verdicts {
 			if moved[dst.Class] {
 				_ = d.k.DeleteVerdict(dst)
 				delete(verdicts, dst)
+				droppedVerdicts++
 			}
 		}
 		for dst := range limits {
 			if moved[dst.Class] {
 				_ = d.k.DeleteLimit(dst)
 				delete(limits, dst)
+				droppedLimits++
 			}
 		}
+		// Protection lost, not kept: a destination a moved class rejected
+		// admits its workload again until its failures open it anew.
+		lvl := slog.LevelInfo
+		if droppedVerdicts > 0 || droppedLimits > 0 {
+			lvl = slog.LevelWarn
+		}
+		d.log.Log(context.Background(), lvl, "workload classes changed since the previous daemon: their pinned circuits and bulkheads are not adopted",
+			"classes", len(moved), "rejecting_verdicts_dropped", droppedVerdicts, "bulkhead_limits_dropped", droppedLimits)
 	}
 	d.applyConfig(cfg)
 	d.applyResolved(resolved)

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -435,4 +436,68 @@ func TestCountDropped(t *testing.T) {
 	if info, _ := f.circuit("ignored"); info.Options["count_dropped"] != false {
 		t.Fatalf("options in the API: %v", info.Options)
 	}
+}
+
+const countDroppedReloadConfig = `
+failsafe_timeout: 30s
+targets:
+  web:
+    match: {cidrs: [SRV], ports: ["8104"]}
+    response_timeout: 2s
+    consecutive_failures: 100
+    count_dropped: COUNT
+`
+
+// count_dropped changed by a reload applies from the next request, and the
+// circuit keeps its window; a restart reads it from the file like the rest.
+func TestCountDroppedFollowsReloadAndRestart(t *testing.T) {
+	config := func(on bool) string {
+		return strings.ReplaceAll(countDroppedReloadConfig, "COUNT", fmt.Sprint(on))
+	}
+	f := newFixture(t, config(true))
+	f.srv.ServeHTTPCases(t, 8104)
+	f.start()
+	window := func(when string, calls, failures int) {
+		t.Helper()
+		if !kerneltest.WaitFor(3*time.Second, func() bool {
+			c, _ := f.circuit("web")
+			return c.Calls == calls && c.Failures == failures
+		}) {
+			c, _ := f.circuit("web")
+			t.Fatalf("%s: %+v, want %d calls, %d failed", when, c, calls, failures)
+		}
+	}
+	f.keepAlive(8104, 5*time.Second, "/close-before")
+	f.keepAlive(8104, 5*time.Second, "/close-before")
+	f.waitOutcomes("response_dropped", "web", 2)
+	window("counted", 2, 2)
+
+	f.writeConfig(config(false))
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := f.circuit("web"); c.Options["count_dropped"] != false {
+		t.Fatalf("options after the reload: %v", c.Options)
+	}
+	f.keepAlive(8104, 5*time.Second, "/close-before")
+	f.keepAlive(8104, 5*time.Second, "/ok")
+	f.waitOutcomes("response_dropped", "web", 3)
+	window("after the reload", 3, 2) // the answer counted, the dropped request not
+
+	f.restart()
+	if c, _ := f.circuit("web"); c.Options["count_dropped"] != false {
+		t.Fatalf("options after the restart: %v", c.Options)
+	}
+	f.keepAlive(8104, 5*time.Second, "/close-before")
+	f.waitOutcomes("response_dropped", "web", 1)
+	window("after the restart", 0, 0)
+
+	f.writeConfig(config(true))
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	f.keepAlive(8104, 5*time.Second, "/close-before")
+	f.waitOutcomes("response_dropped", "web", 2)
+	window("after a reload turning it on", 1, 1)
+	f.waitAwaiting(0)
 }
