@@ -53,7 +53,7 @@ func (d *Daemon) ensureCloser(cfg *policy.Config) {
 	reach, missing := maps.ProbeCloseReach()
 	d.metrics.closeMechanism.WithLabelValues(string(d.closer.Mechanism()), string(reach)).Set(1)
 	if d.closer.Mechanism() == maps.CloseNone {
-		d.log.Error("close_established is configured, but this kernel offers no way to close established connections: they stay open when a circuit opens (new connects are still rejected)",
+		d.log.Error("close_established is configured, but no way to close established connections is available (none this kernel offers, or none --close-mechanism allows): they stay open when a circuit opens (new connects are still rejected)",
 			"reason", d.closer.Reason())
 		return
 	}

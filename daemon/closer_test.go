@@ -488,7 +488,7 @@ func TestCloseEstablishedNoMechanism(t *testing.T) {
 	if m := closeMechanism(t, d); m != maps.CloseNone {
 		t.Fatalf("mechanism %s, want none", m)
 	}
-	if !strings.Contains(f.logs.String(), "level=ERROR msg=\"close_established is configured, but this kernel offers no way to close established connections") {
+	if !strings.Contains(f.logs.String(), "level=ERROR msg=\"close_established is configured, but no way to close established connections is available") {
 		t.Fatalf("no start-up error:\n%s", f.logs.String())
 	}
 	reach, _ := maps.ProbeCloseReach()

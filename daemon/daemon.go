@@ -76,8 +76,8 @@ type Options struct {
 	// Resolver looks host names up (default net.DefaultResolver).
 	Resolver Resolver
 	// CloseMechanisms narrows the mechanisms close_established may use
-	// (default: the best this kernel offers); tests run the fallback, or
-	// none, with it.
+	// (default: the best this kernel offers): breakerd's --close-mechanism,
+	// and tests that run the fallback, or none.
 	CloseMechanisms []maps.CloseMechanism
 	// Cluster is the Kubernetes API client that resolves Service targets
 	// and receives Events (kube.go); nil without API access, when Service

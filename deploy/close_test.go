@@ -255,8 +255,9 @@ func (r *closeRun) metrics() string {
 // TestImageInContainerd does (the securityContext, mounts and arguments
 // read from the DaemonSet; containerd's default seccomp profile; the
 // read-only root), once with the close-established component applied by
-// kustomize, once as the base ships, and once for each of the component's
-// grants taken away. Each time a Python http.client pool in a protected
+// kustomize, once more so with --close-mechanism=sock_diag (the fallback
+// of kernels before 6.5, chosen on this one), once as the base ships, and
+// once for each of the component's grants taken away. Each time a Python http.client pool in a protected
 // cgroup of its own holds two keep-alive connections to a destination
 // whose circuit then opens by failures (the server refuses new
 // connections; its pool's connections go on):
@@ -294,8 +295,11 @@ func TestCloseEstablishedInContainerd(t *testing.T) {
 		ds     *appsv1.DaemonSet
 		reach  string // what breakerd must report at start-up
 		missed string // what its pass must say it missed
+		mech   string // --close-mechanism, and the mechanism it must report ("": auto)
 	}
-	variants := []variant{{"with the component", with, "all", ""}, {"as shipped", base, "own", "hidden"}}
+	variants := []variant{{"with the component", with, "all", "", ""}, {"as shipped", base, "own", "hidden", ""},
+		// The fallback of kernels before 6.5, chosen on this one.
+		{"with the component and sock_diag", with, "all", "", "sock_diag"}}
 	// What each grant taken away leaves: no view of the processes
 	// (hostPID: the pool is listed as 0), no setns (CAP_SYS_ADMIN: the
 	// namespace is found, not entered), or no ptrace read of a process
@@ -346,6 +350,9 @@ targets:
 			args := append([]string{"run", "-d", "--log-uri", "file://" + r.logs}, ctrRunArgsOf(t, v.ds, config)...)
 			args = append(args, image, r.id, "/usr/bin/breakerd")
 			args = append(args, containerArgsOf(v.ds, filepath.Join("/host/cgroup", rel), "/sys/fs/bpf/"+pins)...)
+			if v.mech != "" {
+				args = append(args, "--close-mechanism="+v.mech)
+			}
 			ctd.ctr(args...)
 			t.Cleanup(func() {
 				ctd.ctrOut("tasks", "kill", "-s", "SIGKILL", r.id)
@@ -361,15 +368,16 @@ targets:
 				}
 			})
 			r.waitLog("breakerd ready", 20*time.Second)
-			r.check(v.reach, v.missed)
+			r.check(v.reach, v.missed, v.mech)
 		})
 	}
 }
 
 // check runs the trip against the running container and asserts what
-// reach (all, some, own) implies, and that the pass says what it missed
-// ("hidden" or "unreadable" processes, or a namespace "not entered").
-func (r *closeRun) check(reach, missed string) {
+// reach (all, some, own) implies, that the pass says what it missed
+// ("hidden" or "unreadable" processes, or a namespace "not entered"), and,
+// when given, that breakerd reports mech as its mechanism.
+func (r *closeRun) check(reach, missed, mech string) {
 	t := r.t
 	var start map[string]any
 	switch reach {
@@ -383,10 +391,11 @@ func (r *closeRun) check(reach, missed string) {
 			t.Fatalf("start-up line at level %v, want ERROR: %v", start["level"], start)
 		}
 	}
-	mech := fmt.Sprint(start["mechanism"])
-	if start["namespaces"] != reach || mech == "none" || mech == "" {
-		t.Fatalf("start-up line %v: want namespaces=%s and a mechanism", start, reach)
+	got := fmt.Sprint(start["mechanism"])
+	if start["namespaces"] != reach || got == "none" || got == "" || (mech != "" && got != mech) {
+		t.Fatalf("start-up line %v: want namespaces=%s and a mechanism (%q if given)", start, reach, mech)
 	}
+	mech = got
 	series := fmt.Sprintf(`breakerd_close_established_mechanism{mechanism=%q,namespaces=%q} 1`, mech, reach)
 	if m := r.metrics(); !strings.Contains(m, series) {
 		t.Fatalf("metrics lack %s:\n%s", series, m)

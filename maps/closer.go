@@ -108,7 +108,7 @@ func (k *Kernel) NewCloser(allowed ...CloseMechanism) *Closer {
 	ok := func(m CloseMechanism) bool { return len(allowed) == 0 || slices.Contains(allowed, m) }
 	var reasons []string
 	if !ok(CloseIterator) {
-		reasons = append(reasons, "bpf_sock_destroy: not allowed")
+		reasons = append(reasons, "bpf_sock_destroy: not chosen (--close-mechanism)")
 	} else if err := c.loadIterator(k.objs.Workloads); err == nil {
 		c.mech = CloseIterator
 		return c
@@ -116,7 +116,7 @@ func (k *Kernel) NewCloser(allowed ...CloseMechanism) *Closer {
 		reasons = append(reasons, fmt.Sprintf("bpf_sock_destroy: %v", err))
 	}
 	if !ok(CloseSockDiag) {
-		reasons = append(reasons, "sock_diag: not allowed")
+		reasons = append(reasons, "sock_diag: not chosen (--close-mechanism)")
 	} else if err := probeSockDiagDestroy(); err == nil {
 		c.mech = CloseSockDiag
 	} else {

@@ -82,6 +82,7 @@ func run(args []string, stdout io.Writer) error {
 	fs.String("admin-token-file", "", "file with a bearer token that allows changes over the TCP admin API")
 	fs.String("kubeconfig", "", "kubeconfig file for the Kubernetes API (default: the pod's service account when in a cluster; neither: no API, Service targets match nothing)")
 	fs.String("node-name", "", "this node's name, for Kubernetes Events (default: $NODE_NAME, then the host name)")
+	fs.String("close-mechanism", "auto", "how close_established closes connections: auto (the best this kernel offers), bpf_sock_destroy, sock_diag, or none (never)")
 	fs.String("log-level", "info", "debug, info, warn or error")
 	fs.String("log-format", "text", "text or json")
 	if err := fs.Parse(args); errors.Is(err, pflag.ErrHelp) {
@@ -113,6 +114,15 @@ func run(args []string, stdout io.Writer) error {
 		if explicitlyEmpty(fs, name) {
 			return usagef("--%s (%s) is empty; leave it out for the default", name, envName(name))
 		}
+	}
+
+	var closeMechs []maps.CloseMechanism
+	switch m := v.GetString("close-mechanism"); m {
+	case "auto":
+	case string(maps.CloseIterator), string(maps.CloseSockDiag), string(maps.CloseNone):
+		closeMechs = []maps.CloseMechanism{maps.CloseMechanism(m)}
+	default:
+		return usagef("--close-mechanism: %q is not auto, bpf_sock_destroy, sock_diag or none", m)
 	}
 
 	var level slog.Level
@@ -193,6 +203,7 @@ func run(args []string, stdout io.Writer) error {
 		ConfigPath: v.GetString("config"), Cgroup: cg, BPFFS: v.GetString("bpffs"),
 		AdminAddr: v.GetString("admin-addr"), AdminSocket: v.GetString("admin-socket"),
 		TokenFile: v.GetString("admin-token-file"), Logger: log, Cluster: cluster,
+		CloseMechanisms: closeMechs,
 	}
 	d, err := daemon.New(opts)
 	if err != nil {

@@ -24,6 +24,7 @@ func TestUsageErrors(t *testing.T) {
 		{nil, "BREAKERD_BPFFS", "--bpffs (BREAKERD_BPFFS) is empty"},
 		{nil, "BREAKERD_CGROUP", "--cgroup (BREAKERD_CGROUP) is empty"},
 		{[]string{"--log-level", "loud"}, "", "--log-level"},
+		{[]string{"--close-mechanism", "iterator"}, "", `--close-mechanism: "iterator" is not auto, bpf_sock_destroy, sock_diag or none`},
 	} {
 		if c.env != "" {
 			t.Setenv(c.env, "")
