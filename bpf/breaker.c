@@ -314,6 +314,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } resp_ports SEC(".maps");
 
+/* resp_port_word is port's word of resp_ports (0 only if the lookup
+ * failed) and *bit its bit in it. */
+static __always_inline __u64 *resp_port_word(__u32 port, __u64 *bit)
+{
+	__u32 word = port / 64;
+	*bit = 1ULL << (port % 64);
+	return bpf_map_lookup_elem(&resp_ports, &word);
+}
+
 /* Keep the exported types in the object's BTF for bpf2go's -type. */
 const struct event *unused_event __attribute__((unused));
 const enum outcome *unused_outcome __attribute__((unused));
@@ -946,10 +955,8 @@ static __always_inline void on_connect(struct bpf_sock_ops *ops)
 		return; /* the usual case: no clock read, nothing written */
 	track(ops, st, full_sock(ops), bpf_ktime_get_ns(), class);
 	if (st->resp) {
-		__u32 port = bpf_ntohs((__u16)(ops->remote_port >> 16));
-		__u32 word = port / 64;
-		__u64 *bits = bpf_map_lookup_elem(&resp_ports, &word);
-		__u64 bit = 1ULL << (port % 64);
+		__u64 bit;
+		__u64 *bits = resp_port_word(bpf_ntohs((__u16)(ops->remote_port >> 16)), &bit);
 		if (bits && !(*bits & bit))
 			__sync_fetch_and_or(bits, bit);
 	}
@@ -1355,10 +1362,9 @@ static __always_inline struct sock_state *followed(struct __sk_buff *skb)
 	struct bpf_sock *sk = skb->sk;
 	if (!sk)
 		return 0;
-	__u32 port = bpf_ntohs(sk->dst_port);
-	__u32 word = port / 64;
-	__u64 *bits = bpf_map_lookup_elem(&resp_ports, &word);
-	if (!bits || !(*bits & (1ULL << (port % 64))))
+	__u64 bit;
+	__u64 *bits = resp_port_word(bpf_ntohs(sk->dst_port), &bit);
+	if (!bits || !(*bits & bit))
 		return 0;
 	/* No bpf_sk_fullsock first: the storage helper takes the socket as
 	 * it is and finds nothing on a request or time-wait socket. */

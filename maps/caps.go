@@ -22,7 +22,13 @@ var neededCaps = []struct {
 	{12, "CAP_NET_ADMIN", "for attaching to cgroup socket hooks"},
 }
 
-const capSysAdmin = 21
+// Capabilities checked by number outside the list above: CAP_SYS_ADMIN
+// (which implies the others on old kernels, and lets a close pass enter
+// other network namespaces) and CAP_SYS_PTRACE (a close pass opening them).
+const (
+	capSysPtrace = 19
+	capSysAdmin  = 21
+)
 
 // CheckCapabilities reports which capabilities the process lacks, naming
 // each and why it is needed, so a misconfigured deployment fails with a

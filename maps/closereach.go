@@ -47,8 +47,6 @@ const (
 // (the host's) PID namespace (PROC_PID_INIT_INO, include/linux/proc_ns.h).
 const initPIDNamespace = 0xEFFFFFFC
 
-const capSysPtrace = 19
-
 // ProbeCloseReach says which network namespaces a close pass of this
 // process can enter, and, when not all, what is missing for the rest (one
 // sentence each).
