@@ -158,7 +158,6 @@ type registry struct {
 	groups    map[string]*policy.Group
 	ids       *ids
 	classes   *policy.Classes // the daemon's, for the names of isolated workloads' circuits
-	made      uint64          // circuits made so far
 	version   uint64          // counts the changes of byDest
 	dynamic   int
 	// adopting is set while start-up rebuilds the circuits of the pinned
@@ -353,19 +352,20 @@ func (d *Daemon) matcherOf(class uint8) (*policy.Matcher, string) {
 // returns nil for an excluded destination, and for a new one past
 // max_circuits (which bounds the destinations of every circuit, dynamic or
 // of a target) when no idle closed dynamic circuit can be evicted, or when
-// no circuit id is free.
-func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
+// no circuit id is free. made tells whether this call made the circuit
+// (a destination added to a target's existing circuit is not a new one).
+func (d *Daemon) lookup(dst maps.Dest, now time.Time) (c *circuit, made bool) {
 	if c, ok := d.reg.at(dst); ok {
-		return c
+		return c, false
 	}
 	cfg := d.cfg
 	m, workload := d.matcherOf(dst.Class)
 	if m == nil {
-		return nil
+		return nil, false
 	}
 	target, excluded := m.Match(dst.Addr.Addr(), dst.Addr.Port(), dst.Proto.String())
 	if excluded {
-		return nil
+		return nil, false
 	}
 	label := target
 	if label == "" {
@@ -373,22 +373,23 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
 	}
 	if !d.reg.adopting && len(d.reg.byDest) >= cfg.MaxCircuits && !d.evictIdle() {
 		d.metrics.circuitsRefused.WithLabelValues(label).Inc()
-		return nil
+		return nil, false
 	}
 	if target == "" {
 		c := d.newCircuit("", allTarget, "", &cfg.All, policy.NoOverride, nil, dst, now)
 		if c == nil {
-			return nil
+			return nil, false
 		}
 		d.reg.dynamic++
 		d.attach(c, dst)
-		return c
+		return c, true
 	}
 	t := cfg.Targets[target]
 	switch t.Scope {
 	case policy.EndpointScope:
 		name := classed(endpointName(target, dst), workload)
 		c, ok := d.reg.byName[name]
+		made := !ok
 		if !ok {
 			// One endpoint group per target and workload.
 			group := classed(target, workload)
@@ -399,22 +400,23 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) *circuit {
 			}
 			c = d.newCircuit(name, target, policy.EndpointScope, &t.Options, t.State, g, dst, now)
 			if c == nil {
-				return nil
+				return nil, false
 			}
 		}
 		d.attach(c, dst)
-		return c
+		return c, made
 	default:
 		name := classed(target, workload)
 		c, ok := d.reg.byName[name]
+		made := !ok
 		if !ok {
 			c = d.newCircuit(name, target, policy.ServiceScope, &t.Options, t.State, nil, dst, now)
 			if c == nil {
-				return nil
+				return nil, false
 			}
 		}
 		d.attach(c, dst)
-		return c
+		return c, made
 	}
 }
 
@@ -441,7 +443,6 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 	}
 	c := &circuit{endpoint: scope == policy.EndpointScope, id: id, metrics: d.metrics.forTarget(target, workload)}
 	c.first[0] = dst
-	d.reg.made++
 	if !dynamic {
 		c.extra = &circuitExtra{name: name}
 	}

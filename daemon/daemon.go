@@ -451,11 +451,11 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 	}
 	known := true // not made by this record
 	if c == nil {
-		made := d.reg.made
-		if c = d.lookup(ev.Dest, now); c == nil {
+		var made bool
+		if c, made = d.lookup(ev.Dest, now); c == nil {
 			return
 		}
-		known = d.reg.made == made
+		known = !made
 	}
 	if ev.Outcome == maps.Response || ev.Outcome == maps.NoResponse {
 		d.handleResponse(c, ev, now)
@@ -756,7 +756,7 @@ func (d *Daemon) rematch() {
 		for _, name := range sortedKeys(d.cfg.Targets) {
 			for _, dst := range append(staticDests(d.cfg.Targets[name], d.resolved), serviceStaticDests(d.services[name])...) {
 				dst.Class = class
-				if c := d.lookup(dst, now); c != nil {
+				if c, _ := d.lookup(dst, now); c != nil {
 					c.enumerated = true
 				}
 			}

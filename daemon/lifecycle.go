@@ -123,7 +123,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 		if beat++; beat%4096 == 0 {
 			d.keepAlive()
 		}
-		c := d.lookup(dst, now)
+		c, _ := d.lookup(dst, now)
 		if c == nil {
 			// Excluded or no longer protected under this configuration.
 			_ = d.k.DeleteVerdict(dst)
@@ -170,7 +170,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 		if d.classes.SharedOfBulkhead(policy.Class(dst.Class)) != "" {
 			dst.Class = 0
 		}
-		d.lookup(dst, now) // reconcileLimits keeps or removes the entry
+		_, _ = d.lookup(dst, now) // reconcileLimits keeps or removes the entry
 	}
 	if adopted > 0 {
 		d.log.Info("adopted open circuit(s) from the pinned verdict map", "count", adopted)

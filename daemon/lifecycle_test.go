@@ -380,7 +380,7 @@ all:
 	now := f.d.now()
 	for i := range n {
 		dst := maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 77, byte(i >> 8), byte(i)}), uint16(1000+i>>16))}
-		if f.d.lookup(dst, now) == nil {
+		if c, _ := f.d.lookup(dst, now); c == nil {
 			f.d.mu.Unlock()
 			t.Fatalf("destination %d refused", i)
 		}
