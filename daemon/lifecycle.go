@@ -170,7 +170,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 		if d.classes.SharedOfBulkhead(policy.Class(dst.Class)) != "" {
 			dst.Class = 0
 		}
-		_, _ = d.lookup(dst, now) // reconcileLimits keeps or removes the entry
+		d.lookup(dst, now) // reconcileLimits keeps or removes the entry
 	}
 	if adopted > 0 {
 		d.log.Info("adopted open circuit(s) from the pinned verdict map", "count", adopted)
