@@ -81,11 +81,15 @@ func (d *Daemon) start(cfg *policy.Config) error {
 				droppedVerdicts++
 			}
 		}
-		for dst := range limits {
+		for dst, l := range limits {
 			if moved[dst.Class] {
 				_ = d.k.DeleteLimit(dst)
 				delete(limits, dst)
-				droppedLimits++
+				// An entry that only marks sockets for the response
+				// programs turned no connect away: nothing is lost.
+				if l.MaxConnections > 0 || l.MaxConnecting > 0 {
+					droppedLimits++
+				}
 			}
 		}
 		// Protection lost, not kept: a destination a moved class rejected

@@ -191,3 +191,58 @@ func TestBulkheadRejectionsFollowReorderedIdleWorkloads(t *testing.T) {
 	}
 	f.waitRejectedKinds("pool", map[string]kinds{la: {0, 3}, lb: {0, 1}})
 }
+
+// A restart that moves isolated workloads' classes drops their pinned
+// limits entries; an entry that only marks sockets for the response
+// programs (no bulkhead) turned no connect away, so dropping it loses no
+// protection and is not reported at Warn as a dropped bulkhead.
+func TestRestartMovedResponseOnlyLimitsNotWarned(t *testing.T) {
+	f := newScopedFixture(t, isolatedResponsesConfig)
+	f.cg.Child(t, "a")
+	f.cg.Child(t, "b")
+	f.start()
+	all, err := f.d.k.AllLimits()
+	if err != nil {
+		t.Fatal(err)
+	}
+	marks := 0
+	for _, l := range all {
+		if l.Responses != 0 && l.MaxConnections == 0 && l.MaxConnecting == 0 {
+			marks++
+		}
+	}
+	if marks == 0 {
+		t.Fatalf("limits %v: want response-only entries before the restart", all)
+	}
+	f.stop()
+	f.writeConfig(strings.ReplaceAll(reorder(t, isolatedResponsesConfig, true), "CGROUP", f.cgroupRel()))
+	f.start()
+	var line string
+	for _, l := range strings.Split(f.logs.String(), "\n") {
+		if strings.Contains(l, "workload classes changed since the previous daemon") {
+			line = l
+		}
+	}
+	if line == "" {
+		t.Fatalf("the moved classes were not logged:\n%s", f.logs.String())
+	}
+	if !strings.Contains(line, "level=INFO") || !strings.Contains(line, "bulkhead_limits_dropped=0") {
+		t.Fatalf("moved response-only entries reported as lost protection: %s", line)
+	}
+}
+
+const isolatedResponsesConfig = `
+failsafe_timeout: 5s
+workloads:
+  - name: a
+    cgroups: [CGROUP/a]
+    isolate: true
+  - name: b
+    cgroups: [CGROUP/b]
+    isolate: true
+targets:
+  web:
+    match: {cidrs: [SRV], ports: ["8450"]}
+    protocol: http
+    consecutive_failures: 2
+`
