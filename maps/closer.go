@@ -95,8 +95,9 @@ type Closer struct {
 // the iterator object (its workloads map is the Kernel's own), else the
 // sock_diag path. With neither, it returns a Closer whose Mechanism is
 // CloseNone and whose Close does nothing; Reason says why. allowed, when
-// given, narrows the choice to those mechanisms (tests use it to run the
-// fallback, or none, on a kernel that has better).
+// given, narrows the choice to those mechanisms (breakerd
+// --close-mechanism; tests use it to run the fallback, or none, on a
+// kernel that has better).
 func (k *Kernel) NewCloser(allowed ...CloseMechanism) *Closer {
 	k.mu.Lock()
 	cgroup := k.cgroup
@@ -105,42 +106,42 @@ func (k *Kernel) NewCloser(allowed ...CloseMechanism) *Closer {
 	if ino, err := nsIno("/proc/thread-self/ns/net"); err == nil {
 		c.selfIno = ino
 	}
+	c.mech, c.why = chooseClose(allowed, func() error { return c.loadIterator(k.objs.Workloads) })
+	return c
+}
+
+// chooseClose picks the best mechanism allowed (all when allowed is
+// empty): the iterator when loadIterator succeeds, else sock_diag when
+// the kernel's SOCK_DESTROY answers, else none; and says why the better
+// ones are not used ("" with the iterator).
+func chooseClose(allowed []CloseMechanism, loadIterator func() error) (CloseMechanism, string) {
 	ok := func(m CloseMechanism) bool { return len(allowed) == 0 || slices.Contains(allowed, m) }
 	var reasons []string
 	if !ok(CloseIterator) {
 		reasons = append(reasons, "bpf_sock_destroy: not chosen (--close-mechanism)")
-	} else if err := c.loadIterator(k.objs.Workloads); err == nil {
-		c.mech = CloseIterator
-		return c
+	} else if err := loadIterator(); err == nil {
+		return CloseIterator, ""
 	} else {
 		reasons = append(reasons, fmt.Sprintf("bpf_sock_destroy: %v", err))
 	}
+	mech := CloseNone
 	if !ok(CloseSockDiag) {
 		reasons = append(reasons, "sock_diag: not chosen (--close-mechanism)")
 	} else if err := probeSockDiagDestroy(); err == nil {
-		c.mech = CloseSockDiag
+		mech = CloseSockDiag
 	} else {
 		reasons = append(reasons, fmt.Sprintf("sock_diag: %v", err))
 	}
-	c.why = strings.Join(reasons, "; ")
-	return c
+	return mech, strings.Join(reasons, "; ")
 }
 
-// ProbeClose reports the mechanism NewCloser would pick on this kernel,
-// and why the better ones are not available, without a loaded Kernel
-// (breakerd probe).
-func ProbeClose() (CloseMechanism, string) {
+// ProbeClose reports the mechanism NewCloser(allowed...) would pick on
+// this kernel, and why the better ones are not used, without a loaded
+// Kernel (breakerd probe).
+func ProbeClose(allowed ...CloseMechanism) (CloseMechanism, string) {
 	c := &Closer{mech: CloseNone}
 	defer c.Release()
-	ierr := c.loadIterator(nil)
-	if ierr == nil {
-		return CloseIterator, ""
-	}
-	why := fmt.Sprintf("bpf_sock_destroy: %v", ierr)
-	if err := probeSockDiagDestroy(); err != nil {
-		return CloseNone, fmt.Sprintf("%s; sock_diag: %v", why, err)
-	}
-	return CloseSockDiag, why
+	return chooseClose(allowed, func() error { return c.loadIterator(nil) })
 }
 
 // Mechanism is how this Closer closes connections.

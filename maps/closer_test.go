@@ -245,16 +245,22 @@ func TestClosePassThousandSockets(t *testing.T) {
 	})
 }
 
-// breakerd probe's answer is the mechanism a loaded Kernel picks.
+// breakerd probe's answer is the mechanism a loaded Kernel picks, also
+// with the choice narrowed (--close-mechanism).
 func TestProbeCloseAgreesWithNewCloser(t *testing.T) {
 	e := newEnv(t, Options{})
-	c := e.k.NewCloser()
-	defer c.Release()
-	mech, why := ProbeClose()
-	if mech != c.Mechanism() {
-		t.Fatalf("ProbeClose: %s (%s); NewCloser: %s (%s)", mech, why, c.Mechanism(), c.Reason())
-	}
-	if (mech == CloseIterator) != (why == "") {
-		t.Fatalf("ProbeClose: %s with reason %q", mech, why)
+	for _, allowed := range [][]CloseMechanism{nil, {CloseSockDiag}, {CloseNone}} {
+		c := e.k.NewCloser(allowed...)
+		mech, why := ProbeClose(allowed...)
+		if mech != c.Mechanism() || why != c.Reason() {
+			t.Errorf("allowed %v: ProbeClose: %s (%s); NewCloser: %s (%s)", allowed, mech, why, c.Mechanism(), c.Reason())
+		}
+		if (mech == CloseIterator) != (why == "") {
+			t.Errorf("allowed %v: ProbeClose: %s with reason %q", allowed, mech, why)
+		}
+		if len(allowed) == 1 && mech != allowed[0] && !(mech == CloseNone && allowed[0] == CloseSockDiag) {
+			t.Errorf("allowed %v: ProbeClose chose %s", allowed, mech)
+		}
+		c.Release()
 	}
 }

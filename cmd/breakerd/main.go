@@ -122,12 +122,12 @@ func run(args []string, stdout io.Writer) error {
 	case string(maps.CloseIterator), string(maps.CloseSockDiag), string(maps.CloseNone):
 		closeMechs = []maps.CloseMechanism{maps.CloseMechanism(m)}
 	default:
-		return usagef("--close-mechanism: %q is not auto, bpf_sock_destroy, sock_diag or none", m)
+		return usagef("--close-mechanism (%s): %q is not auto, bpf_sock_destroy, sock_diag or none", envName("close-mechanism"), m)
 	}
 
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(v.GetString("log-level"))); err != nil {
-		return usagef("--log-level: %q is not debug, info, warn or error", v.GetString("log-level"))
+		return usagef("--log-level (%s): %q is not debug, info, warn or error", envName("log-level"), v.GetString("log-level"))
 	}
 	hopts := &slog.HandlerOptions{Level: level}
 	var log *slog.Logger
@@ -137,7 +137,7 @@ func run(args []string, stdout io.Writer) error {
 	case "json":
 		log = slog.New(slog.NewJSONHandler(os.Stderr, hopts))
 	default:
-		return usagef("--log-format: %q is not text or json", v.GetString("log-format"))
+		return usagef("--log-format (%s): %q is not text or json", envName("log-format"), v.GetString("log-format"))
 	}
 	slog.SetDefault(log)
 
@@ -147,7 +147,7 @@ func run(args []string, stdout io.Writer) error {
 			return err
 		}
 		f := maps.ProbeFeatures()
-		mech, why := maps.ProbeClose()
+		mech, why := maps.ProbeClose(closeMechs...)
 		probe := map[string]any{
 			"set_retval":        f.SetRetval,
 			"close_established": string(mech), // bpf_sock_destroy, sock_diag or none

@@ -12,32 +12,35 @@ import (
 func TestUsageErrors(t *testing.T) {
 	for _, c := range []struct {
 		args []string
-		env  string
+		env  string // set to val ("" unless given) for this case
+		val  string
 		want string
 	}{
-		{[]string{"--bogus"}, "", "unknown flag: --bogus"},
-		{[]string{"frobnicate"}, "", `unknown command "frobnicate"`},
-		{[]string{"run", "extra"}, "", `unexpected argument "extra"`},
-		{[]string{"--bpffs", ""}, "", "--bpffs (BREAKERD_BPFFS) is empty"},
-		{[]string{"--cgroup="}, "", "--cgroup (BREAKERD_CGROUP) is empty"},
-		{[]string{"uninstall", "--bpffs="}, "", "--bpffs (BREAKERD_BPFFS) is empty"},
-		{nil, "BREAKERD_BPFFS", "--bpffs (BREAKERD_BPFFS) is empty"},
-		{nil, "BREAKERD_CGROUP", "--cgroup (BREAKERD_CGROUP) is empty"},
-		{[]string{"--log-level", "loud"}, "", "--log-level"},
-		{[]string{"--close-mechanism", "iterator"}, "", `--close-mechanism: "iterator" is not auto, bpf_sock_destroy, sock_diag or none`},
+		{[]string{"--bogus"}, "", "", "unknown flag: --bogus"},
+		{[]string{"frobnicate"}, "", "", `unknown command "frobnicate"`},
+		{[]string{"run", "extra"}, "", "", `unexpected argument "extra"`},
+		{[]string{"--bpffs", ""}, "", "", "--bpffs (BREAKERD_BPFFS) is empty"},
+		{[]string{"--cgroup="}, "", "", "--cgroup (BREAKERD_CGROUP) is empty"},
+		{[]string{"uninstall", "--bpffs="}, "", "", "--bpffs (BREAKERD_BPFFS) is empty"},
+		{nil, "BREAKERD_BPFFS", "", "--bpffs (BREAKERD_BPFFS) is empty"},
+		{nil, "BREAKERD_CGROUP", "", "--cgroup (BREAKERD_CGROUP) is empty"},
+		{[]string{"--log-level", "loud"}, "", "", `--log-level (BREAKERD_LOG_LEVEL): "loud" is not debug`},
+		{nil, "BREAKERD_LOG_FORMAT", "xml", `--log-format (BREAKERD_LOG_FORMAT): "xml" is not text or json`},
+		{[]string{"--close-mechanism", "iterator"}, "", "", `--close-mechanism (BREAKERD_CLOSE_MECHANISM): "iterator" is not auto, bpf_sock_destroy, sock_diag or none`},
+		{nil, "BREAKERD_CLOSE_MECHANISM", "destroy", `--close-mechanism (BREAKERD_CLOSE_MECHANISM): "destroy" is not auto`},
+		{[]string{"probe"}, "BREAKERD_CLOSE_MECHANISM", "destroy", `--close-mechanism (BREAKERD_CLOSE_MECHANISM): "destroy" is not auto`},
 	} {
-		if c.env != "" {
-			t.Setenv(c.env, "")
-		}
-		var out bytes.Buffer
-		err := run(c.args, &out)
-		var ue usageError
-		if !errors.As(err, &ue) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%q %s: %v, want a usage error with %q", c.args, c.env, err, c.want)
-		}
-		if c.env != "" {
-			t.Setenv(c.env, "/set") // undone at the end; keeps later cases clean
-		}
+		t.Run(strings.Join(append(c.args, c.env+"="+c.val), " "), func(t *testing.T) {
+			if c.env != "" {
+				t.Setenv(c.env, c.val) // undone when the case ends
+			}
+			var out bytes.Buffer
+			err := run(c.args, &out)
+			var ue usageError
+			if !errors.As(err, &ue) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%q %s=%q: %v, want a usage error with %q", c.args, c.env, c.val, err, c.want)
+			}
+		})
 	}
 }
 
