@@ -58,6 +58,13 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
  * the helper is never seen by an older kernel. */
 volatile const __u32 has_set_retval = 0;
 
+/* Set by the loader: whether sockops may call bpf_get_current_cgroup_id
+ * (not on 6.1). With it, sockops' connect callback, which runs in the
+ * connect() call (process context), finds the connecting process's
+ * workload itself and connect4/6 hand it nothing; without it they pass
+ * the decision through the handoff map (scope(), sock_class()). */
+volatile const __u32 has_sockops_cgroup = 0;
+
 
 /* Minimal CO-RE views of kernel structs: only the fields read here (the
  * cgroup ones in cgroup.h). */
@@ -654,17 +661,19 @@ over:;
  * (bpf_get_current_cgroup_id; this is process context). A cgroup with an
  * entry gives the key its workload class and *bulkhead the class its
  * limits are looked up with; one without is not protected under
- * CONFIG_SCOPED, and protected in class 0 otherwise. A TCP connect hands
- * the decision to sockops' connect callback, which runs next in the same
- * connect() call, through the per-CPU handoff keyed by the socket's
- * cookie (a plain map write: no socket storage is made). */
+ * CONFIG_SCOPED, and protected in class 0 otherwise. Where sockops cannot
+ * read the current cgroup itself (!has_sockops_cgroup), a TCP connect
+ * hands the decision to sockops' connect callback, which runs next in
+ * the same connect() call, through the per-CPU handoff keyed by the
+ * socket's cookie (a plain map write: no socket storage is made; the
+ * cookie is made here, the filter's dearest part). */
 static __always_inline int scope(struct bpf_sock_addr *ctx, struct dest_key *key, __u32 flags,
 				 __u8 *bulkhead)
 {
 	__u64 cg = bpf_get_current_cgroup_id();
 	struct workload *w = bpf_map_lookup_elem(&workloads, &cg);
 	int protected = w || !(flags & CONFIG_SCOPED);
-	if (key->proto == IPPROTO_TCP) {
+	if (!has_sockops_cgroup && key->proto == IPPROTO_TCP) {
 		__u32 zero = 0;
 		struct connect_handoff *h = bpf_map_lookup_elem(&handoff, &zero);
 		if (h) {
@@ -881,15 +890,25 @@ static __always_inline struct workload *sock_workload(struct sock *sk)
 }
 
 /* sock_class finds whether connect4/6 judged this socket's connect
- * protected, and its class: from the handoff when it names this socket
- * (the usual case). If the task was preempted in between and another
- * connect() on this CPU overwrote it, or it migrated, the socket's own
- * cgroup decides instead (no entry: protected in class 0 unless
- * CONFIG_SCOPED); it differs from the connect-time cgroup only for a
- * socket made before its process moved. */
+ * protected, and its class. With has_sockops_cgroup, as scope() did: by
+ * the cgroup the connecting process is in now (this callback runs in its
+ * connect() call, just after connect4/6). Otherwise from the handoff when
+ * it names this socket (the usual case); if the task was preempted in
+ * between and another connect() on this CPU overwrote it, or it migrated,
+ * the socket's own cgroup decides instead (no entry: protected in class 0
+ * unless CONFIG_SCOPED); it differs from the connect-time cgroup only for
+ * a socket made before its process moved. */
 static __always_inline int sock_class(struct bpf_sock_ops *ops, struct sock *sk, __u32 flags,
 				      __u8 *class)
 {
+	if (has_sockops_cgroup) {
+		__u64 cg = bpf_get_current_cgroup_id();
+		struct workload *cw = bpf_map_lookup_elem(&workloads, &cg);
+		if (!cw)
+			return !(flags & CONFIG_SCOPED);
+		*class = (__u8)cw->class;
+		return 1;
+	}
 	__u32 zero = 0;
 	struct connect_handoff *h = bpf_map_lookup_elem(&handoff, &zero);
 	if (h && h->cookie == bpf_get_socket_cookie(ops)) {
@@ -990,10 +1009,12 @@ static __always_inline void on_established(struct bpf_sock_ops *ops, __u64 now)
 	/* Called for every socket, callback flags or not. */
 	struct sock_state *st = ops->sk ? bpf_sk_storage_get(&socks, ops->sk, 0, 0) : 0;
 	if (!observed(ops)) {
-		/* Not followed (sockops judged the connect unprotected: only
-		 * when the handoff was lost and the socket's own cgroup is of
-		 * no workload). A count connect took is still given back; the
-		 * rest is released when the socket is. */
+		/* Not followed (sockops judged the connect unprotected, where
+		 * connect did not: only when the process moved out of its
+		 * workload in between, or the handoff was lost and the
+		 * socket's own cgroup is of no workload). A count connect took
+		 * is still given back; the rest is released when the socket
+		 * is. */
 		if (st)
 			bulk_release(st, BULK_CONNECTING);
 		return;

@@ -171,8 +171,25 @@ func (e *env) clobberHandoff(t *testing.T) link.Link {
 // clears the handoff. The test process makes each socket in one cgroup
 // and connects from another, so the two decisions differ and the records
 // show which one was taken.
+//
+// Where sockops reads the connecting process's cgroup itself
+// (Features.SockOpsCgroup), the handoff is not used: the connect-time
+// cgroup decides whatever becomes of it.
 func TestHandoffLostFallsBackToSocketCgroup(t *testing.T) {
-	e := newEnv(t, Options{})
+	if !ProbeFeatures().SockOpsCgroup {
+		t.Log("this kernel's sockops cannot read the current cgroup: the handoff is the only path")
+		testHandoffLost(t, false)
+		return
+	}
+	t.Run("handoff", func(t *testing.T) { testHandoffLost(t, false) })
+	t.Run("sockops_cgroup", func(t *testing.T) { testHandoffLost(t, true) })
+}
+
+func testHandoffLost(t *testing.T, sockopsCgroup bool) {
+	e := newEnv(t, Options{handoff: !sockopsCgroup})
+	if e.k.Features().SockOpsCgroup != sockopsCgroup {
+		t.Fatalf("loaded with SockOpsCgroup %v, want %v", e.k.Features().SockOpsCgroup, sockopsCgroup)
+	}
 	sel, made, unsel := e.cg.Child(t, "sel"), e.cg.Child(t, "made"), e.cg.Child(t, "unsel")
 	e.putWorkload(t, sel, 2, 2)
 	e.putWorkload(t, made, 3, 3)
@@ -239,6 +256,15 @@ func TestHandoffLostFallsBackToSocketCgroup(t *testing.T) {
 		t.Fatalf("records with the handoff intact by class %v, want 2 of class 2", got)
 	}
 	e.clobberHandoff(t)
+	if sockopsCgroup {
+		// No handoff read: still the connect-time cgroup.
+		connect(unsel)
+		connect(made)
+		if got := established(4); got[2] != 4 || len(got) != 1 {
+			t.Fatalf("records with the handoff clobbered, sockops reading the cgroup, by class %v, want 4 of class 2", got)
+		}
+		return
+	}
 	// The handoff lost: the socket's cgroup decides. Made in unsel (no
 	// workload): not observed, no record, count still given back. Made in
 	// made (class 3): observed, its records carry class 3.

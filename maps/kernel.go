@@ -103,6 +103,11 @@ type Options struct {
 	// egress) too: some target has response options. Without it they are
 	// not attached, and a pinned link of theirs is detached.
 	Responses bool
+
+	// handoff makes connect4/6 and sockops pass the workload decision
+	// through the handoff map even where sockops could read the current
+	// cgroup itself (tests: the path 6.1 takes).
+	handoff bool
 }
 
 // Features is what the running kernel offers breakerd, probed at load.
@@ -110,6 +115,11 @@ type Features struct {
 	// SetRetval: bpf_set_retval exists (5.18+), so a rejected connect sees
 	// the verdict's errno; without it, it sees EPERM.
 	SetRetval bool
+	// SockOpsCgroup: sockops may call bpf_get_current_cgroup_id (not on
+	// 6.1), so with workloads its connect callback finds the connecting
+	// process's workload itself and connect4/6 hand it nothing (no socket
+	// cookie made in connect4/6).
+	SockOpsCgroup bool
 }
 
 // Kernel is breakerd's loaded kernel side.
@@ -177,7 +187,8 @@ func hookNames() []string {
 // counts as not supported (the fail-open direction).
 func ProbeFeatures() Features {
 	return Features{
-		SetRetval: features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnSetRetval) == nil,
+		SetRetval:     features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnSetRetval) == nil,
+		SockOpsCgroup: features.HaveProgramHelper(ebpf.SockOps, asm.FnGetCurrentCgroupId) == nil,
 	}
 }
 
@@ -282,6 +293,9 @@ func Load(opts Options) (_ *Kernel, err error) {
 	}
 	dir := PinDir(opts.Dir)
 	k := &Kernel{dir: dir, lock: lock, links: map[string]link.Link{}, features: ProbeFeatures(), log: log, responses: opts.Responses}
+	if opts.handoff {
+		k.features.SockOpsCgroup = false
+	}
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		k.fresh = true
 	}
@@ -347,7 +361,7 @@ func Load(opts Options) (_ *Kernel, err error) {
 		k.removeOtherLayouts(filepath.Dir(dir))
 	}
 	log.Info("kernel side loaded", "pins", dir, "cgroup", opts.Cgroup, "adopted", !k.fresh,
-		"set_retval", k.features.SetRetval)
+		"set_retval", k.features.SetRetval, "sockops_cgroup", k.features.SockOpsCgroup)
 	return k, nil
 }
 
@@ -377,7 +391,7 @@ func (k *Kernel) markEveryRespPort() error {
 // setFeatureVars hands the probed features to the programs as load-time
 // constants; the verifier prunes the branches they turn off.
 func setFeatureVars(spec *ebpf.CollectionSpec, f Features) error {
-	for name, on := range map[string]bool{bpf.BreakerVarHasSetRetval: f.SetRetval} {
+	for name, on := range map[string]bool{bpf.BreakerVarHasSetRetval: f.SetRetval, bpf.BreakerVarHasSockopsCgroup: f.SockOpsCgroup} {
 		if err := spec.Variables[name].Set(boolU32(on)); err != nil {
 			return fmt.Errorf("setting %s: %w", name, err)
 		}
