@@ -58,12 +58,12 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
  * the helper is never seen by an older kernel. */
 volatile const __u32 has_set_retval = 0;
 
-/* Set by the loader: whether sockops may call bpf_get_current_cgroup_id
- * (not on 6.1). With it, sockops' connect callback, which runs in the
- * connect() call (process context), finds the connecting process's
- * workload itself and connect4/6 hand it nothing; without it they pass
- * the decision through the handoff map (scope(), sock_class()). */
-volatile const __u32 has_sockops_cgroup = 0;
+/* Set by the loader: whether sockops may call bpf_get_current_pid_tgid
+ * and bpf_get_current_cgroup_id (6.12, not 6.1). With them, connect4/6
+ * hand sockops' connect callback their decision keyed by the connecting
+ * thread, which both read for a few ns; without them, keyed by the
+ * socket's cookie, which connect4/6 must make (scope(), sock_class()). */
+volatile const __u32 has_sockops_current = 0;
 
 
 /* Minimal CO-RE views of kernel structs: only the fields read here (the
@@ -661,23 +661,23 @@ over:;
  * (bpf_get_current_cgroup_id; this is process context). A cgroup with an
  * entry gives the key its workload class and *bulkhead the class its
  * limits are looked up with; one without is not protected under
- * CONFIG_SCOPED, and protected in class 0 otherwise. Where sockops cannot
- * read the current cgroup itself (!has_sockops_cgroup), a TCP connect
- * hands the decision to sockops' connect callback, which runs next in
- * the same connect() call, through the per-CPU handoff keyed by the
- * socket's cookie (a plain map write: no socket storage is made; the
- * cookie is made here, the filter's dearest part). */
+ * CONFIG_SCOPED, and protected in class 0 otherwise. A TCP connect hands
+ * the decision to sockops' connect callback, which runs next in the same
+ * connect() call, through the per-CPU handoff (a plain map write: no
+ * socket storage is made), keyed by the connecting thread where sockops
+ * can read it (has_sockops_current), else by the socket's cookie (which
+ * is made here: the filter's dearest part). */
 static __always_inline int scope(struct bpf_sock_addr *ctx, struct dest_key *key, __u32 flags,
 				 __u8 *bulkhead)
 {
 	__u64 cg = bpf_get_current_cgroup_id();
 	struct workload *w = bpf_map_lookup_elem(&workloads, &cg);
 	int protected = w || !(flags & CONFIG_SCOPED);
-	if (!has_sockops_cgroup && key->proto == IPPROTO_TCP) {
+	if (key->proto == IPPROTO_TCP) {
 		__u32 zero = 0;
 		struct connect_handoff *h = bpf_map_lookup_elem(&handoff, &zero);
 		if (h) {
-			h->cookie = bpf_get_socket_cookie(ctx);
+			h->cookie = has_sockops_current ? bpf_get_current_pid_tgid() : bpf_get_socket_cookie(ctx);
 			h->class1 = w ? w->class + 1 : (__u32)protected;
 		}
 	}
@@ -890,18 +890,30 @@ static __always_inline struct workload *sock_workload(struct sock *sk)
 }
 
 /* sock_class finds whether connect4/6 judged this socket's connect
- * protected, and its class. With has_sockops_cgroup, as scope() did: by
- * the cgroup the connecting process is in now (this callback runs in its
- * connect() call, just after connect4/6). Otherwise from the handoff when
- * it names this socket (the usual case); if the task was preempted in
- * between and another connect() on this CPU overwrote it, or it migrated,
- * the socket's own cgroup decides instead (no entry: protected in class 0
- * unless CONFIG_SCOPED); it differs from the connect-time cgroup only for
- * a socket made before its process moved. */
+ * protected, and its class: from the handoff when it names this connect
+ * (the usual case). With has_sockops_current the entry names the thread
+ * and is cleared once taken, so it is never taken for a later connect of
+ * the same thread; if the task was preempted in between and another
+ * connect() on this CPU overwrote it, or it migrated, this callback
+ * decides as scope() did, by the cgroup the process is in now (it runs
+ * in the connect() call). Without has_sockops_current the entry names the
+ * socket (its cookie); when it does not, the socket's own cgroup decides
+ * instead (no entry: protected in class 0 unless CONFIG_SCOPED): it
+ * differs from the connect-time cgroup only for a socket made before its
+ * process moved. */
 static __always_inline int sock_class(struct bpf_sock_ops *ops, struct sock *sk, __u32 flags,
 				      __u8 *class)
 {
-	if (has_sockops_cgroup) {
+	__u32 zero = 0;
+	struct connect_handoff *h = bpf_map_lookup_elem(&handoff, &zero);
+	if (has_sockops_current) {
+		if (h && h->cookie == bpf_get_current_pid_tgid()) {
+			h->cookie = 0;
+			if (!h->class1)
+				return 0;
+			*class = (__u8)(h->class1 - 1);
+			return 1;
+		}
 		__u64 cg = bpf_get_current_cgroup_id();
 		struct workload *cw = bpf_map_lookup_elem(&workloads, &cg);
 		if (!cw)
@@ -909,8 +921,6 @@ static __always_inline int sock_class(struct bpf_sock_ops *ops, struct sock *sk,
 		*class = (__u8)cw->class;
 		return 1;
 	}
-	__u32 zero = 0;
-	struct connect_handoff *h = bpf_map_lookup_elem(&handoff, &zero);
 	if (h && h->cookie == bpf_get_socket_cookie(ops)) {
 		if (!h->class1)
 			return 0;
@@ -1010,11 +1020,11 @@ static __always_inline void on_established(struct bpf_sock_ops *ops, __u64 now)
 	struct sock_state *st = ops->sk ? bpf_sk_storage_get(&socks, ops->sk, 0, 0) : 0;
 	if (!observed(ops)) {
 		/* Not followed (sockops judged the connect unprotected, where
-		 * connect did not: only when the process moved out of its
-		 * workload in between, or the handoff was lost and the
-		 * socket's own cgroup is of no workload). A count connect took
-		 * is still given back; the rest is released when the socket
-		 * is. */
+		 * connect did not: only when the handoff was lost and the
+		 * process moved out of its workload in between, or, without
+		 * has_sockops_current, the socket's own cgroup is of no
+		 * workload). A count connect took is still given back; the
+		 * rest is released when the socket is. */
 		if (st)
 			bulk_release(st, BULK_CONNECTING);
 		return;

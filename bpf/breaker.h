@@ -41,8 +41,10 @@ struct workload {
 };
 
 /* The one-entry per-CPU handoff from connect4/6 to sockops' connect
- * callback, which follows it in the same connect() call: the socket (by
- * cookie) and its workload class (plus one; 0: not protected). */
+ * callback, which follows it in the same connect() call: who connects and
+ * its workload class (plus one; 0: not protected). cookie names the
+ * connecting thread (bpf_get_current_pid_tgid) where sockops can read it
+ * (has_sockops_current), else the socket (its cookie). */
 struct connect_handoff {
 	__u64 cookie;
 	__u32 class1;

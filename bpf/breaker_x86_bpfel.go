@@ -266,7 +266,7 @@ const (
 	BreakerProgSendmsg6            = "sendmsg6"
 	BreakerProgSockRelease         = "sock_release"
 	BreakerVarHasSetRetval         = "has_set_retval"
-	BreakerVarHasSockopsCgroup     = "has_sockops_cgroup"
+	BreakerVarHasSockopsCurrent    = "has_sockops_current"
 	BreakerVarUnusedBudget         = "unused_budget"
 	BreakerVarUnusedBulk           = "unused_bulk"
 	BreakerVarUnusedConfigFlags    = "unused_config_flags"
@@ -364,7 +364,7 @@ type BreakerMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type BreakerVariableSpecs struct {
 	HasSetRetval         *ebpf.VariableSpec `ebpf:"has_set_retval"`
-	HasSockopsCgroup     *ebpf.VariableSpec `ebpf:"has_sockops_cgroup"`
+	HasSockopsCurrent    *ebpf.VariableSpec `ebpf:"has_sockops_current"`
 	UnusedBudget         *ebpf.VariableSpec `ebpf:"unused_budget"`
 	UnusedBulk           *ebpf.VariableSpec `ebpf:"unused_bulk"`
 	UnusedConfigFlags    *ebpf.VariableSpec `ebpf:"unused_config_flags"`
@@ -445,7 +445,7 @@ func (m *BreakerMaps) Close() error {
 // It can be passed to LoadBreakerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BreakerVariables struct {
 	HasSetRetval         *ebpf.Variable `ebpf:"has_set_retval"`
-	HasSockopsCgroup     *ebpf.Variable `ebpf:"has_sockops_cgroup"`
+	HasSockopsCurrent    *ebpf.Variable `ebpf:"has_sockops_current"`
 	UnusedBudget         *ebpf.Variable `ebpf:"unused_budget"`
 	UnusedBulk           *ebpf.Variable `ebpf:"unused_bulk"`
 	UnusedConfigFlags    *ebpf.Variable `ebpf:"unused_config_flags"`

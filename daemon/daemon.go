@@ -213,7 +213,7 @@ func New(opts Options) (*Daemon, error) {
 	feats := maps.ProbeFeatures()
 	opts.Logger.Info("kernel features", "set_retval", feats.SetRetval,
 		"reject_errno", map[bool]string{true: "configured errno", false: "EPERM (no bpf_set_retval before 5.18)"}[feats.SetRetval],
-		"sockops_cgroup", feats.SockOpsCgroup)
+		"sockops_current", feats.SockOpsCurrent)
 	lock, err := maps.LockDir(opts.BPFFS)
 	if err != nil {
 		return nil, err

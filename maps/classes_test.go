@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/breakerd/breakerd/bpf"
 	"github.com/breakerd/breakerd/internal/kerneltest"
 )
 
@@ -131,9 +132,15 @@ func TestBulkheadClassPerWorkload(t *testing.T) {
 
 // clobberHandoff attaches, after breakerd's connect4 at the same cgroup,
 // a connect4 program that zeroes the handoff's cookie: sockops then never
-// finds its socket there, as when the connecting task was preempted and
+// finds its connect there, as when the connecting task was preempted and
 // another connect on its CPU overwrote the handoff. It returns the link.
 func (e *env) clobberHandoff(t *testing.T) link.Link {
+	return e.tamperHandoff(t, 0, asm.DWord, 0)
+}
+
+// tamperHandoff is clobberHandoff storing val at off (of size) in the
+// handoff entry instead.
+func (e *env) tamperHandoff(t *testing.T, off int16, size asm.Size, val int64) link.Link {
 	t.Helper()
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Type:       ebpf.CGroupSockAddr,
@@ -146,19 +153,19 @@ func (e *env) clobberHandoff(t *testing.T) link.Link {
 			asm.LoadMapPtr(asm.R1, e.k.objs.Handoff.FD()),
 			asm.FnMapLookupElem.Call(),
 			asm.JEq.Imm(asm.R0, 0, "out"),
-			asm.Mov.Imm(asm.R1, 0),
-			asm.StoreMem(asm.R0, 0, asm.R1, asm.DWord),
+			asm.LoadImm(asm.R1, val, asm.DWord),
+			asm.StoreMem(asm.R0, off, asm.R1, size),
 			asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
 			asm.Return(),
 		},
 	})
 	if err != nil {
-		t.Fatalf("loading the handoff clobber: %v", err)
+		t.Fatalf("loading the handoff tamper: %v", err)
 	}
 	t.Cleanup(func() { prog.Close() })
 	l, err := link.AttachCgroup(link.CgroupOptions{Path: e.cg.Path, Attach: ebpf.AttachCGroupInet4Connect, Program: prog})
 	if err != nil {
-		t.Fatalf("attaching the handoff clobber: %v", err)
+		t.Fatalf("attaching the handoff tamper: %v", err)
 	}
 	t.Cleanup(func() { l.Close() })
 	return l
@@ -172,23 +179,24 @@ func (e *env) clobberHandoff(t *testing.T) link.Link {
 // and connects from another, so the two decisions differ and the records
 // show which one was taken.
 //
-// Where sockops reads the connecting process's cgroup itself
-// (Features.SockOpsCgroup), the handoff is not used: the connect-time
-// cgroup decides whatever becomes of it.
+// Where sockops reads the current thread (Features.SockOpsCurrent), the
+// handoff names the thread: sockops takes it (a handoff saying another
+// class is obeyed), clears it, and when it is lost decides by the cgroup
+// the process connects from, as connect4 did.
 func TestHandoffLostFallsBackToSocketCgroup(t *testing.T) {
-	if !ProbeFeatures().SockOpsCgroup {
-		t.Log("this kernel's sockops cannot read the current cgroup: the handoff is the only path")
+	if !ProbeFeatures().SockOpsCurrent {
+		t.Log("this kernel's sockops cannot read the current thread: the handoff names the socket")
 		testHandoffLost(t, false)
 		return
 	}
-	t.Run("handoff", func(t *testing.T) { testHandoffLost(t, false) })
-	t.Run("sockops_cgroup", func(t *testing.T) { testHandoffLost(t, true) })
+	t.Run("cookie", func(t *testing.T) { testHandoffLost(t, false) })
+	t.Run("thread", func(t *testing.T) { testHandoffLost(t, true) })
 }
 
-func testHandoffLost(t *testing.T, sockopsCgroup bool) {
-	e := newEnv(t, Options{handoff: !sockopsCgroup})
-	if e.k.Features().SockOpsCgroup != sockopsCgroup {
-		t.Fatalf("loaded with SockOpsCgroup %v, want %v", e.k.Features().SockOpsCgroup, sockopsCgroup)
+func testHandoffLost(t *testing.T, thread bool) {
+	e := newEnv(t, Options{handoff: !thread})
+	if e.k.Features().SockOpsCurrent != thread {
+		t.Fatalf("loaded with SockOpsCurrent %v, want %v", e.k.Features().SockOpsCurrent, thread)
 	}
 	sel, made, unsel := e.cg.Child(t, "sel"), e.cg.Child(t, "made"), e.cg.Child(t, "unsel")
 	e.putWorkload(t, sel, 2, 2)
@@ -255,16 +263,34 @@ func testHandoffLost(t *testing.T, sockopsCgroup bool) {
 	if got := established(2); got[2] != 2 || len(got) != 1 {
 		t.Fatalf("records with the handoff intact by class %v, want 2 of class 2", got)
 	}
-	e.clobberHandoff(t)
-	if sockopsCgroup {
-		// No handoff read: still the connect-time cgroup.
+	if thread {
+		var hs []bpf.BreakerConnectHandoff
+		if err := e.k.objs.Handoff.Lookup(uint32(0), &hs); err != nil {
+			t.Fatal(err)
+		}
+		for cpu, h := range hs {
+			if h.Cookie != 0 {
+				t.Fatalf("CPU %d's handoff after the connects: %+v, want taken and cleared", cpu, h)
+			}
+		}
+		// A handoff saying class 3 (plus one) is what sockops goes by.
+		l := e.tamperHandoff(t, 8, asm.Word, 4)
 		connect(unsel)
 		connect(made)
-		if got := established(4); got[2] != 4 || len(got) != 1 {
-			t.Fatalf("records with the handoff clobbered, sockops reading the cgroup, by class %v, want 4 of class 2", got)
+		if got := established(4); got[2] != 2 || got[3] != 2 || len(got) != 2 {
+			t.Fatalf("records with the handoff saying class 3, by class %v, want 2 more of class 3", got)
+		}
+		l.Close()
+		// Lost: the cgroup the process connects from (sel, class 2).
+		e.clobberHandoff(t)
+		connect(unsel)
+		connect(made)
+		if got := established(6); got[2] != 4 || got[3] != 2 || len(got) != 2 {
+			t.Fatalf("records with the handoff lost, by class %v, want 2 more of class 2", got)
 		}
 		return
 	}
+	e.clobberHandoff(t)
 	// The handoff lost: the socket's cgroup decides. Made in unsel (no
 	// workload): not observed, no record, count still given back. Made in
 	// made (class 3): observed, its records carry class 3.

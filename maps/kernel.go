@@ -104,9 +104,8 @@ type Options struct {
 	// not attached, and a pinned link of theirs is detached.
 	Responses bool
 
-	// handoff makes connect4/6 and sockops pass the workload decision
-	// through the handoff map even where sockops could read the current
-	// cgroup itself (tests: the path 6.1 takes).
+	// handoff keys the handoff by the socket's cookie even where sockops
+	// could read the current thread (tests: the path 6.1 takes).
 	handoff bool
 }
 
@@ -115,11 +114,12 @@ type Features struct {
 	// SetRetval: bpf_set_retval exists (5.18+), so a rejected connect sees
 	// the verdict's errno; without it, it sees EPERM.
 	SetRetval bool
-	// SockOpsCgroup: sockops may call bpf_get_current_cgroup_id (not on
-	// 6.1), so with workloads its connect callback finds the connecting
-	// process's workload itself and connect4/6 hand it nothing (no socket
-	// cookie made in connect4/6).
-	SockOpsCgroup bool
+	// SockOpsCurrent: sockops may call bpf_get_current_pid_tgid and
+	// bpf_get_current_cgroup_id (6.12; not 6.1), so with workloads
+	// connect4/6 hand sockops their decision keyed by the connecting
+	// thread; without it, by the socket's cookie, which connect4/6 must
+	// make (about 30 ns of their run time).
+	SockOpsCurrent bool
 }
 
 // Kernel is breakerd's loaded kernel side.
@@ -187,8 +187,9 @@ func hookNames() []string {
 // counts as not supported (the fail-open direction).
 func ProbeFeatures() Features {
 	return Features{
-		SetRetval:     features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnSetRetval) == nil,
-		SockOpsCgroup: features.HaveProgramHelper(ebpf.SockOps, asm.FnGetCurrentCgroupId) == nil,
+		SetRetval: features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnSetRetval) == nil,
+		SockOpsCurrent: features.HaveProgramHelper(ebpf.SockOps, asm.FnGetCurrentPidTgid) == nil &&
+			features.HaveProgramHelper(ebpf.SockOps, asm.FnGetCurrentCgroupId) == nil,
 	}
 }
 
@@ -294,7 +295,7 @@ func Load(opts Options) (_ *Kernel, err error) {
 	dir := PinDir(opts.Dir)
 	k := &Kernel{dir: dir, lock: lock, links: map[string]link.Link{}, features: ProbeFeatures(), log: log, responses: opts.Responses}
 	if opts.handoff {
-		k.features.SockOpsCgroup = false
+		k.features.SockOpsCurrent = false
 	}
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		k.fresh = true
@@ -361,7 +362,7 @@ func Load(opts Options) (_ *Kernel, err error) {
 		k.removeOtherLayouts(filepath.Dir(dir))
 	}
 	log.Info("kernel side loaded", "pins", dir, "cgroup", opts.Cgroup, "adopted", !k.fresh,
-		"set_retval", k.features.SetRetval, "sockops_cgroup", k.features.SockOpsCgroup)
+		"set_retval", k.features.SetRetval, "sockops_current", k.features.SockOpsCurrent)
 	return k, nil
 }
 
@@ -391,7 +392,7 @@ func (k *Kernel) markEveryRespPort() error {
 // setFeatureVars hands the probed features to the programs as load-time
 // constants; the verifier prunes the branches they turn off.
 func setFeatureVars(spec *ebpf.CollectionSpec, f Features) error {
-	for name, on := range map[string]bool{bpf.BreakerVarHasSetRetval: f.SetRetval, bpf.BreakerVarHasSockopsCgroup: f.SockOpsCgroup} {
+	for name, on := range map[string]bool{bpf.BreakerVarHasSetRetval: f.SetRetval, bpf.BreakerVarHasSockopsCurrent: f.SockOpsCurrent} {
 		if err := spec.Variables[name].Set(boolU32(on)); err != nil {
 			return fmt.Errorf("setting %s: %w", name, err)
 		}

@@ -150,8 +150,8 @@ func run(args []string, stdout io.Writer) error {
 		mech, why := maps.ProbeClose(closeMechs...)
 		probe := map[string]any{
 			"set_retval":        f.SetRetval,
-			"sockops_cgroup":    f.SockOpsCgroup, // sockops finds the connecting workload itself (no handoff from connect4/6)
-			"close_established": string(mech),    // bpf_sock_destroy, sock_diag or none
+			"sockops_current":   f.SockOpsCurrent, // connect4/6 hand sockops their workload decision keyed by thread, not by a socket cookie they must make
+			"close_established": string(mech),     // bpf_sock_destroy, sock_diag or none
 		}
 		if why != "" {
 			probe["close_established_fallback"] = why
