@@ -656,6 +656,15 @@ over:;
  * CONFIG_CLASSES). */
 #define WORKLOAD_FLAGS (CONFIG_SCOPED | CONFIG_CLASSES)
 
+/* handoff_thread is the handoff's name of the calling thread where sockops
+ * can read it (has_sockops_current): its id in the upper half, the class
+ * (plus one) in the lower half written with it. A thread id is never 0,
+ * so neither is the entry while it names one. */
+static __always_inline __u64 handoff_thread(__u64 pid_tgid)
+{
+	return (pid_tgid & 0xffffffffULL) << 32;
+}
+
 /* scope decides, with WORKLOAD_FLAGS, whether the calling process is
  * protected and its classes: by the cgroup it is in now
  * (bpf_get_current_cgroup_id; this is process context). A cgroup with an
@@ -676,9 +685,13 @@ static __always_inline int scope(struct bpf_sock_addr *ctx, struct dest_key *key
 	if (key->proto == IPPROTO_TCP) {
 		__u32 zero = 0;
 		struct connect_handoff *h = bpf_map_lookup_elem(&handoff, &zero);
-		if (h) {
-			h->cookie = has_sockops_current ? bpf_get_current_pid_tgid() : bpf_get_socket_cookie(ctx);
-			h->class1 = w ? w->class + 1 : (__u32)protected;
+		__u32 class1 = w ? w->class + 1 : (__u32)protected;
+		if (h && has_sockops_current) {
+			/* One 8-byte store: never half of another connect's. */
+			h->cookie = handoff_thread(bpf_get_current_pid_tgid()) | class1;
+		} else if (h) {
+			h->cookie = bpf_get_socket_cookie(ctx);
+			h->class1 = class1;
 		}
 	}
 	if (w) {
@@ -726,11 +739,19 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 		return 1;
 	}
 	__u32 flags = cfg->flags;
+	int allowed = 1;
 	if (v && !verdict_allows(ctx, key, v, flags, now))
-		return 0;
-	if (l)
-		return bulkhead_admits(ctx, l, flags);
-	return 1;
+		allowed = 0;
+	else if (l)
+		allowed = bulkhead_admits(ctx, l, flags);
+	if (!allowed && (flags & WORKLOAD_FLAGS) && key->proto == IPPROTO_TCP) {
+		/* Rejected: no connect callback will take this handoff. */
+		__u32 zero = 0;
+		struct connect_handoff *h = bpf_map_lookup_elem(&handoff, &zero);
+		if (h)
+			h->cookie = 0;
+	}
+	return allowed;
 }
 
 static __always_inline void key4(struct dest_key *k, __u32 ip, __u32 port, __u32 proto)
@@ -892,11 +913,16 @@ static __always_inline struct workload *sock_workload(struct sock *sk)
 /* sock_class finds whether connect4/6 judged this socket's connect
  * protected, and its class: from the handoff when it names this connect
  * (the usual case). With has_sockops_current the entry names the thread
- * and is cleared once taken, so it is never taken for a later connect of
- * the same thread; if the task was preempted in between and another
- * connect() on this CPU overwrote it, or it migrated, this callback
- * decides as scope() did, by the cgroup the process is in now (it runs
- * in the connect() call). Without has_sockops_current the entry names the
+ * and is cleared once taken, and connect4/6 clear it when they reject;
+ * an entry left by a connect that failed otherwise (another program's
+ * rejection, a routing error) names the same thread, and is taken only
+ * if that thread's next connect migrates to its CPU between connect4/6
+ * and this callback: the earlier connect's decision, which differs only
+ * if the thread changed cgroups in between. When the entry does not name
+ * this thread (the task was preempted in between and another connect()
+ * on this CPU overwrote it, or it migrated), this callback decides as
+ * scope() did, by the cgroup the process is in now (it runs in the
+ * connect() call). Without has_sockops_current the entry names the
  * socket (its cookie); when it does not, the socket's own cgroup decides
  * instead (no entry: protected in class 0 unless CONFIG_SCOPED): it
  * differs from the connect-time cgroup only for a socket made before its
@@ -907,11 +933,13 @@ static __always_inline int sock_class(struct bpf_sock_ops *ops, struct sock *sk,
 	__u32 zero = 0;
 	struct connect_handoff *h = bpf_map_lookup_elem(&handoff, &zero);
 	if (has_sockops_current) {
-		if (h && h->cookie == bpf_get_current_pid_tgid()) {
+		__u64 e = h ? h->cookie : 0;
+		if (e && (e & ~0xffffffffULL) == handoff_thread(bpf_get_current_pid_tgid())) {
 			h->cookie = 0;
-			if (!h->class1)
+			__u32 class1 = (__u32)e;
+			if (!class1)
 				return 0;
-			*class = (__u8)(h->class1 - 1);
+			*class = (__u8)(class1 - 1);
 			return 1;
 		}
 		__u64 cg = bpf_get_current_cgroup_id();

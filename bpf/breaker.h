@@ -42,9 +42,10 @@ struct workload {
 
 /* The one-entry per-CPU handoff from connect4/6 to sockops' connect
  * callback, which follows it in the same connect() call: who connects and
- * its workload class (plus one; 0: not protected). cookie names the
- * connecting thread (bpf_get_current_pid_tgid) where sockops can read it
- * (has_sockops_current), else the socket (its cookie). */
+ * its workload class (plus one; 0: not protected). Where sockops can read
+ * the current thread (has_sockops_current), cookie alone holds both: the
+ * thread id in its upper half, the class in its lower (handoff_thread());
+ * else cookie is the socket's cookie and class1 the class. */
 struct connect_handoff {
 	__u64 cookie;
 	__u32 class1;

@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -215,14 +216,22 @@ func testHandoffLost(t *testing.T, thread bool) {
 	home := selfCgroup(t)
 	moveSelf := func(dir string) { t.Helper(); moveSelfTo(t, dir) }
 	defer moveSelf(home)
-	// connect makes a socket in from, connects it from sel (class 2,
-	// bulkhead counted in slot 51), checks the count and closes it.
-	connect := func(from *kerneltest.Cgroup) {
+	// try makes a socket in from and connects it from sel (class 2,
+	// bulkhead counted in slot 51) on one CPU (so the handoff it leaves
+	// is that CPU's), and closes it.
+	try := func(from *kerneltest.Cgroup) (held BulkCount, cerr error) {
 		t.Helper()
 		moveSelf(from.Path)
-		var cerr error
-		var held BulkCount
 		err := e.topo.Client.Do(func() error {
+			var was, one unix.CPUSet
+			if err := unix.SchedGetaffinity(0, &was); err != nil {
+				return err
+			}
+			one.Set(0)
+			if err := unix.SchedSetaffinity(0, &one); err != nil {
+				return err
+			}
+			defer unix.SchedSetaffinity(0, &was)
 			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 			if err != nil {
 				return err
@@ -234,8 +243,17 @@ func testHandoffLost(t *testing.T, thread bool) {
 			return nil
 		})
 		moveSelf(home)
-		if err != nil || cerr != nil {
-			t.Fatalf("connect: %v %v", err, cerr)
+		if err != nil {
+			t.Fatalf("connect: %v", err)
+		}
+		return held, cerr
+	}
+	// connect is try, connected, checking the count.
+	connect := func(from *kerneltest.Cgroup) {
+		t.Helper()
+		held, cerr := try(from)
+		if cerr != nil {
+			t.Fatalf("connect: %v", cerr)
 		}
 		if held.Connections != 1 || held.Connecting != 0 {
 			t.Fatalf("an established socket counted from sel: slot %+v, want 1 connection and none connecting", held)
@@ -264,28 +282,54 @@ func testHandoffLost(t *testing.T, thread bool) {
 		t.Fatalf("records with the handoff intact by class %v, want 2 of class 2", got)
 	}
 	if thread {
-		var hs []bpf.BreakerConnectHandoff
-		if err := e.k.objs.Handoff.Lookup(uint32(0), &hs); err != nil {
-			t.Fatal(err)
-		}
-		for cpu, h := range hs {
-			if h.Cookie != 0 {
-				t.Fatalf("CPU %d's handoff after the connects: %+v, want taken and cleared", cpu, h)
+		cleared := func(after string) {
+			t.Helper()
+			var hs []bpf.BreakerConnectHandoff
+			if err := e.k.objs.Handoff.Lookup(uint32(0), &hs); err != nil {
+				t.Fatal(err)
+			}
+			for cpu, h := range hs {
+				if h.Cookie != 0 {
+					t.Fatalf("CPU %d's handoff after %s: %+v, want cleared", cpu, after, h)
+				}
 			}
 		}
-		// A handoff saying class 3 (plus one) is what sockops goes by.
-		l := e.tamperHandoff(t, 8, asm.Word, 4)
+		cleared("the connects (taken)")
+		// A rejected connect leaves no handoff either.
+		if err := e.k.PutVerdict(d, Verdict{State: ForcedOpen, CircuitID: 52}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := try(made); !errors.Is(err, unix.ECONNREFUSED) {
+			t.Fatalf("connect with the circuit forced open: %v, want rejected", err)
+		}
+		cleared("a rejected connect")
+		if err := e.k.DeleteVerdict(d); err != nil {
+			t.Fatal(err)
+		}
+		// A handoff naming this thread and class 3 (plus one, in the
+		// lower half) is what sockops goes by.
+		class := e.tamperHandoff(t, 0, asm.Word, 4)
 		connect(unsel)
 		connect(made)
 		if got := established(4); got[2] != 2 || got[3] != 2 || len(got) != 2 {
 			t.Fatalf("records with the handoff saying class 3, by class %v, want 2 more of class 3", got)
 		}
-		l.Close()
-		// Lost: the cgroup the process connects from (sel, class 2).
-		e.clobberHandoff(t)
+		// One naming another thread (upper half; no thread id is that
+		// high) is not: the cgroup the process connects from decides
+		// (sel, class 2).
+		other := e.tamperHandoff(t, 4, asm.Word, 0x7fffffff)
 		connect(unsel)
 		connect(made)
 		if got := established(6); got[2] != 4 || got[3] != 2 || len(got) != 2 {
+			t.Fatalf("records with the handoff naming another thread, by class %v, want 2 more of class 2", got)
+		}
+		class.Close()
+		other.Close()
+		// Lost (cleared): the same.
+		e.clobberHandoff(t)
+		connect(unsel)
+		connect(made)
+		if got := established(8); got[2] != 6 || got[3] != 2 || len(got) != 2 {
 			t.Fatalf("records with the handoff lost, by class %v, want 2 more of class 2", got)
 		}
 		return
