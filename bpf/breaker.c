@@ -665,6 +665,15 @@ static __always_inline __u64 handoff_thread(__u64 pid_tgid)
 	return (pid_tgid & 0xffffffffULL) << 32;
 }
 
+/* current_workload is the workload entry of the cgroup the calling
+ * process is in now, or 0 (process context: connect4/6, and sockops'
+ * connect callback with has_sockops_current). */
+static __always_inline struct workload *current_workload(void)
+{
+	__u64 cg = bpf_get_current_cgroup_id();
+	return bpf_map_lookup_elem(&workloads, &cg);
+}
+
 /* scope decides, with WORKLOAD_FLAGS, whether the calling process is
  * protected and its classes: by the cgroup it is in now
  * (bpf_get_current_cgroup_id; this is process context). A cgroup with an
@@ -679,8 +688,7 @@ static __always_inline __u64 handoff_thread(__u64 pid_tgid)
 static __always_inline int scope(struct bpf_sock_addr *ctx, struct dest_key *key, __u32 flags,
 				 __u8 *bulkhead)
 {
-	__u64 cg = bpf_get_current_cgroup_id();
-	struct workload *w = bpf_map_lookup_elem(&workloads, &cg);
+	struct workload *w = current_workload();
 	int protected = w || !(flags & CONFIG_SCOPED);
 	if (key->proto == IPPROTO_TCP) {
 		__u32 zero = 0;
@@ -942,8 +950,7 @@ static __always_inline int sock_class(struct bpf_sock_ops *ops, struct sock *sk,
 			*class = (__u8)(class1 - 1);
 			return 1;
 		}
-		__u64 cg = bpf_get_current_cgroup_id();
-		struct workload *cw = bpf_map_lookup_elem(&workloads, &cg);
+		struct workload *cw = current_workload();
 		if (!cw)
 			return !(flags & CONFIG_SCOPED);
 		*class = (__u8)cw->class;

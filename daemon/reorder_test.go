@@ -116,7 +116,9 @@ func TestRestartReorderedIsolatedWorkloads(t *testing.T) {
 	}
 }
 
-const isolatedTwoConfig = `
+// isolatedTwoWorkloads are two isolated workloads, a and b, in that
+// order (reorder swaps them).
+const isolatedTwoWorkloads = `
 failsafe_timeout: 5s
 workloads:
   - name: a
@@ -125,7 +127,9 @@ workloads:
   - name: b
     cgroups: [CGROUP/b]
     isolate: true
-targets:
+`
+
+const isolatedTwoConfig = isolatedTwoWorkloads + `targets:
   svc:
     match: {cidrs: [SRV], ports: ["8430"]}
     consecutive_failures: 2
@@ -231,16 +235,7 @@ func TestRestartMovedResponseOnlyLimitsNotWarned(t *testing.T) {
 	}
 }
 
-const isolatedResponsesConfig = `
-failsafe_timeout: 5s
-workloads:
-  - name: a
-    cgroups: [CGROUP/a]
-    isolate: true
-  - name: b
-    cgroups: [CGROUP/b]
-    isolate: true
-targets:
+const isolatedResponsesConfig = isolatedTwoWorkloads + `targets:
   web:
     match: {cidrs: [SRV], ports: ["8450"]}
     protocol: http
