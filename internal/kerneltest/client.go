@@ -74,7 +74,12 @@ type DialSpec struct {
 	// client resets the connection itself) or "goodbye" (connect, write,
 	// shut the write side, read until the server closes, close: a last
 	// request with no answer, as libmemcached's quit when the client's FIN
-	// goes first).
+	// goes first) or "fastopen" (a TCP_FASTOPEN_CONNECT socket: connect,
+	// which sends nothing, then write, which sends the SYN; reports
+	// connect's errno, or the write's) or "fastopen-nowrite" (the same
+	// connect, no write: nothing is sent) or "sendto-fastopen" (sendto with
+	// MSG_FASTOPEN on an unconnected TCP socket: the connect and the SYN
+	// in one call).
 	Op string
 	// Count connects are made, Parallel at a time (default 1 and 1).
 	Count, Parallel int
@@ -288,6 +293,18 @@ func dialOnce(spec DialSpec) DialResult {
 	switch spec.Op {
 	case "sendto":
 		err = unix.Sendto(fd, []byte("breakerd"), 0, sa)
+	case "sendto-fastopen":
+		err = unix.Sendto(fd, []byte("breakerd"), unix.MSG_FASTOPEN, sa)
+	case "fastopen-nowrite":
+		if err = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_FASTOPEN_CONNECT, 1); err == nil {
+			err = unix.Connect(fd, sa)
+		}
+	case "fastopen":
+		if err = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_FASTOPEN_CONNECT, 1); err == nil {
+			if err = unix.Connect(fd, sa); err == nil {
+				_, err = unix.Write(fd, []byte("breakerd"))
+			}
+		}
 	default:
 		err = unix.Connect(fd, sa)
 	}
