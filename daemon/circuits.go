@@ -150,8 +150,8 @@ func (d *Daemon) sweepDepartedEndpoints(now time.Time) {
 // queued, from whose front eviction takes its victim (second chance, see
 // evictIdle).
 type registry struct {
-	byName    map[string]*circuit       // named circuits only: use get and all
-	byDest    map[maps.DestKey]*circuit // use at() to look up
+	byName    map[string]*circuit // named circuits only: use get and all
+	byDest    destIndex           // use at() to look up
 	active    map[*circuit]struct{}
 	endpoints map[*circuit]struct{}
 	idle      idleList
@@ -173,7 +173,7 @@ type registry struct {
 }
 
 func newRegistry(k *maps.Kernel) *registry {
-	return &registry{byName: map[string]*circuit{}, byDest: map[maps.DestKey]*circuit{}, groups: map[string]*policy.Group{},
+	return &registry{byName: map[string]*circuit{}, groups: map[string]*policy.Group{},
 		active: map[*circuit]struct{}{}, endpoints: map[*circuit]struct{}{}, ids: newIDs(k), recording: map[uint32]*circuit{}}
 }
 
@@ -210,7 +210,7 @@ func (r *registry) all() iter.Seq[*circuit] {
 				return
 			}
 		}
-		for _, c := range r.byDest {
+		for _, c := range r.byDest.all() {
 			if !c.isNamed() && !yield(c) {
 				return
 			}
@@ -223,8 +223,8 @@ func (r *registry) count() int { return len(r.byName) + r.dynamic }
 
 // at returns the circuit of destination dst.
 func (r *registry) at(dst maps.Dest) (*circuit, bool) {
-	c, ok := r.byDest[dst.Compact()]
-	return c, ok
+	c := r.byDest.get(dst.Compact())
+	return c, c != nil
 }
 
 // track files c under the sets its state puts it in; call it whenever c's
@@ -371,7 +371,7 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) (c *circuit, made bool) {
 	if label == "" {
 		label = allTarget
 	}
-	if !d.reg.adopting && len(d.reg.byDest) >= cfg.MaxCircuits && !d.evictIdle() {
+	if !d.reg.adopting && d.reg.byDest.len() >= cfg.MaxCircuits && !d.evictIdle() {
 		d.metrics.circuitsRefused.WithLabelValues(label).Inc()
 		return nil, false
 	}
@@ -510,7 +510,7 @@ func (d *Daemon) attach(c *circuit, dst maps.Dest) {
 	if c.isNamed() {
 		c.extra.dests = append(c.extra.dests, dst)
 	}
-	d.reg.byDest[dst.Compact()] = c
+	d.reg.byDest.put(dst.Compact(), c)
 	d.reg.version++
 	if o := c.machine.Options(); needsLimitEntry(o) {
 		d.writeLimit(c, dst)
@@ -616,7 +616,7 @@ func (d *Daemon) drop(c *circuit) {
 			d.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
 		d.deleteLimits(c, dst)
-		delete(d.reg.byDest, dst.Compact())
+		d.reg.byDest.del(dst.Compact())
 		d.reg.version++
 	}
 	// Keep its kernel counts so the per-target counters never go down.

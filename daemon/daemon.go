@@ -366,17 +366,17 @@ var _ [unsafe.Sizeof(circuit{}) - 65]byte
 // caches first: below it they stay in the CPU caches anyway.
 const prefetchFrom = 8192
 
-// prefetchChunk is how many records one warming pass covers: their map
+// prefetchChunk is how many records one warming pass covers: their index
 // slots and circuits (some 256 bytes each) stay within a core's L2.
 const prefetchChunk = 256
 
 // handleBatch feeds records to their circuits, in their order. With many
 // circuits most records find theirs outside the CPU caches, and handle
-// would wait for each miss in turn (the map slot, then the circuit); so
+// would wait for each miss in turn (the index slot, then the circuit); so
 // each chunk is first walked with loads that do not depend on one
 // another, which the CPU overlaps, and then handled from warm caches.
 func (d *Daemon) handleBatch(evs []maps.Event, now time.Time) {
-	if len(evs) < 2 || len(d.reg.byDest) < prefetchFrom {
+	if len(evs) < 2 || d.reg.byDest.len() < prefetchFrom {
 		for i := range evs {
 			d.handle(&evs[i], now, nil)
 		}
@@ -400,18 +400,35 @@ func (d *Daemon) handleBatch(evs []maps.Event, now time.Time) {
 	}
 }
 
-// warm loads what handling evs will touch: the map slot and the first two
-// cache lines of each record's circuit (its metrics, flags and the state
-// machine's counters and window), and the reset-dating slot of its cookie;
-// found gets each record's circuit (nil when it has none yet). The sum is kept so the loads are not optimised away.
+// warm loads what handling evs will touch: each record's first index slot
+// (which holds its key), the first two cache lines of its circuit (its
+// metrics, flags and the state machine's counters and window), and the
+// reset-dating slot of its cookie; found gets each record's circuit (nil
+// when it has none yet). It goes over the chunk twice: first the slots,
+// whose addresses the hashes alone give, then the lookups, which find
+// their slots loaded and load the circuits. The loads of one pass do not
+// depend on one another, so the CPU overlaps their misses. The sum is kept
+// so the loads are not optimised away.
 //
 // The second line is read at offset 64, inside the circuit (the array
 // below fails to compile if a circuit shrinks to one line).
 func (d *Daemon) warm(evs []maps.Event, found []*circuit) {
-	for i := range evs {
-		found[i] = d.reg.byDest[evs[i].Dest.Compact()]
-	}
+	var keys [prefetchChunk]maps.DestKey
+	var hs [prefetchChunk]uint32
+	x := &d.reg.byDest
 	var sum uintptr
+	for i := range evs {
+		keys[i] = evs[i].Dest.Compact()
+		hs[i] = x.hash(&keys[i])
+	}
+	// Loops of loads alone: the CPU has as many of them in flight as
+	// it can keep misses outstanding.
+	for _, h := range hs[:len(evs)] {
+		sum += x.touch(h)
+	}
+	for i := range evs {
+		found[i] = x.getHashed(&keys[i], hs[i])
+	}
 	for i, c := range found {
 		if c != nil {
 			sum += uintptr(c.id) + uintptr(*(*byte)(unsafe.Add(unsafe.Pointer(c), 64)))

@@ -179,8 +179,8 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 	if adopted > 0 {
 		d.log.Info("adopted open circuit(s) from the pinned verdict map", "count", adopted)
 	}
-	if over := len(d.reg.byDest) - d.cfg.MaxCircuits; over > 0 {
-		d.log.Warn("more destinations adopted than max_circuits allows; idle closed circuits are evicted as new ones come", "destinations", len(d.reg.byDest), "max_circuits", d.cfg.MaxCircuits)
+	if over := d.reg.byDest.len() - d.cfg.MaxCircuits; over > 0 {
+		d.log.Warn("more destinations adopted than max_circuits allows; idle closed circuits are evicted as new ones come", "destinations", d.reg.byDest.len(), "max_circuits", d.cfg.MaxCircuits)
 	}
 }
 

@@ -3,11 +3,13 @@ package maps
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"iter"
 	"net/netip"
 	"strconv"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -67,6 +69,15 @@ type DestKey struct {
 	port  uint16
 	proto Proto
 	class uint8
+}
+
+// DestKey has no padding: its bytes are its fields (Hash reads them).
+var _ = [1]struct{}{}[unsafe.Sizeof(DestKey{})-20]
+
+// Hash returns a hash of k under seed: equal keys hash alike. It does not
+// allocate.
+func (k *DestKey) Hash(seed maphash.Seed) uint64 {
+	return maphash.Bytes(seed, unsafe.Slice((*byte)(unsafe.Pointer(k)), unsafe.Sizeof(*k)))
 }
 
 // Compact returns d's DestKey.

@@ -1,0 +1,173 @@
+package daemon
+
+import (
+	"hash/maphash"
+	"iter"
+
+	"github.com/breakerd/breakerd/maps"
+)
+
+// destIndex maps destinations to their circuits (registry.byDest). It is
+// an open-addressing table with linear probing and backward-shift deletion
+// (no tombstones), kept at most 13/16 full, in one slice of 32-byte slots,
+// two to a cache line.
+//
+// Why not a Go map: with a hundred thousand circuits and more, a record's
+// lookup misses the CPU caches, and a Go map's makes two misses one after
+// the other (a group's control word, then the slot it points to). Here the
+// hash alone names a lookup's first slot, which holds the key itself, so
+// handleBatch loads the first slots of a whole chunk of records before it
+// looks any up (see Daemon.warm), and their misses overlap.
+//
+// The hash is hash/maphash under a seed drawn per index: a local user who
+// picks the destinations a node connects to cannot pick colliding ones.
+// It never shrinks (as a Go map does not). The zero value is empty and
+// ready; it is used under Daemon.mu, like the registry.
+type destIndex struct {
+	slots []destSlot // len is 0 or a power of two
+	n     int
+	seed  maphash.Seed
+}
+
+// destSlot is one slot: empty when c is nil. h is the low half of the
+// key's hash, kept so that growing and deleting need not hash again, and
+// so that most slots that hold another key are passed over without
+// comparing it.
+type destSlot struct {
+	c   *circuit
+	key maps.DestKey
+	h   uint32
+}
+
+const (
+	destIndexMin = 64 // slots when the first key goes in
+	// destIndexLoad is the most keys per 16 slots.
+	destIndexLoad = 13
+)
+
+func (x *destIndex) len() int { return x.n }
+
+// hash is the hash of k in x (its low half chooses the first slot). x
+// must hold a key, or have held one.
+func (x *destIndex) hash(k *maps.DestKey) uint32 {
+	return uint32(k.Hash(x.seed))
+}
+
+// touch loads the first slot a key of hash h is looked for in, and returns
+// something of it so the load is kept (see Daemon.warm).
+func (x *destIndex) touch(h uint32) uintptr {
+	return uintptr(x.slots[h&uint32(len(x.slots)-1)].h)
+}
+
+// get returns the circuit of k, or nil.
+func (x *destIndex) get(k maps.DestKey) *circuit {
+	if x.n == 0 {
+		return nil
+	}
+	return x.getHashed(&k, x.hash(&k))
+}
+
+// getHashed is get with k's hash already computed.
+func (x *destIndex) getHashed(k *maps.DestKey, h uint32) *circuit {
+	mask := uint32(len(x.slots) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		s := &x.slots[i]
+		if s.c == nil {
+			return nil // the load bound keeps an empty slot in every run
+		}
+		if s.h == h && s.key == *k {
+			return s.c
+		}
+	}
+}
+
+// put files c under k, in place of any circuit there.
+func (x *destIndex) put(k maps.DestKey, c *circuit) {
+	if c == nil {
+		panic("destIndex: put of a nil circuit")
+	}
+	if x.slots == nil {
+		x.seed = maphash.MakeSeed()
+		x.slots = make([]destSlot, destIndexMin)
+	}
+	h := x.hash(&k)
+	if (x.n+1)*16 > len(x.slots)*destIndexLoad {
+		x.grow()
+	}
+	mask := uint32(len(x.slots) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		s := &x.slots[i]
+		if s.c == nil {
+			*s = destSlot{c: c, key: k, h: h}
+			x.n++
+			return
+		}
+		if s.h == h && s.key == k {
+			s.c = c
+			return
+		}
+	}
+}
+
+// grow doubles the slots.
+func (x *destIndex) grow() {
+	old := x.slots
+	x.slots = make([]destSlot, 2*len(old))
+	mask := uint32(len(x.slots) - 1)
+	for _, s := range old {
+		if s.c == nil {
+			continue
+		}
+		i := s.h & mask
+		for x.slots[i].c != nil {
+			i = (i + 1) & mask
+		}
+		x.slots[i] = s
+	}
+}
+
+// del removes k, if it is there. The keys after it in its run move back
+// into the hole when their first slot is not between the hole and where
+// they are (backward-shift deletion), so every run stays unbroken and no
+// slot is ever marked deleted.
+func (x *destIndex) del(k maps.DestKey) {
+	if x.n == 0 {
+		return
+	}
+	h := x.hash(&k)
+	mask := uint32(len(x.slots) - 1)
+	i := h & mask
+	for {
+		s := &x.slots[i]
+		if s.c == nil {
+			return
+		}
+		if s.h == h && s.key == k {
+			break
+		}
+		i = (i + 1) & mask
+	}
+	for j := (i + 1) & mask; x.slots[j].c != nil; j = (j + 1) & mask {
+		// The entry at j may fill the hole at i unless its first slot
+		// lies cyclically in (i, j].
+		home := x.slots[j].h & mask
+		if (j-home)&mask >= (j-i)&mask {
+			x.slots[i] = x.slots[j]
+			i = j
+		}
+	}
+	x.slots[i] = destSlot{}
+	x.n--
+}
+
+// all yields every key and its circuit, in no order. The index must not
+// change while it runs.
+func (x *destIndex) all() iter.Seq2[maps.DestKey, *circuit] {
+	return func(yield func(maps.DestKey, *circuit) bool) {
+		for i := range x.slots {
+			if s := &x.slots[i]; s.c != nil && !yield(s.key, s.c) {
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,130 @@
+package daemon
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+
+	"github.com/breakerd/breakerd/maps"
+)
+
+// checkIndex compares x with want entry by entry, and checks the table's
+// invariant: every key is found from its first slot with no empty slot on
+// the way (what deletion's backward shift must keep).
+func checkIndex(t *testing.T, x *destIndex, want map[maps.DestKey]*circuit) {
+	t.Helper()
+	if x.len() != len(want) {
+		t.Fatalf("len %d, want %d", x.len(), len(want))
+	}
+	seen := 0
+	for k, c := range x.all() {
+		seen++
+		if want[k] != c {
+			t.Fatalf("all yields %v for a key, want %v", c, want[k])
+		}
+	}
+	if seen != len(want) {
+		t.Fatalf("all yields %d entries, want %d", seen, len(want))
+	}
+	if x.slots == nil {
+		return
+	}
+	mask := uint32(len(x.slots) - 1)
+	used := 0
+	for i, s := range x.slots {
+		if s.c == nil {
+			continue
+		}
+		used++
+		if s.h != x.hash(&s.key) {
+			t.Fatalf("slot %d keeps hash %#x, its key hashes to %#x", i, s.h, x.hash(&s.key))
+		}
+		for j := s.h & mask; j != uint32(i); j = (j + 1) & mask {
+			if x.slots[j].c == nil {
+				t.Fatalf("slot %d's key (first slot %d) sits past the empty slot %d: lookups miss it", i, s.h&mask, j)
+			}
+		}
+	}
+	if used*16 > len(x.slots)*destIndexLoad {
+		t.Fatalf("%d of %d slots used: over the load bound", used, len(x.slots))
+	}
+	for k, c := range want {
+		if got := x.get(k); got != c {
+			t.Fatalf("get: %v, want %v", got, c)
+		}
+	}
+}
+
+// The index agrees with a Go map under random puts, replacements and
+// deletions (and lookups of absent keys), across growth, with runs long
+// enough for deletions to shift entries that wrapped past the table's end.
+func TestDestIndexMatchesMap(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, keys := range []int{40, 500, 20_000} {
+		var x destIndex
+		want := map[maps.DestKey]*circuit{}
+		circuits := make([]circuit, keys)
+		for op := range 20 * keys {
+			k := dynamicDest(r.IntN(keys)).Compact()
+			switch r.IntN(3) {
+			case 0, 1:
+				c := &circuits[r.IntN(keys)]
+				x.put(k, c)
+				want[k] = c
+			default:
+				x.del(k)
+				delete(want, k)
+			}
+			if got := x.get(k); got != want[k] {
+				t.Fatalf("%d keys, op %d: get after the op %v, want %v", keys, op, got, want[k])
+			}
+			if op%(keys/4) == 0 {
+				checkIndex(t, &x, want)
+			}
+		}
+		checkIndex(t, &x, want)
+		for k := range want {
+			x.del(k)
+		}
+		checkIndex(t, &x, map[maps.DestKey]*circuit{})
+		if got := x.get(dynamicDest(0).Compact()); got != nil {
+			t.Fatalf("emptied: get %v", got)
+		}
+	}
+}
+
+// A key differing from one in the index in a single field is another key:
+// the class, the protocol, the port or one address byte.
+func TestDestIndexKeysDifferByField(t *testing.T) {
+	var x destIndex
+	base := dynamicDest(7)
+	var c1, c2 circuit
+	x.put(base.Compact(), &c1)
+	variants := []maps.Dest{base, base, base, base}
+	variants[0].Class = 1
+	variants[1].Proto = maps.UDP
+	variants[2].Addr = netip.AddrPortFrom(base.Addr.Addr().Next(), base.Addr.Port())
+	variants[3].Addr = netip.AddrPortFrom(base.Addr.Addr(), base.Addr.Port()+1)
+	for i, v := range variants {
+		if got := x.get(v.Compact()); got != nil {
+			t.Fatalf("variant %d (%v) found %v", i, v, got)
+		}
+	}
+	x.put(variants[0].Compact(), &c2)
+	if x.get(base.Compact()) != &c1 || x.get(variants[0].Compact()) != &c2 || x.len() != 2 {
+		t.Fatal("two keys differing by class do not keep their own circuits")
+	}
+}
+
+// Lookups allocate nothing.
+func TestDestIndexGetAllocatesNothing(t *testing.T) {
+	var x destIndex
+	var c circuit
+	for i := range 1000 {
+		x.put(dynamicDest(i).Compact(), &c)
+	}
+	k := dynamicDest(500).Compact()
+	if n := testing.AllocsPerRun(1000, func() { x.get(k) }); n != 0 {
+		t.Fatalf("%v allocations per lookup", n)
+	}
+}
