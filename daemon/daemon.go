@@ -401,14 +401,15 @@ func (d *Daemon) handleBatch(evs []maps.Event, now time.Time) {
 }
 
 // warm loads what handling evs will touch: each record's first index slot
-// (which holds its key), the first two cache lines of its circuit (its
-// metrics, flags and the state machine's counters and window), and the
-// reset-dating slot of its cookie; found gets each record's circuit (nil
-// when it has none yet). It goes over the chunk twice: first the slots,
-// whose addresses the hashes alone give, then the lookups, which find
-// their slots loaded and load the circuits. The loads of one pass do not
-// depend on one another, so the CPU overlaps their misses. The sum is kept
-// so the loads are not optimised away.
+// (where its key is, or where the search for it starts), the first two
+// cache lines of its circuit (its metrics, flags and the state machine's
+// counters and window), and the reset-dating slot of its cookie; found
+// gets each record's circuit (nil when it has none yet). It goes over the
+// chunk in four loops: the hashes; the first slots, whose addresses the
+// hashes alone give; the lookups, which find those slots loaded; the
+// circuits and reset-dating slots. The loads of one loop do not depend on
+// one another, so the CPU overlaps their misses. The sum is kept so the
+// loads are not optimised away.
 //
 // The second line is read at offset 64, inside the circuit (the array
 // below fails to compile if a circuit shrinks to one line).
@@ -416,6 +417,10 @@ func (d *Daemon) warm(evs []maps.Event, found []*circuit) {
 	var keys [prefetchChunk]maps.DestKey
 	var hs [prefetchChunk]uint32
 	x := &d.reg.byDest
+	if x.len() == 0 {
+		clear(found)
+		return
+	}
 	var sum uintptr
 	for i := range evs {
 		keys[i] = evs[i].Dest.Compact()
@@ -669,6 +674,7 @@ func (d *Daemon) reconcileRounds(now time.Time) {
 func (d *Daemon) applyConfig(cfg *policy.Config) {
 	old, oldClasses := d.cfg, d.classes
 	d.cfg = cfg
+	d.reg.byDest.reserve(cfg.MaxCircuits)
 	d.classes = cfg.Classes()
 	d.ensureCloser(cfg)
 	d.respTimeouts = hasResponseTimeouts(cfg)

@@ -128,3 +128,29 @@ func TestDestIndexGetAllocatesNothing(t *testing.T) {
 		t.Fatalf("%v allocations per lookup", n)
 	}
 }
+
+// Reserved room takes n keys without growing, and replacing a key in a
+// full index does not grow it either.
+func TestDestIndexReserve(t *testing.T) {
+	for _, n := range []int{0, 1, 52, 53, 100_000, 131_072} {
+		var x destIndex
+		x.reserve(n)
+		size := len(x.slots)
+		if size&(size-1) != 0 || n*16 > size*destIndexLoad || (size > destIndexMin && n*16 <= size/2*destIndexLoad) {
+			t.Fatalf("reserve(%d): %d slots, want the least power of two (from %d) that holds %d within the load bound", n, size, destIndexMin, n)
+		}
+		var c, d circuit
+		for i := range n {
+			x.put(dynamicDest(i).Compact(), &c)
+		}
+		for i := range n {
+			x.put(dynamicDest(i).Compact(), &d)
+		}
+		if len(x.slots) != size || x.len() != n {
+			t.Fatalf("reserve(%d), %d puts and as many replacements: %d slots (reserved %d), %d keys", n, n, len(x.slots), size, x.len())
+		}
+		if n > 0 && x.get(dynamicDest(n-1).Compact()) != &d {
+			t.Fatalf("reserve(%d): a replaced key does not find its new circuit", n)
+		}
+	}
+}

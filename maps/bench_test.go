@@ -27,7 +27,8 @@ import (
 // empty verdict map, with 100,000 entries and with a full one (MaxDestinations);
 // with workloads selected, from a process of no workload and from a
 // selected one (its cgroup in the workloads map); empty programs on the
-// same hooks (the floor of a program call here); a connect
+// same hooks (the floor of a program call here), once with the callbacks
+// every connect makes and once with breakerd's (see emptyPrograms); a connect
 // rejected by breakerd; and one rejected by an nftables `reject with tcp
 // reset` rule in the client's output hook. It reports medians and p99,
 // measured with the kernel's BPF statistics off (as in production), and,
@@ -145,10 +146,12 @@ func BenchmarkConnectCost(b *testing.B) {
 	}
 	cgUnsel, kUnsel := scopedLoad(false)
 	cgSel, kSel := scopedLoad(true)
-	cgFloor, floor := emptyPrograms(b)
+	cgFloor, floor := emptyPrograms(b, false)
+	cgFloor6, floor6 := emptyPrograms(b, true)
 	configs := []*config{
 		{name: "no program", cg: none, port: healthy},
 		{name: "empty programs (connect4 and sockops returning at once)", cg: cgFloor, stats: floor, port: healthy},
+		{name: "empty programs, breakerd's callbacks (sockops sets and clears its flags, nothing else)", cg: cgFloor6, stats: floor6, port: healthy},
 		{name: "breakerd, empty map", cg: cgEmpty, k: kEmpty, port: healthy},
 		{name: "breakerd, 100k entries", cg: cg100k, k: k100k, port: healthy, entries: 100_000},
 		{name: "breakerd, full map (262,144 entries)", cg: cg1M, k: k1M, port: healthy, entries: MaxDestinations},
@@ -324,10 +327,15 @@ func progRoundOf(before, after map[string]*ebpf.ProgramStats, conns int) progRou
 // sockops program that only return: the floor of what the programs'
 // calls cost a connection here, measured the same way. The empty sockops
 // program sets no callback flags, so it runs only for the callbacks every
-// active connect makes (five), one fewer than breakerd's. sock_release is
-// not attached (breakerd attaches it only with bulkheads). It returns the
-// cgroup and a reader of the two programs' statistics.
-func emptyPrograms(b *testing.B) (*kerneltest.Cgroup, func() (map[string]*ebpf.ProgramStats, error)) {
+// active connect makes (five), one fewer than breakerd's. With callbacks,
+// the sockops program instead asks for the callbacks breakerd's asks for
+// and nothing else: at the connect callback the state and RTO callbacks,
+// at the established one the RTO callback alone (so it runs six times, as
+// breakerd's does, and its two flag settings are helper calls breakerd's
+// makes too). sock_release is not attached (breakerd attaches it only
+// with bulkheads). It returns the cgroup and a reader of the two
+// programs' statistics.
+func emptyPrograms(b *testing.B, callbacks bool) (*kerneltest.Cgroup, func() (map[string]*ebpf.ProgramStats, error)) {
 	cg := kerneltest.NewCgroup(b)
 	progs := map[string]*ebpf.Program{}
 	for _, p := range []struct {
@@ -335,8 +343,27 @@ func emptyPrograms(b *testing.B) (*kerneltest.Cgroup, func() (map[string]*ebpf.P
 		typ    ebpf.ProgramType
 		attach ebpf.AttachType
 	}{{"connect4", ebpf.CGroupSockAddr, ebpf.AttachCGroupInet4Connect}, {"sockops", ebpf.SockOps, ebpf.AttachCGroupSockOps}} {
+		insns := asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()}
+		if callbacks && p.typ == ebpf.SockOps {
+			insns = asm.Instructions{
+				// r1 is the context; op is its first field.
+				asm.LoadMem(asm.R2, asm.R1, 0, asm.Word),
+				asm.JEq.Imm(asm.R2, 3, "connect"),     // BPF_SOCK_OPS_TCP_CONNECT_CB
+				asm.JEq.Imm(asm.R2, 4, "established"), // BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB
+				asm.Mov.Imm(asm.R0, 1),
+				asm.Return(),
+				asm.Mov.Imm(asm.R2, 4|1).WithSymbol("connect"), // STATE | RTO
+				asm.FnSockOpsCbFlagsSet.Call(),
+				asm.Mov.Imm(asm.R0, 1),
+				asm.Return(),
+				asm.Mov.Imm(asm.R2, 1).WithSymbol("established"), // RTO
+				asm.FnSockOpsCbFlagsSet.Call(),
+				asm.Mov.Imm(asm.R0, 1),
+				asm.Return(),
+			}
+		}
 		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: p.typ, AttachType: p.attach, License: "GPL",
-			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()}})
+			Instructions: insns})
 		if err != nil {
 			b.Fatalf("loading an empty %s program: %v", p.name, err)
 		}

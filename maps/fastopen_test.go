@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -49,11 +50,91 @@ func testFastOpen(t *testing.T, opts Options) {
 		t.Fatal(err)
 	}
 	// Resolve the neighbours both ways first (unobserved), so no first
-	// SYN waits on them and no retransmit record muddies a case.
+	// SYN waits on them and no retransmit record muddies a case; being
+	// fast opens, these also get the client a cookie for either address.
 	e.srv.ServeHold(t, 8259)
 	for _, network := range []string{"tcp4", "tcp6"} {
-		e.dial(t, unsel, kerneltest.DialSpec{Network: network, Addr: e.dest(8259, network == "tcp6").Addr})
+		if got := errnos(e.dial(t, unsel, kerneltest.DialSpec{Network: network, Addr: e.dest(8259, network == "tcp6").Addr, Op: "fastopen"})); got[0] != 1 {
+			t.Fatalf("%s warm-up: errnos %v", network, got)
+		}
 	}
+
+	// The handoff of a deferred connect is found at its write. The test
+	// process connects from sel (class 2) and writes from unsel, on one
+	// thread and CPU, with the socket made where the fallback would leave
+	// the connection unobserved: where the handoff names the thread, the
+	// fallback is the cgroup it writes from (unsel), so the socket is made
+	// in sel (a record of a socket without storage carries its own
+	// cgroup's class: 2); where it names the socket (6.1), the fallback is
+	// the socket's own cgroup, so the socket is made in unsel (its record
+	// then carries class 0, the documented case of a socket made before
+	// its process moved).
+	t.Run("handoff", func(t *testing.T) {
+		made, class := sel, uint8(2)
+		if !e.k.Features().SockOpsCurrent || opts.handoff {
+			made, class = unsel, 0
+		}
+		const port = 8254
+		e.srv.ServeHold(t, port)
+		home := selfCgroup(t)
+		defer moveSelfTo(t, home)
+		for _, v6 := range []bool{false, true} {
+			d := e.dest(port, v6)
+			family := unix.AF_INET6
+			var sa unix.Sockaddr = &unix.SockaddrInet6{Addr: d.Addr.Addr().As16(), Port: int(port)}
+			if !v6 {
+				family, sa = unix.AF_INET, &unix.SockaddrInet4{Addr: d.Addr.Addr().As4(), Port: int(port)}
+			}
+			var deferred bool
+			moveSelfTo(t, made.Path)
+			err := e.topo.Client.Do(func() error {
+				var was, one unix.CPUSet
+				if err := unix.SchedGetaffinity(0, &was); err != nil {
+					return err
+				}
+				one.Set(0)
+				if err := unix.SchedSetaffinity(0, &one); err != nil {
+					return err
+				}
+				defer unix.SchedSetaffinity(0, &was)
+				fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+				if err != nil {
+					return err
+				}
+				defer unix.Close(fd)
+				if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_FASTOPEN_CONNECT, 1); err != nil {
+					return err
+				}
+				moveSelfTo(t, sel.Path)
+				before := e.srv.SYNs(t)
+				if err := unix.Connect(fd, sa); err != nil {
+					return fmt.Errorf("connect: %w", err)
+				}
+				deferred = e.srv.SYNs(t) == before
+				moveSelfTo(t, unsel.Path)
+				if _, err := unix.Write(fd, []byte("breakerd")); err != nil {
+					return fmt.Errorf("write: %w", err)
+				}
+				return nil
+			})
+			moveSelfTo(t, home)
+			if err != nil {
+				t.Fatalf("v6 %v: %v", v6, err)
+			}
+			if !deferred {
+				t.Fatalf("v6 %v: the fast-open connect() sent its SYN (no cookie?): the deferred case is not tested", v6)
+			}
+		}
+		evs := w.wait(port, 2, 3*time.Second)
+		if len(evs) != 2 {
+			t.Fatalf("records %v, want 2 established: the write's connect callback did not find its handoff", outcomes(evs))
+		}
+		for _, ev := range evs {
+			if ev.Outcome != Established || ev.Dest.Class != class {
+				t.Fatalf("record %+v, want established in class %d", ev, class)
+			}
+		}
+	})
 
 	t.Run("healthy", func(t *testing.T) {
 		const port = 8250
@@ -134,32 +215,36 @@ func testFastOpen(t *testing.T, opts Options) {
 		if err := e.k.PutLimit(d, Limit{Slot: 62, MaxConnections: 1, MaxConnecting: 1}); err != nil {
 			t.Fatal(err)
 		}
+		slot := func(want BulkCount, what string) {
+			t.Helper()
+			var c BulkCount
+			if !kerneltest.WaitFor(3*time.Second, func() bool { c, _ = e.k.BulkCount(62); return c == want }) {
+				t.Fatalf("%s: slot %+v, want %+v", what, c, want)
+			}
+		}
 		// A deferred connect never written holds its connecting count
-		// until it is closed; the limit of one turns a second away.
+		// until it is closed, and sends nothing; the limit of one turns
+		// either kind of fast open away meanwhile.
 		before := e.srv.SYNs(t)
 		h := e.topo.Client.StartDial(t, sel, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Op: "fastopen-nowrite", Hold: time.Minute})
-		var c BulkCount
-		if !kerneltest.WaitFor(3*time.Second, func() bool { c, _ = e.k.BulkCount(62); return c.Connecting == 1 }) {
-			t.Fatalf("a deferred connect held: slot %+v, want 1 connecting", c)
-		}
+		slot(BulkCount{Connections: 1, Connecting: 1}, "a deferred connect held")
 		if n := e.srv.SYNs(t) - before; n != 0 {
 			t.Fatalf("the fast-open connect() sent %d SYNs: not deferred (no cookie?), the case is not tested", n)
 		}
-		if got := errnos(e.dial(t, sel, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Op: "fastopen"})); got[0] != 0 {
-			t.Fatalf("a second connect past max_connecting 1: errnos %v, want rejected", got)
+		for _, op := range ops {
+			if got := errnos(e.dial(t, sel, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Op: op})); got[0] != 0 {
+				t.Fatalf("%s past max_connecting 1: errnos %v, want rejected", op, got)
+			}
 		}
 		h.Cmd.Process.Kill()
 		h.Cmd.Wait()
-		if !kerneltest.WaitFor(3*time.Second, func() bool { c, _ = e.k.BulkCount(62); return c == (BulkCount{}) }) {
-			t.Fatalf("after the deferred connect's process died: slot %+v, want nothing (a count leaked)", c)
-		}
+		slot(BulkCount{}, "after the deferred connect's process died (a count leaked?)")
 		// Written, it becomes a counted connection, released at close.
-		if got := errnos(e.dial(t, sel, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Op: "fastopen"})); got[0] != 1 {
-			t.Fatalf("with the slot free: errnos %v, want success", got)
-		}
-		if !kerneltest.WaitFor(3*time.Second, func() bool { c, _ = e.k.BulkCount(62); return c == (BulkCount{}) }) {
-			t.Fatalf("after a written fast-open connection closed: slot %+v, want nothing", c)
-		}
+		h = e.topo.Client.StartDial(t, sel, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Op: "fastopen", Hold: time.Minute})
+		slot(BulkCount{Connections: 1}, "a written fast-open connection held")
+		h.Cmd.Process.Kill()
+		h.Cmd.Wait()
+		slot(BulkCount{}, "after the written connection's process died")
 		if evs := w.wait(port, 1, 2*time.Second); len(evs) != 1 || evs[0].Outcome != Established {
 			t.Fatalf("records %v, want one established (the deferred connect never written sent nothing)", outcomes(evs))
 		}

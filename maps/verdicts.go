@@ -72,7 +72,8 @@ type DestKey struct {
 }
 
 // DestKey has no padding: its bytes are its fields (Hash reads them).
-var _ = [1]struct{}{}[unsafe.Sizeof(DestKey{})-20]
+var _ = [1]struct{}{}[unsafe.Sizeof(DestKey{})-
+	(unsafe.Sizeof(DestKey{}.addr)+unsafe.Sizeof(DestKey{}.port)+unsafe.Sizeof(DestKey{}.proto)+unsafe.Sizeof(DestKey{}.class))]
 
 // Hash returns a hash of k under seed: equal keys hash alike. It does not
 // allocate.
