@@ -172,6 +172,21 @@ func (e *env) tamperHandoff(t *testing.T, off int16, size asm.Size, val int64) l
 	return l
 }
 
+// pinToCPU0 pins the calling thread (locked to it by the caller) to CPU 0,
+// so the handoff its connects leave is that CPU's; unpin restores its
+// affinity.
+func pinToCPU0() (unpin func(), err error) {
+	var was, one unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &was); err != nil {
+		return nil, err
+	}
+	one.Set(0)
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		return nil, err
+	}
+	return func() { unix.SchedSetaffinity(0, &was) }, nil
+}
+
 // When sockops does not find its socket in the handoff, the socket's own
 // cgroup decides whether it is observed and in which class, and a
 // bulkhead count connect took is given back all the same. Provoked
@@ -223,15 +238,11 @@ func testHandoffLost(t *testing.T, thread bool) {
 		t.Helper()
 		moveSelf(from.Path)
 		err := e.topo.Client.Do(func() error {
-			var was, one unix.CPUSet
-			if err := unix.SchedGetaffinity(0, &was); err != nil {
+			unpin, err := pinToCPU0()
+			if err != nil {
 				return err
 			}
-			one.Set(0)
-			if err := unix.SchedSetaffinity(0, &one); err != nil {
-				return err
-			}
-			defer unix.SchedSetaffinity(0, &was)
+			defer unpin()
 			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 			if err != nil {
 				return err

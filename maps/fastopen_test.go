@@ -88,15 +88,11 @@ func testFastOpen(t *testing.T, opts Options) {
 			var deferred bool
 			moveSelfTo(t, made.Path)
 			err := e.topo.Client.Do(func() error {
-				var was, one unix.CPUSet
-				if err := unix.SchedGetaffinity(0, &was); err != nil {
+				unpin, err := pinToCPU0()
+				if err != nil {
 					return err
 				}
-				one.Set(0)
-				if err := unix.SchedSetaffinity(0, &one); err != nil {
-					return err
-				}
-				defer unix.SchedSetaffinity(0, &was)
+				defer unpin()
 				fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 				if err != nil {
 					return err
