@@ -15,8 +15,8 @@ import (
 // Why not a Go map: with a hundred thousand circuits and more, a record's
 // lookup misses the CPU caches, and a Go map's makes two misses one after
 // the other (a group's control word, then the slot it points to). Here the
-// hash alone names a lookup's first slot, which holds the key itself, so
-// handleBatch loads the first slots of a whole chunk of records before it
+// hash alone names a lookup's first slot, which holds a key itself (most
+// often the one looked for), so handleBatch loads the first slots of a whole chunk of records before it
 // looks any up (see Daemon.warm), and their misses overlap.
 //
 // The hash is hash/maphash under a seed drawn per index: a local user who
@@ -54,14 +54,14 @@ const (
 func (x *destIndex) len() int { return x.n }
 
 // hash is the hash of k in x (its low half chooses the first slot). x
-// must hold a key, or have held one.
+// must have slots: a key put, or room reserved.
 func (x *destIndex) hash(k *maps.DestKey) uint32 {
 	return uint32(k.Hash(x.seed))
 }
 
 // touch loads the first slot a key of hash h is looked for in, and returns
-// something of it so the load is kept (see Daemon.warm). x must hold a
-// key, or have held one.
+// something of it so the load is kept (see Daemon.warm). x must have
+// slots: a key put, or room reserved.
 func (x *destIndex) touch(h uint32) uintptr {
 	return uintptr(x.slots[h&uint32(len(x.slots)-1)].h)
 }
