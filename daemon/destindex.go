@@ -16,8 +16,9 @@ import (
 // lookup misses the CPU caches, and a Go map's makes two misses one after
 // the other (a group's control word, then the slot it points to). Here the
 // hash alone names a lookup's first slot, which holds a key itself (most
-// often the one looked for), so handleBatch loads the first slots of a whole chunk of records before it
-// looks any up (see Daemon.warm), and their misses overlap.
+// often the one looked for), so handleBatch loads the first slots of a
+// whole chunk of records before it looks any up (see Daemon.warm), and
+// their misses overlap.
 //
 // The hash is hash/maphash under a seed drawn per index: a local user who
 // picks the destinations a node connects to cannot pick colliding ones.
