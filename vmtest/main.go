@@ -15,7 +15,9 @@
 // nft, bpftool, the kernel modules the harness needs (veth, nf_tables and
 // friends, sch_netem) and the test binary, boots it with KVM when /dev/kvm
 // is asked for (VMTEST_ACCEL=kvm) and TCG otherwise, streams the serial console, and exits with the
-// test binary's exit status.
+// test binary's exit status. A guest kernel that panics before the test
+// binary reports is booted once more with the same binary (the panic is
+// printed first); a second panic fails.
 package main
 
 import (
@@ -84,7 +86,21 @@ func run(args []string) (int, error) {
 		return 0, err
 	}
 	defer os.Remove(extra)
-	return boot(k, base, extra, cmdline)
+	code, panicked, err := boot(k, base, extra, cmdline)
+	if err != nil || !panicked {
+		return code, err
+	}
+	// The guest kernel panicked before the test binary gave its result. Under
+	// TCG this has been an emulation fault (one CI run's 6.12 guest died in
+	// __kmalloc with an impossible EFLAGS value in its register dump), so the
+	// suite is booted once more; the panic stays in the output above, and a
+	// second panic fails the run.
+	fmt.Fprintf(os.Stderr, "vmtest: the guest kernel %s panicked before the tests gave a result (its console is above); booting the suite once more\n", k.version)
+	code, panicked, err = boot(k, base, extra, cmdline)
+	if err == nil && panicked {
+		fmt.Fprintf(os.Stderr, "vmtest: the guest kernel %s panicked again: failing\n", k.version)
+	}
+	return code, err
 }
 
 func repoRoot() (string, error) {
@@ -463,18 +479,19 @@ func pad(w *bufio.Writer, n int) {
 	}
 }
 
-// boot runs qemu, with cmdline added to the kernel's command line, and
-// relays the test's output.
-func boot(k *kernel, base, extra string, cmdline []string) (int, error) {
+// boot runs qemu once, with cmdline added to the kernel's command line,
+// relays the test's output, and returns the test binary's exit status and
+// whether the guest kernel panicked before the binary reported one.
+func boot(k *kernel, base, extra string, cmdline []string) (code int, panicked bool, err error) {
 	initrd, err := os.CreateTemp("", "vmtest-initrd-*")
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	defer os.Remove(initrd.Name())
 	for _, part := range []string{base, extra} {
 		b, err := os.ReadFile(part)
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		initrd.Write(b)
 		// Archives are concatenated at 4-byte boundaries; the kernel skips
@@ -497,11 +514,11 @@ func boot(k *kernel, base, extra string, cmdline []string) (int, error) {
 	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		return 0, fmt.Errorf("starting qemu (apt-get install qemu-system-x86): %w", err)
+		return 0, false, fmt.Errorf("starting qemu (apt-get install qemu-system-x86): %w", err)
 	}
 	code, begun := -1, false
 	var early bytes.Buffer
@@ -509,6 +526,9 @@ func boot(k *kernel, base, extra string, cmdline []string) (int, error) {
 	s.Buffer(make([]byte, 1<<20), 1<<20)
 	for s.Scan() {
 		line := strings.TrimRight(s.Text(), "\r")
+		if strings.Contains(line, "Kernel panic - not syncing") {
+			panicked = true
+		}
 		switch {
 		case strings.Contains(line, "VMTEST_BEGIN"):
 			begun = true
@@ -526,8 +546,8 @@ func boot(k *kernel, base, extra string, cmdline []string) (int, error) {
 	}
 	if code < 0 {
 		fmt.Fprintf(os.Stderr, "vmtest: the VM (kernel %s) ended without a test result; its console said:\n%s", k.version, early.String())
-		return 1, nil
+		return 1, panicked, nil
 	}
 	fmt.Fprintf(os.Stderr, "vmtest: kernel %s %s\n", k.version, strings.Join(cmdline, " "))
-	return code, nil
+	return code, false, nil
 }
