@@ -17,17 +17,40 @@ import (
 
 // BenchmarkResponsePrograms measures the response programs' run time per
 // packet (BPF run-time statistics) for sockets they do not follow and for
-// sockets they follow (timing, HTTP status and response_timeout), with the
+// sockets they follow with each set of options (timing; and the HTTP
+// status; and response_timeout), with the
 // same keep-alive client and server: Go's net/http making small requests
 // over one connection. Run it alone (-bench ResponsePrograms -benchtime 1x);
 // BREAKERD_BENCH_OUT writes the table to a file.
 func BenchmarkResponsePrograms(b *testing.B) {
 	e := newEnv(b, Options{Responses: true})
 	e.watch(b) // a reader, as the daemon is: the ring never fills
-	e.srv.ServeHTTPCases(b, 8085)
-	e.srv.ServeHTTPCases(b, 8086)
-	if err := e.k.PutLimit(e.dest(8085, false), Limit{Slot: 7, Responses: RespTimed | RespHTTP | RespInflight}); err != nil {
-		b.Fatal(err)
+	// One port per line: a socket is followed with the options of its
+	// destination's limits entry. 8086 has none (the port is in no
+	// followed socket's bit of resp_ports); 8085 over IPv6 has none either,
+	// but its port is followed over IPv4, so its packets pay the storage
+	// lookup that finds nothing.
+	type line struct {
+		name string
+		dest Dest
+		resp ResponseFlags
+	}
+	lines := []line{
+		{"not followed, a port no followed socket uses", e.dest(8086, false), 0},
+		{"not followed, a port a followed socket uses", e.dest(8085, true), 0},
+		{"followed: timing", e.dest(8087, false), RespTimed},
+		{"followed: timing, protocol: http", e.dest(8088, false), RespTimed | RespHTTP},
+		{"followed: timing, protocol: http, response_timeout", e.dest(8085, false), RespTimed | RespHTTP | RespInflight},
+	}
+	for _, port := range []uint16{8085, 8086, 8087, 8088} {
+		e.srv.ServeHTTPCases(b, port)
+	}
+	for i, l := range lines {
+		if l.resp != 0 {
+			if err := e.k.PutLimit(l.dest, Limit{Slot: uint32(7 + i), Responses: l.resp}); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, Limits: true}); err != nil {
 		b.Fatal(err)
@@ -70,9 +93,9 @@ func BenchmarkResponsePrograms(b *testing.B) {
 		}
 		return st
 	}
-	measure := func(port uint16) (egress, ingress, emptyEgress, emptyIngress string) {
+	measure := func(dest Dest) (egress, ingress, emptyEgress, emptyIngress string) {
 		before := snapshot()
-		for _, r := range e.topo.Client.Dial(b, e.cg, kerneltest.DialSpec{Op: "keepalive", Addr: e.dest(port, false).Addr, Timeout: 5 * time.Second, Count: requests, Requests: []kerneltest.HTTPRequest{{Path: "/404"}}}) {
+		for _, r := range e.topo.Client.Dial(b, e.cg, kerneltest.DialSpec{Op: "keepalive", Addr: dest.Addr, Timeout: 5 * time.Second, Count: requests, Requests: []kerneltest.HTTPRequest{{Path: "/404"}}}) {
 			if r.Errno != 0 || r.Status != 404 {
 				b.Fatalf("request: %+v", r)
 			}
@@ -92,12 +115,9 @@ func BenchmarkResponsePrograms(b *testing.B) {
 	kv, _ := os.ReadFile("/proc/sys/kernel/osrelease")
 	fmt.Fprintf(&out, "kernel %s; %d keep-alive requests per line (Go net/http, one connection, 404 answers)\n\n", strings.TrimSpace(string(kv)), requests)
 	fmt.Fprintf(&out, "| socket | resp_egress per packet | resp_ingress per packet | an empty program beside it, egress | ingress |\n|---|---|---|---|---|\n")
-	for _, c := range []struct {
-		name string
-		port uint16
-	}{{"not followed (no response options)", 8086}, {"followed (timing, protocol: http, response_timeout)", 8085}} {
-		eg, in, eeg, ein := measure(c.port)
-		fmt.Fprintf(&out, "| %s | %s | %s | %s | %s |\n", c.name, eg, in, eeg, ein)
+	for _, l := range lines {
+		eg, in, eeg, ein := measure(l.dest)
+		fmt.Fprintf(&out, "| %s | %s | %s | %s | %s |\n", l.name, eg, in, eeg, ein)
 	}
 	b.Log("\n" + out.String())
 	if path := os.Getenv("BREAKERD_BENCH_OUT"); path != "" {
