@@ -2,16 +2,19 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +24,7 @@ import (
 
 	"github.com/breakerd/breakerd/daemon"
 	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/maps"
 )
 
 var (
@@ -265,6 +269,18 @@ func TestCompare(t *testing.T) {
 		fmt.Fprintf(&report, "| %s | %.1f µs | %.1f µs | %+.1f µs | %+.1f µs |\n", l.name, float64(p50)/1e3, float64(p99)/1e3, float64(p50-base50)/1e3, float64(p99-base99)/1e3)
 	}
 
+	// 1b. The same comparison paired: one helper per line for the whole
+	// run, asked for one request at a time, each set of one request a
+	// line in a new order. The lines' requests interleave one by one, so
+	// what drifts between rounds above (other processes, the CPUs' state)
+	// falls on every line alike, and the differences within a set measure
+	// what each line adds.
+	sets := 300
+	if *full {
+		sets = 20000
+	}
+	fmt.Fprintf(&report, "\n%s", pairedLatency(t, r, rng, lines[0].addr, lines[2].addr, r.plain, deployed, sets))
+
 	// 2. Time to trip and to recover, refused and black-holed.
 	fmt.Fprintf(&report, "\n| failure | breaker | trip after the failure | requests slowed or failed before the trip | recovered after the server's return |\n|---|---|---|---|---|\n")
 	i := 0
@@ -382,4 +398,108 @@ func (r *rig) tripRun(port uint16, failure, who string) string {
 		recText = recovered.Sub(backAt).Round(time.Millisecond).String()
 	}
 	return fmt.Sprintf("%s | %d | %s", tripText, affected, recText)
+}
+
+// pairedLatency makes sets of five HTTP requests on new connections,
+// direct from plain, direct from a cgroup with empty programs, direct from
+// one with breakerd's programs and no daemon, direct from deployed
+// (breakerd attached) and through HAProxy at via from plain, one request
+// at a time from five helpers alive for the whole run, each set
+// in a random order, and tabulates each line's
+// p50 and what it adds to the direct one: the difference of the p50s with
+// a bootstrap 95% interval, and the median of the sets' differences
+// with its distribution-free 95% interval (from the sign test's order
+// statistics).
+func pairedLatency(t *testing.T, r *rig, rng *rand.Rand, direct, via netip.AddrPort, plain, deployed *kerneltest.Cgroup, sets int) string {
+	// The floor: programs that only return, on a cgroup of their own
+	// (breakerd's call pattern: six sockops calls).
+	empty := kerneltest.NewCgroup(t)
+	kerneltest.EmptyPrograms(t, empty, true)
+	// breakerd's programs without its daemon: loaded as the daemon loads
+	// them, settings written once, records drained in batches as the
+	// daemon reads them.
+	progs := kerneltest.NewCgroup(t)
+	dir := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+	k, err := maps.Load(maps.Options{Dir: dir, Cgroup: progs.Path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Uninstall(); os.RemoveAll(dir) })
+	if err := k.SetSettings(maps.Settings{Heartbeat: maps.Now(), FailSafe: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := k.NewEventReader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		batch := make([]maps.Event, 2048)
+		for {
+			if _, err := rd.ReadBatch(batch, 100*time.Millisecond); errors.Is(err, maps.ErrReaderClosed) {
+				return
+			}
+		}
+	}()
+	defer func() { rd.Close(); <-drained }()
+	names := []string{"direct", "direct, empty programs (connect4, sockops with breakerd's callbacks)", "direct, breakerd's programs without its daemon", "direct, breakerd attached", "through local HAProxy"}
+	helpers := []*kerneltest.Paced{
+		r.topo.Client.StartPaced(t, plain, kerneltest.DialSpec{Addr: direct, Timeout: 2 * time.Second}),
+		r.topo.Client.StartPaced(t, empty, kerneltest.DialSpec{Addr: direct, Timeout: 2 * time.Second}),
+		r.topo.Client.StartPaced(t, progs, kerneltest.DialSpec{Addr: direct, Timeout: 2 * time.Second}),
+		r.topo.Client.StartPaced(t, deployed, kerneltest.DialSpec{Addr: direct, Timeout: 2 * time.Second}),
+		r.topo.Client.StartPaced(t, plain, kerneltest.DialSpec{Addr: via, Timeout: 2 * time.Second}),
+	}
+	nanos := make([][]int64, len(helpers))
+	for range sets {
+		for _, i := range rng.Perm(len(helpers)) {
+			res, err := helpers[i].Next()
+			if err != nil {
+				t.Fatalf("%s: %v", names[i], err)
+			}
+			if res.Status != 200 {
+				t.Fatalf("%s: status %d errno %v", names[i], res.Status, res.Errno)
+			}
+			nanos[i] = append(nanos[i], res.Nanos)
+		}
+	}
+	for i, h := range helpers {
+		if err := h.Close(); err != nil {
+			t.Fatalf("%s: %v", names[i], err)
+		}
+	}
+	us := func(n float64) string { return fmt.Sprintf("%+.1f µs", n/1e3) }
+	var b strings.Builder
+	fmt.Fprintf(&b, "| HTTP request on a new connection, paired (%d sets of one request a line, one at a time) | p50 | added at p50 | its 95%% interval (bootstrap) | median of the paired differences | its 95%% interval |\n|---|---|---|---|---|---|\n", sets)
+	p50 := func(xs []int64) float64 { return float64(kerneltest.Percentile(xs, 50)) }
+	for i := range helpers {
+		if i == 0 {
+			fmt.Fprintf(&b, "| %s | %.1f µs | – | – | – | – |\n", names[i], p50(nanos[0])/1e3)
+			continue
+		}
+		// Bootstrap: resample the sets, 200 times.
+		boot := make([]float64, 200)
+		a, c := make([]int64, sets), make([]int64, sets)
+		for k := range boot {
+			for j := range sets {
+				x := rng.IntN(sets)
+				a[j], c[j] = nanos[0][x], nanos[i][x]
+			}
+			boot[k] = p50(c) - p50(a)
+		}
+		slices.Sort(boot)
+		d := make([]int64, sets)
+		for j := range d {
+			d[j] = nanos[i][j] - nanos[0][j]
+		}
+		slices.Sort(d)
+		// The median's interval: order statistics k and n-1-k with k the
+		// sign test's bound at 95%.
+		k := max(0, int((float64(sets)-1.96*math.Sqrt(float64(sets)))/2))
+		fmt.Fprintf(&b, "| %s | %.1f µs | %s | %s to %s | %s | %s to %s |\n", names[i], p50(nanos[i])/1e3,
+			us(p50(nanos[i])-p50(nanos[0])), us(boot[5]), us(boot[194]),
+			us(float64(d[sets/2])), us(float64(d[k])), us(float64(d[sets-1-k])))
+	}
+	return b.String()
 }

@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
@@ -323,58 +321,13 @@ func progRoundOf(before, after map[string]*ebpf.ProgramStats, conns int) progRou
 	return r
 }
 
-// emptyPrograms attaches, at a cgroup of their own, a connect4 and a
-// sockops program that only return: the floor of what the programs'
-// calls cost a connection here, measured the same way. The empty sockops
-// program sets no callback flags, so it runs only for the callbacks every
-// active connect makes (five), one fewer than breakerd's. With callbacks,
-// the sockops program instead asks for the callbacks breakerd's asks for
-// and nothing else: at the connect callback the state and RTO callbacks,
-// at the established one the RTO callback alone (so it runs six times, as
-// breakerd's does, and its two flag settings are helper calls breakerd's
-// makes too). sock_release is not attached (breakerd attaches it only
-// with bulkheads). It returns the cgroup and a reader of the two
-// programs' statistics.
+// emptyPrograms attaches kerneltest's empty programs (EmptyPrograms) at a
+// cgroup of their own and returns it and a reader of the two programs'
+// statistics (sock_release's empty: breakerd attaches it only with
+// bulkheads).
 func emptyPrograms(b *testing.B, callbacks bool) (*kerneltest.Cgroup, func() (map[string]*ebpf.ProgramStats, error)) {
 	cg := kerneltest.NewCgroup(b)
-	progs := map[string]*ebpf.Program{}
-	for _, p := range []struct {
-		name   string
-		typ    ebpf.ProgramType
-		attach ebpf.AttachType
-	}{{"connect4", ebpf.CGroupSockAddr, ebpf.AttachCGroupInet4Connect}, {"sockops", ebpf.SockOps, ebpf.AttachCGroupSockOps}} {
-		insns := asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()}
-		if callbacks && p.typ == ebpf.SockOps {
-			insns = asm.Instructions{
-				// r1 is the context; op is its first field.
-				asm.LoadMem(asm.R2, asm.R1, 0, asm.Word),
-				asm.JEq.Imm(asm.R2, 3, "connect"),     // BPF_SOCK_OPS_TCP_CONNECT_CB
-				asm.JEq.Imm(asm.R2, 4, "established"), // BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB
-				asm.Mov.Imm(asm.R0, 1),
-				asm.Return(),
-				asm.Mov.Imm(asm.R2, 4|1).WithSymbol("connect"), // STATE | RTO
-				asm.FnSockOpsCbFlagsSet.Call(),
-				asm.Mov.Imm(asm.R0, 1),
-				asm.Return(),
-				asm.Mov.Imm(asm.R2, 1).WithSymbol("established"), // RTO
-				asm.FnSockOpsCbFlagsSet.Call(),
-				asm.Mov.Imm(asm.R0, 1),
-				asm.Return(),
-			}
-		}
-		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: p.typ, AttachType: p.attach, License: "GPL",
-			Instructions: insns})
-		if err != nil {
-			b.Fatalf("loading an empty %s program: %v", p.name, err)
-		}
-		b.Cleanup(func() { prog.Close() })
-		l, err := link.AttachCgroup(link.CgroupOptions{Path: cg.Path, Attach: p.attach, Program: prog})
-		if err != nil {
-			b.Fatalf("attaching an empty %s program: %v", p.name, err)
-		}
-		b.Cleanup(func() { l.Close() })
-		progs[p.name] = prog
-	}
+	progs := kerneltest.EmptyPrograms(b, cg, callbacks)
 	return cg, func() (map[string]*ebpf.ProgramStats, error) {
 		out := map[string]*ebpf.ProgramStats{"sock_release": {}}
 		for name, p := range progs {

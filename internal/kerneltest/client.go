@@ -98,7 +98,8 @@ type DialSpec struct {
 	Barrier bool
 
 	// "http" makes Count HTTP/1.0 GET requests, one connection each, and
-	// times each whole request. "loop" makes one every Interval for For,
+	// times each whole request; "http-paced" makes one such request each
+	// time it is asked (StartPaced). "loop" makes one every Interval for For,
 	// optionally through an in-process library breaker (Breaker
 	// "gobreaker", opening after BreakerFailures consecutive failures for
 	// BreakerOpen).
@@ -180,6 +181,59 @@ func (h *Host) Dial(tb testing.TB, cg *Cgroup, spec DialSpec) []DialResult {
 	return res
 }
 
+// Paced is an "http-paced" client helper: one request, on a new
+// connection, each time Next asks for one.
+type Paced struct {
+	p   *Process
+	in  io.WriteCloser
+	out *json.Decoder
+	err *strings.Builder
+}
+
+// StartPaced starts an "http-paced" client helper inside cg and the host,
+// to make requests to spec.Addr one at a time (Next); it ends with the test
+// or at Close.
+func (h *Host) StartPaced(tb testing.TB, cg *Cgroup, spec DialSpec) *Paced {
+	tb.Helper()
+	spec.Op = "http-paced"
+	p := h.helperCommand(tb, cg, spec)
+	errOut := &strings.Builder{}
+	p.Cmd.Stderr = errOut
+	in, err := p.Cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := p.Cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := p.Start(tb); err != nil {
+		tb.Fatal(err)
+	}
+	return &Paced{p: p, in: in, out: json.NewDecoder(bufio.NewReader(out)), err: errOut}
+}
+
+// Next makes one request and returns its result.
+func (c *Paced) Next() (DialResult, error) {
+	var r DialResult
+	if _, err := c.in.Write([]byte{1}); err != nil {
+		return r, fmt.Errorf("asking the paced helper for a request: %w (stderr: %s)", err, c.err.String())
+	}
+	if err := c.out.Decode(&r); err != nil {
+		return r, fmt.Errorf("reading the paced helper's result: %w (stderr: %s)", err, c.err.String())
+	}
+	return r, nil
+}
+
+// Close ends the helper and waits for it.
+func (c *Paced) Close() error {
+	c.in.Close()
+	if err := c.p.Cmd.Wait(); err != nil {
+		return fmt.Errorf("paced helper: %w (stderr: %s)", err, c.err.String())
+	}
+	return nil
+}
+
 // StartDial starts a client helper process inside cg and the host and
 // returns without waiting, so a test can kill it while it holds its
 // sockets (it is killed at the end of the test anyway).
@@ -223,6 +277,8 @@ func runHelper(js string) int {
 		return encodeResults(runKeepAlive(spec))
 	case "http":
 		return encodeResults(runHTTP(spec))
+	case "http-paced":
+		return runPaced(spec)
 	case "loop":
 		return encodeResults(runLoop(spec))
 	case "rate":

@@ -2,6 +2,7 @@ package kerneltest
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -73,6 +74,30 @@ func runHTTP(spec DialSpec) []DialResult {
 		res[i] = DialResult{Nanos: time.Since(t0).Nanoseconds(), Status: status, Errno: errno}
 	}
 	return res
+}
+
+// runPaced makes one "http" request for each byte it reads from standard
+// input and writes its result as one JSON line, until standard input ends:
+// a test that alternates such helpers in different cgroups compares their
+// requests pair by pair, each made while the others wait.
+func runPaced(spec DialSpec) int {
+	addr := spec.Addr.String()
+	in := bufio.NewReader(os.Stdin)
+	out := bufio.NewWriter(os.Stdout)
+	enc := json.NewEncoder(out)
+	for {
+		if _, err := in.ReadByte(); err != nil {
+			return 0
+		}
+		t0 := time.Now()
+		status, errno := httpOnce(addr, spec.Timeout)
+		if err := enc.Encode(DialResult{Nanos: time.Since(t0).Nanoseconds(), Status: status, Errno: errno}); err != nil {
+			return 2
+		}
+		if err := out.Flush(); err != nil {
+			return 2
+		}
+	}
 }
 
 // runLoop makes a request every Interval for For, each in its own
