@@ -420,11 +420,16 @@ func pairedLatency(t *testing.T, r *rig, rng *rand.Rand, direct, via netip.AddrP
 	// daemon reads them.
 	progs := kerneltest.NewCgroup(t)
 	dir := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	k, err := maps.Load(maps.Options{Dir: dir, Cgroup: progs.Path})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { k.Uninstall(); os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		if err := k.Uninstall(); err != nil {
+			t.Errorf("uninstalling the kernel side without a daemon: %v", err)
+		}
+	})
 	if err := k.SetSettings(maps.Settings{Heartbeat: maps.Now(), FailSafe: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +442,12 @@ func pairedLatency(t *testing.T, r *rig, rng *rand.Rand, direct, via netip.AddrP
 		defer close(drained)
 		batch := make([]maps.Event, 2048)
 		for {
-			if _, err := rd.ReadBatch(batch, 100*time.Millisecond); errors.Is(err, maps.ErrReaderClosed) {
+			_, err := rd.ReadBatch(batch, 100*time.Millisecond)
+			if errors.Is(err, maps.ErrReaderClosed) {
+				return
+			}
+			if err != nil {
+				t.Errorf("reading records: %v", err)
 				return
 			}
 		}
@@ -478,8 +488,8 @@ func pairedLatency(t *testing.T, r *rig, rng *rand.Rand, direct, via netip.AddrP
 			fmt.Fprintf(&b, "| %s | %.1f µs | – | – | – | – |\n", names[i], p50(nanos[0])/1e3)
 			continue
 		}
-		// Bootstrap: resample the sets, 200 times.
-		boot := make([]float64, 200)
+		// Bootstrap: resample the sets, 1000 times.
+		boot := make([]float64, 1000)
 		a, c := make([]int64, sets), make([]int64, sets)
 		for k := range boot {
 			for j := range sets {
@@ -494,11 +504,12 @@ func pairedLatency(t *testing.T, r *rig, rng *rand.Rand, direct, via netip.AddrP
 			d[j] = nanos[i][j] - nanos[0][j]
 		}
 		slices.Sort(d)
-		// The median's interval: order statistics k and n-1-k with k the
-		// sign test's bound at 95%.
-		k := max(0, int((float64(sets)-1.96*math.Sqrt(float64(sets)))/2))
+		// The median's interval: the differences at 0-based ranks k and
+		// n-1-k, with k+1 the sign test's 1-based rank at 95% (about
+		// (n - 1.96 sqrt n) / 2).
+		k := max(0, int((float64(sets)-1.96*math.Sqrt(float64(sets)))/2)-1)
 		fmt.Fprintf(&b, "| %s | %.1f µs | %s | %s to %s | %s | %s to %s |\n", names[i], p50(nanos[i])/1e3,
-			us(p50(nanos[i])-p50(nanos[0])), us(boot[5]), us(boot[194]),
+			us(p50(nanos[i])-p50(nanos[0])), us(boot[25]), us(boot[974]),
 			us(float64(d[sets/2])), us(float64(d[k])), us(float64(d[sets-1-k])))
 	}
 	return b.String()
