@@ -161,7 +161,7 @@ func (h *Host) helperCommand(tb testing.TB, cg *Cgroup, spec DialSpec) *Process 
 func (h *Host) Dial(tb testing.TB, cg *Cgroup, spec DialSpec) []DialResult {
 	tb.Helper()
 	p := h.helperCommand(tb, cg, spec)
-	var errOut syncBuffer
+	var errOut LogBuffer
 	p.Cmd.Stderr = &errOut
 	stdout, err := p.Cmd.StdoutPipe()
 	if err != nil {
@@ -187,26 +187,7 @@ type Paced struct {
 	p   *Process
 	in  io.WriteCloser
 	out *json.Decoder
-	err *syncBuffer
-}
-
-// syncBuffer is a helper's standard error: written by exec's copying
-// goroutine, read in an error message while the helper may still run.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	err *LogBuffer // its standard error, read while it may still run
 }
 
 // StartPaced starts an "http-paced" client helper inside cg and the host,
@@ -216,7 +197,7 @@ func (h *Host) StartPaced(tb testing.TB, cg *Cgroup, spec DialSpec) *Paced {
 	tb.Helper()
 	spec.Op = "http-paced"
 	p := h.helperCommand(tb, cg, spec)
-	errOut := &syncBuffer{}
+	errOut := &LogBuffer{}
 	p.Cmd.Stderr = errOut
 	in, err := p.Cmd.StdinPipe()
 	if err != nil {
