@@ -36,13 +36,16 @@ func BenchmarkResponsePrograms(b *testing.B) {
 		name string
 		dest Dest
 		resp ResponseFlags
+		// portFollowed: a followed socket on another line has set the
+		// port's bit in resp_ports (checked before the line runs).
+		portFollowed bool
 	}
 	lines := []line{
-		{"not followed, a port no followed socket uses", e.dest(8086, false), 0},
-		{"followed: timing", e.dest(8087, false), RespTimed},
-		{"followed: timing, protocol: http", e.dest(8088, false), RespTimed | RespHTTP},
-		{"followed: timing, protocol: http, response_timeout", e.dest(8085, false), RespTimed | RespHTTP | RespInflight},
-		{"not followed, a port a followed socket uses", e.dest(8085, true), 0},
+		{"not followed, a port no followed socket uses", e.dest(8086, false), 0, false},
+		{"followed: timing", e.dest(8087, false), RespTimed, false},
+		{"followed: timing, protocol: http", e.dest(8088, false), RespTimed | RespHTTP, false},
+		{"followed: timing, protocol: http, response_timeout", e.dest(8085, false), RespTimed | RespHTTP | RespInflight, false},
+		{"not followed, a port a followed socket uses", e.dest(8085, true), 0, true},
 	}
 	for _, port := range []uint16{8085, 8086, 8087, 8088} {
 		e.srv.ServeHTTPCases(b, port)
@@ -118,9 +121,9 @@ func BenchmarkResponsePrograms(b *testing.B) {
 	fmt.Fprintf(&out, "kernel %s; %d keep-alive requests per line (Go net/http, one connection, 404 answers)\n\n", strings.TrimSpace(string(kv)), requests)
 	fmt.Fprintf(&out, "| socket | resp_egress per packet | resp_ingress per packet | an empty program beside it, egress | ingress |\n|---|---|---|---|---|\n")
 	for _, l := range lines {
-		if l.resp == 0 && l.dest.Addr.Port() == 8085 {
-			if ports, err := e.k.RespPorts(); err != nil || !slices.Contains(ports, 8085) {
-				b.Fatalf("port 8085 is not in resp_ports before its unfollowed line (%v, %v)", ports, err)
+		if l.portFollowed {
+			if ports, err := e.k.RespPorts(); err != nil || !slices.Contains(ports, l.dest.Addr.Port()) {
+				b.Fatalf("%s: port %d is not in resp_ports (%v, %v)", l.name, l.dest.Addr.Port(), ports, err)
 			}
 		}
 		eg, in, eeg, ein := measure(l.dest)
