@@ -723,7 +723,12 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 	__u8 bulkhead = 0;
 	if ((cfg->flags & WORKLOAD_FLAGS) && !scope(ctx, key, cfg->flags, &bulkhead))
 		return 1; /* not a protected workload */
-	struct verdict *v = bpf_map_lookup_elem(&verdicts, key);
+	/* The verdict lookup only where the mask says an entry may be: with
+	 * no circuit open (the usual case) a connect reads no map but the
+	 * settings. */
+	struct verdict *v = 0;
+	if (cfg->verdict_mask & (1ULL << verdict_bucket(key)))
+		v = bpf_map_lookup_elem(&verdicts, key);
 	struct limit *l = 0;
 	if ((cfg->flags & CONFIG_LIMITS) && key->proto == IPPROTO_TCP) {
 		/* The limits are the workload's own (its bulkhead class), also

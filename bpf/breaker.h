@@ -127,7 +127,27 @@ struct settings {
 	__u64 attach_cgroup_id; /* the protected cgroup (set by the loader, not the
 				 * daemon): reset_seen, which sees every socket of the
 				 * machine, keeps those made at or below it (0: all) */
+	__u64 verdict_mask; /* bit verdict_bucket(key) is set while the verdicts
+			     * map may hold an entry under it (set before such an
+			     * entry is written, cleared after the last one under it
+			     * is deleted; written by maps/, not the daemon's
+			     * settings): a connect or send whose bit is clear skips
+			     * the verdict lookup */
 };
+
+/* verdict_bucket is the bit of settings.verdict_mask that stands for
+ * destination k: its five 32-bit words (little-endian) folded with xor,
+ * multiplied by 2^32 / phi, top six bits. maps.verdictBucket computes the
+ * same. */
+_Static_assert(sizeof(struct dest_key) == 20, "verdict_bucket folds five words");
+
+static __always_inline __u32 verdict_bucket(const struct dest_key *k)
+{
+	__u32 w[5];
+	__builtin_memcpy(w, k, sizeof(w));
+	__u32 h = w[0] ^ w[1] ^ w[2] ^ w[3] ^ w[4];
+	return (h * 0x9E3779B1U) >> 26;
+}
 
 /* Per-circuit counters, one shared entry per circuit id, atomic adds. */
 struct circuit_counters {

@@ -176,6 +176,7 @@ type BreakerSettings struct {
 	MaxRto         uint32
 	WakeSlowNs     uint64
 	AttachCgroupId uint64
+	VerdictMask    uint64
 }
 
 type BreakerSockState struct {

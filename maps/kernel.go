@@ -70,7 +70,7 @@ import (
 // of the pin directory; bump it whenever bpf/breaker.h or a map definition
 // in bpf/breaker.c changes (TestLayoutVersionMatchesLayout fails until
 // then).
-const LayoutVersion = 11
+const LayoutVersion = 12
 
 // DefaultDir is the default bpffs directory for breakerd's pins.
 const DefaultDir = "/sys/fs/bpf/breakerd"
@@ -144,10 +144,12 @@ type Kernel struct {
 	// calls.
 	loaderTrace    atomic.Bool   // reset_seen attached: CONFIG_RESET_TRACE
 	loaderCgroupID atomic.Uint64 // settings.attach_cgroup_id
-	// cfgMu orders the writes of the settings (the heartbeat's, and the
-	// loader's read-modify-write), so neither overwrites the other's newer
-	// fields with older ones. Held only around the map's system calls.
+	// cfgMu orders the writes of the settings (the heartbeat's, the
+	// loader's read-modify-write and the verdict mask's), so none
+	// overwrites another's newer fields with older ones. Held only around
+	// the map's system calls.
 	cfgMu sync.Mutex
+	vm    verdictMask
 }
 
 type hook struct {
@@ -346,6 +348,12 @@ func Load(opts Options) (_ *Kernel, err error) {
 	}
 
 	k.View = viewOf(&k.objs)
+	// Before any write of the settings (attaching writes the loader's):
+	// an adopted map's entries must keep their bits.
+	if err := k.countVerdicts(); err != nil {
+		k.closeHandles()
+		return nil, err
+	}
 	if respPortsAnew {
 		if err := k.markEveryRespPort(); err != nil {
 			k.closeHandles()
@@ -550,8 +558,10 @@ func sameProgram(l link.Link, p *ebpf.Program) bool {
 }
 
 // loaderSettings sets what the loader says in raw, as syncLoaderSettings
-// last stored it. Needs no lock.
+// last stored it, and the verdict mask as last written. Call with cfgMu
+// held.
 func (k *Kernel) loaderSettings(raw *bpf.BreakerSettings) {
+	raw.VerdictMask = k.vm.bits
 	bit := uint32(bpf.BreakerConfigFlagsCONFIG_RESET_TRACE)
 	raw.Flags &^= bit
 	if k.loaderTrace.Load() {

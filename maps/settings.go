@@ -46,7 +46,8 @@ type Settings struct {
 
 // SetSettings writes the settings. Whether reset_seen is attached
 // (CONFIG_RESET_TRACE) and the cgroup attached to are the loader's to say,
-// not the caller's. It takes no lock that attaching or the ground check
+// not the caller's, and the verdict mask is the verdict writes' (see
+// verdictMask). It takes no lock that attaching or the ground check
 // hold, so the heartbeat that calls it waits only for another write of
 // the settings.
 func (k *Kernel) SetSettings(s Settings) error {

@@ -219,7 +219,9 @@ func (k *Kernel) PutVerdict(d Dest, v Verdict) error {
 		return fmt.Errorf("circuit id %d is not below %d", v.CircuitID, MaxCircuitIDs)
 	}
 	key, val := d.Key(), v.raw()
-	if err := k.objs.Verdicts.Put(&key, &val); err != nil {
+	k.vm.mu.Lock()
+	defer k.vm.mu.Unlock()
+	if err := k.putVerdictLocked(&key, &val); err != nil {
 		if errors.Is(err, unix.E2BIG) {
 			return fmt.Errorf("writing verdict for %s: %w", d, ErrVerdictsFull)
 		}
@@ -232,7 +234,9 @@ func (k *Kernel) PutVerdict(d Dest, v Verdict) error {
 // missing entry is not an error.
 func (k *Kernel) DeleteVerdict(d Dest) error {
 	key := d.Key()
-	if err := k.objs.Verdicts.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	k.vm.mu.Lock()
+	defer k.vm.mu.Unlock()
+	if err := k.deleteVerdictLocked(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("deleting verdict for %s: %w", d, err)
 	}
 	return nil
@@ -321,8 +325,18 @@ func Now() time.Duration {
 }
 
 // PutVerdicts writes the same verdict for many destinations in batches
-// (adoption, benchmarks); it returns how many were written.
-func (k *Kernel) PutVerdicts(dests []Dest, v Verdict) (int, error) {
+// (tests and benchmarks); it returns how many were written. The verdict
+// mask gets every destination's bit first, and is counted again from the
+// map after.
+func (k *Kernel) PutVerdicts(dests []Dest, v Verdict) (_ int, err error) {
+	k.vm.mu.Lock()
+	defer k.vm.mu.Unlock()
+	if err := k.setMaskBits(k.vm.bits | MaskOf(dests)); err != nil {
+		return 0, err
+	}
+	defer func() {
+		err = errors.Join(err, k.recountLocked())
+	}()
 	const batch = 4096
 	keys := make([]bpf.BreakerDestKey, 0, batch)
 	vals := make([]bpf.BreakerVerdict, 0, batch)

@@ -30,7 +30,8 @@ import (
 //   - no connect to the open circuit got through;
 //   - each bulkhead slot counts exactly the sockets the test holds open;
 //   - the pinned verdict and limits maps hold exactly what the running
-//     configuration says (nothing leaked, nothing missing).
+//     configuration says (nothing leaked, nothing missing), and the verdict
+//     mask has exactly the bits of the verdicts held.
 const lifecycleConfig = `
 failsafe_timeout: 30s
 all:
@@ -146,6 +147,13 @@ func (l *lifecycle) check(step string, limits map[maps.Dest]int64) {
 		if verdicts[d].State != maps.Open {
 			l.t.Fatalf("%s: the verdict of %s is %+v, want open", step, d, verdicts[d])
 		}
+	}
+	var dests []maps.Dest
+	for d := range verdicts {
+		dests = append(dests, d)
+	}
+	if m, err := v.VerdictMask(); err != nil || m != maps.MaskOf(dests) {
+		l.t.Fatalf("%s: the pinned verdict mask is %#x (%v), want exactly the %d verdicts' bits %#x", step, m, err, len(dests), maps.MaskOf(dests))
 	}
 	all, err := v.AllLimits()
 	if err != nil || len(all) != len(limits) {
