@@ -724,8 +724,7 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 	if ((cfg->flags & WORKLOAD_FLAGS) && !scope(ctx, key, cfg->flags, &bulkhead))
 		return 1; /* not a protected workload */
 	/* The verdict lookup only where the mask says an entry may be: with
-	 * no circuit open (the usual case) a connect reads no map but the
-	 * settings. */
+	 * no circuit open (the usual case) a connect makes none. */
 	struct verdict *v = 0;
 	if (cfg->verdict_mask & (1ULL << verdict_bucket(key)))
 		v = bpf_map_lookup_elem(&verdicts, key);

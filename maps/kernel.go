@@ -350,7 +350,7 @@ func Load(opts Options) (_ *Kernel, err error) {
 	k.View = viewOf(&k.objs)
 	// Before any write of the settings (attaching writes the loader's):
 	// an adopted map's entries must keep their bits.
-	if err := k.countVerdicts(); err != nil {
+	if err := k.countVerdicts(false); err != nil {
 		k.closeHandles()
 		return nil, err
 	}
@@ -366,6 +366,11 @@ func Load(opts Options) (_ *Kernel, err error) {
 		if err := k.attach(opts.Cgroup); err != nil {
 			k.closeHandles()
 			return nil, err
+		}
+		// Only this Kernel's programs read the settings now: bits no
+		// entry of its map needs go. (A failed count sets every bit.)
+		if err := k.countVerdicts(true); err != nil {
+			log.Warn("the verdict mask could not be counted exactly: no bit of it is cleared until a count succeeds", "err", err)
 		}
 		k.removeOtherLayouts(filepath.Dir(dir))
 	}

@@ -5,6 +5,7 @@ import (
 	"embed"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
@@ -83,6 +84,16 @@ func describeLayout(spec *ebpf.CollectionSpec) (string, error) {
 		}
 		b.WriteString("\n")
 	}
+	// The verdict mask's hash is layout too: pinned settings carry bits
+	// of it (TestVerdictMaskBucketsAgreeWithKernel ties it to the kernel's).
+	b.WriteString("verdict_bucket:")
+	for _, d := range []string{"192.0.2.1:80", "192.0.2.1:443", "198.51.100.7:5432", "[2001:db8::1]:80", "[2001:db8::2]:6379"} {
+		key := Dest{Proto: TCP, Addr: netip.MustParseAddrPort(d)}.Key()
+		fmt.Fprintf(&b, " %d", verdictBucket(&key))
+		key.Class = 3
+		fmt.Fprintf(&b, " %d", verdictBucket(&key))
+	}
+	b.WriteString("\n")
 	return b.String(), nil
 }
 

@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"errors"
 	"math/rand/v2"
 	"net/netip"
 	"sync"
@@ -14,8 +15,8 @@ import (
 	"github.com/breakerd/breakerd/internal/kerneltest"
 )
 
-// maskDests are destinations (with their v6 and classed forms) until
-// every bit of the mask stands for at least one of each family.
+// maskDests are destinations, IPv4 and IPv6, until every bit of the mask
+// stands for at least one of each family.
 func maskDests(e *env) (v4, v6 []Dest) {
 	var seen4, seen6 uint64
 	for port := uint16(20000); seen4 != ^uint64(0) || seen6 != ^uint64(0); port++ {
@@ -227,5 +228,126 @@ func TestVerdictMaskAdoption(t *testing.T) {
 	e.srv.ServeHold(t, other.Addr.Port())
 	if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(other.Addr.Addr(), other.Addr.Port())})); got[0] != 1 {
 		t.Fatalf("healthy destination under the open one's bit: errnos %v, want success", got)
+	}
+}
+
+// TestVerdictMaskOrder looks at the maps between a verdict write's two
+// steps: a new entry's bit is set before the entry exists, and a deleted
+// entry is gone before its bit is cleared.
+func TestVerdictMaskOrder(t *testing.T) {
+	e := newEnv(t, Options{})
+	d := e.dest(8090, false)
+	bit := MaskOf([]Dest{d})
+	var step string
+	e.k.vm.between = func() {
+		m, err := e.k.VerdictMask()
+		_, ok, err2 := e.k.Verdict(d)
+		if err != nil || err2 != nil {
+			t.Errorf("%s: %v %v", step, err, err2)
+			return
+		}
+		switch step {
+		case "put":
+			if m&bit == 0 || ok {
+				t.Errorf("between the put's steps: bit set %v, entry present %v; want the bit set and no entry yet", m&bit != 0, ok)
+			}
+		case "delete":
+			if m&bit == 0 || ok {
+				t.Errorf("between the delete's steps: bit set %v, entry present %v; want the entry gone and the bit still set", m&bit != 0, ok)
+			}
+		}
+	}
+	step = "put"
+	if err := e.k.PutVerdict(d, OpenVerdict(Now()+farFuture, 1, 0, 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	step = "delete"
+	if err := e.k.DeleteVerdict(d); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := e.k.VerdictMask(); err != nil || m != 0 {
+		t.Fatalf("after the delete: mask %#x (%v)", m, err)
+	}
+}
+
+// TestVerdictMaskFullMap: a verdict the full map refuses leaves its bit
+// as it was (clear when nothing else is under it).
+func TestVerdictMaskFullMap(t *testing.T) {
+	e := newEnv(t, Options{MaxVerdicts: 1})
+	a := e.dest(8091, false)
+	var b Dest
+	for p := uint16(8092); ; p++ {
+		if b = e.dest(p, false); MaskOf([]Dest{b}) != MaskOf([]Dest{a}) {
+			break
+		}
+	}
+	if err := e.k.PutVerdict(a, OpenVerdict(Now()+farFuture, 1, 0, 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.k.PutVerdict(b, OpenVerdict(Now()+farFuture, 1, 0, 0, 2)); !errors.Is(err, ErrVerdictsFull) {
+		t.Fatalf("second verdict in a map of one: %v, want ErrVerdictsFull", err)
+	}
+	if m, err := e.k.VerdictMask(); err != nil || m != MaskOf([]Dest{a}) {
+		t.Fatalf("mask %#x (%v), want only the written entry's %#x", m, err, MaskOf([]Dest{a}))
+	}
+}
+
+// TestVerdictMaskAdoptsManyAndDeletesDown adopts more entries than one
+// batched read carries, then deletes them down to one under each bit, and
+// then those: each bit clears with the last entry under it, from several
+// goroutines at once.
+func TestVerdictMaskAdoptsManyAndDeletesDown(t *testing.T) {
+	e := newEnv(t, Options{})
+	var dests []Dest
+	for i := range 5000 {
+		a := netip.AddrFrom4([4]byte{10, 77, byte(i >> 8), byte(i)})
+		dests = append(dests, Dest{Proto: TCP, Addr: netip.AddrPortFrom(a, 443)})
+	}
+	if n, err := e.k.PutVerdicts(dests, OpenVerdict(Now()+farFuture, 1, 0, 0, 1)); err != nil || n != len(dests) {
+		t.Fatalf("PutVerdicts: %d %v", n, err)
+	}
+	if err := e.k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.k = e.load(t)
+	if m, err := e.k.VerdictMask(); err != nil || m != ^uint64(0) {
+		t.Fatalf("adopted 5000: mask %#x (%v)", m, err)
+	}
+	last := map[uint64]Dest{}
+	var rest []Dest
+	for _, d := range dests {
+		m := MaskOf([]Dest{d})
+		if _, ok := last[m]; !ok {
+			last[m] = d
+			continue
+		}
+		rest = append(rest, d)
+	}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(rest); i += 4 {
+				if err := e.k.DeleteVerdict(rest[i]); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if m, err := e.k.VerdictMask(); err != nil || m != ^uint64(0) {
+		t.Fatalf("one entry left under each bit: mask %#x (%v), want every bit", m, err)
+	}
+	want := ^uint64(0)
+	for m, d := range last {
+		if err := e.k.DeleteVerdict(d); err != nil {
+			t.Fatal(err)
+		}
+		want &^= m
+		if got, err := e.k.VerdictMask(); err != nil || got != want {
+			t.Fatalf("after deleting the last entry under %#x: mask %#x (%v), want %#x", m, got, err, want)
+		}
 	}
 }

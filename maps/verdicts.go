@@ -335,7 +335,7 @@ func (k *Kernel) PutVerdicts(dests []Dest, v Verdict) (_ int, err error) {
 		return 0, err
 	}
 	defer func() {
-		err = errors.Join(err, k.recountLocked())
+		err = errors.Join(err, k.recountLocked(0))
 	}()
 	const batch = 4096
 	keys := make([]bpf.BreakerDestKey, 0, batch)
