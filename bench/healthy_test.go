@@ -44,7 +44,7 @@ all:
 // in the pinned map is the failure-to-verdict time under that load. The
 // daemon may have begun before that clock starts, so it understates the
 // time from the kernel's record by as long as the helper takes to report;
-// the pinned maps are opened before it starts (until 5174510 their opening
+// the pinned maps are opened before it starts (up to 5174510 their opening
 // was counted, about 150 µs). It also reports records the kernel dropped.
 func TestHealthyPathCost(t *testing.T) {
 	kerneltest.RequireKernel(t)
