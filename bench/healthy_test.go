@@ -45,7 +45,7 @@ all:
 // daemon may have begun before that clock starts, so it understates the
 // time from the kernel's record by as long as the helper takes to report;
 // the pinned maps are opened before it starts (up to 5174510 their opening
-// was counted, about 150 µs). It also reports records the kernel dropped.
+// was counted: 130–220 µs in the runs before and after). It also reports records the kernel dropped.
 func TestHealthyPathCost(t *testing.T) {
 	kerneltest.RequireKernel(t)
 	dur := 5 * time.Second
