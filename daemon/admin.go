@@ -165,11 +165,13 @@ func (d *Daemon) complete(s circuitSnap, names *cgroupNamer) CircuitInfo {
 		}
 		ci.ProbesLeft = &left
 	}
-	if cnt, err := d.k.Counters(ci.CircuitID); err == nil {
-		ci.Rejected, ci.ShadowRejected, ci.BulkheadRejected = cnt.Rejected, cnt.ShadowRejected, cnt.BulkheadRejected
-	}
-	if b, err := d.k.BulkCount(ci.CircuitID); err == nil {
-		ci.Connections, ci.Connecting = b.Connections, b.Connecting
+	if ci.CircuitID != 0 { // 0: a dynamic circuit that never rejected has nothing in the kernel
+		if cnt, err := d.k.Counters(ci.CircuitID); err == nil {
+			ci.Rejected, ci.ShadowRejected, ci.BulkheadRejected = cnt.Rejected, cnt.ShadowRejected, cnt.BulkheadRejected
+		}
+		if b, err := d.k.BulkCount(ci.CircuitID); err == nil {
+			ci.Connections, ci.Connecting = b.Connections, b.Connecting
+		}
 	}
 	d.completeBulkheads(&ci, s.bulk)
 	return ci
@@ -194,41 +196,21 @@ func optionsMap(o *policy.Options) map[string]any {
 // mean PageSize) whose names sort after after, in name order, and whether
 // more follow. The daemon's lock is held only to copy names and then the
 // chosen circuits' in-memory state; sorting, kernel reads and encoding
-// happen outside it.
+// happen outside it. The sorted names are kept: a first page (after "")
+// sorts them again only when the set of circuits changed since
+// (registry.version); a later page uses them as they are, so a walk
+// through every page sorts them once, not once a page, and lists the
+// circuits as they were at its first page (those gone since are left out).
 func (d *Daemon) CircuitsPage(after string, limit int) (_ []CircuitInfo, more bool) {
 	if limit <= 0 || limit > PageSize {
 		limit = PageSize
 	}
-	// Under the lock only copies: a named circuit's name, a dynamic one's
-	// destination (its name is made outside).
-	d.mu.Lock()
-	named := make([]string, 0, len(d.reg.byName))
-	for name := range d.reg.byName {
-		named = append(named, name)
+	all := d.sortedNames(after != "")
+	i, found := slices.BinarySearch(all, after)
+	if found {
+		i++
 	}
-	type dyn struct {
-		dst      maps.Dest
-		workload string
-	}
-	dynamic := make([]dyn, 0, d.reg.dynamic)
-	for c := range d.reg.all() {
-		if !c.isNamed() {
-			dynamic = append(dynamic, dyn{c.first[0], c.workload()})
-		}
-	}
-	d.mu.Unlock()
-	names := make([]string, 0, len(named)+len(dynamic))
-	for _, name := range named {
-		if name > after {
-			names = append(names, name)
-		}
-	}
-	for _, x := range dynamic {
-		if name := classed(dynamicName(x.dst), x.workload); name > after {
-			names = append(names, name)
-		}
-	}
-	slices.Sort(names)
+	names := all[i:]
 	if len(names) > limit {
 		names, more = names[:limit], true
 	}
@@ -247,6 +229,49 @@ func (d *Daemon) CircuitsPage(after string, limit int) (_ []CircuitInfo, more bo
 		out = append(out, d.complete(s, &namer))
 	}
 	return out, more
+}
+
+// sortedNames returns the names of every circuit, sorted: the kept list
+// while the set of circuits is unchanged (or, with stale, whenever there
+// is one), else a new one. The slice is shared: do not change it.
+func (d *Daemon) sortedNames(stale bool) []string {
+	// Under the lock only copies: a named circuit's name, a dynamic one's
+	// destination (its name is made outside).
+	d.mu.Lock()
+	version := d.reg.version
+	d.pages.mu.Lock()
+	if d.pages.names != nil && (stale || d.pages.version == version) {
+		names := d.pages.names
+		d.pages.mu.Unlock()
+		d.mu.Unlock()
+		return names
+	}
+	d.pages.mu.Unlock()
+	named := make([]string, 0, len(d.reg.byName))
+	for name := range d.reg.byName {
+		named = append(named, name)
+	}
+	type dyn struct {
+		dst      maps.Dest
+		workload string
+	}
+	dynamic := make([]dyn, 0, d.reg.dynamic)
+	for c := range d.reg.all() {
+		if !c.isNamed() {
+			dynamic = append(dynamic, dyn{c.first[0], c.workload()})
+		}
+	}
+	d.mu.Unlock()
+	names := make([]string, 0, len(named)+len(dynamic))
+	names = append(names, named...)
+	for _, x := range dynamic {
+		names = append(names, classed(dynamicName(x.dst), x.workload))
+	}
+	slices.Sort(names)
+	d.pages.mu.Lock()
+	d.pages.names, d.pages.version = names, version
+	d.pages.mu.Unlock()
+	return names
 }
 
 // Circuits returns every circuit's state, sorted by name, page by page.

@@ -22,17 +22,17 @@ func dynamicDest(i int) maps.Dest {
 // → state machine (and a verdict write when it transitions), with every
 // 50th record a failure, handled as the reader does, in batches of up to
 // 1024 records with increasing socket cookies, over 1,000 destinations
-// (the default run) and, with -bench.circuits, 1,000, 100,000, 106,496
-// and 131,072 (max_circuits' largest value) existing circuits visited in a
-// scattered order, so the larger ones miss the CPU caches as a node's
-// daemon would. max_circuits is the number of circuits, so the
+// (the default run) and, with -bench.circuits, 1,000, 100,000, 106,496,
+// 131,072 and 1,048,576 (max_circuits' largest value) existing circuits
+// visited in a scattered order, so the larger ones miss the CPU caches as
+// a node's daemon would. max_circuits is the number of circuits, so the
 // destination index is as full as it is on a node at that max_circuits:
 // at 106,496 it is at its load bound (13/16 of 131,072 slots), the
 // fullest it gets.
 func BenchmarkHandleOutcome(b *testing.B) {
 	sizes := []int{1000}
 	if *benchCircuits {
-		sizes = []int{1000, 100_000, 106_496, 131_072}
+		sizes = []int{1000, 100_000, 106_496, 131_072, 1 << 20}
 	}
 	for _, n := range sizes {
 		name := ""
@@ -81,14 +81,18 @@ func BenchmarkHandleOutcome(b *testing.B) {
 	}
 }
 
-var benchCircuits = flag.Bool("bench.circuits", false, "BenchmarkHandleOutcome at 1k, 100k, 106,496 and 131,072 circuits, BenchmarkIdleCPU at none and 100k")
+var benchCircuits = flag.Bool("bench.circuits", false, "BenchmarkHandleOutcome at 1k, 100k, 106,496, 131,072 and 1,048,576 circuits, BenchmarkCircuitFootprint also at 1,048,576, BenchmarkIdleCPU at none, 100k and 1,048,576, BenchmarkReload also at 1M")
 
 // BenchmarkCircuitFootprint measures the daemon's heap per dynamic
 // circuit at max_circuits circuits: what filling it adds, plus its share
 // of the destination index reserved for them (the kernel map's memory
 // comes on top, and only for open ones).
 func BenchmarkCircuitFootprint(b *testing.B) {
-	for _, n := range []int{10_000, 100_000} {
+	sizes := []int{10_000, 100_000}
+	if *benchCircuits {
+		sizes = append(sizes, 1<<20)
+	}
+	for _, n := range sizes {
 		b.Run(strconv.Itoa(n/1000)+"k", func(b *testing.B) {
 			for b.Loop() {
 				// max_circuits n: the destination index, reserved for
@@ -117,12 +121,12 @@ func BenchmarkCircuitFootprint(b *testing.B) {
 
 // BenchmarkIdleCPU runs a daemon with nothing to do for a few seconds and
 // reports the CPU it used (this whole process; nothing else runs); with
-// -bench.circuits also holding 100,000 closed circuits, which the idle
-// work must not visit.
+// -bench.circuits also holding 100,000 and 1,048,576 closed circuits,
+// which the idle work must not visit.
 func BenchmarkIdleCPU(b *testing.B) {
 	sizes := []int{0}
 	if *benchCircuits {
-		sizes = []int{0, 100_000}
+		sizes = []int{0, 100_000, 1 << 20}
 	}
 	for _, n := range sizes {
 		b.Run(strconv.Itoa(n)+"-circuits", func(b *testing.B) { idleCPU(b, n) })
@@ -130,7 +134,7 @@ func BenchmarkIdleCPU(b *testing.B) {
 }
 
 func idleCPU(b *testing.B, circuits int) {
-	f := newFixture(b, "max_circuits: 131072\n")
+	f := newFixture(b, "max_circuits: "+strconv.Itoa(max(circuits, 131072))+"\n")
 	f.tick = 0 // the product's default tick
 	d := f.start()
 	d.mu.Lock()
@@ -147,5 +151,58 @@ func idleCPU(b *testing.B, circuits int) {
 		syscall.Getrusage(syscall.RUSAGE_SELF, &r1)
 		cpu := time.Duration(r1.Utime.Nano()+r1.Stime.Nano()-r0.Utime.Nano()-r0.Stime.Nano()) * time.Nanosecond
 		b.ReportMetric(100*cpu.Seconds()/time.Since(t0).Seconds(), "%core")
+	}
+}
+
+// BenchmarkReload reloads a daemon holding n closed dynamic circuits: once with all's options changed (every circuit is given
+// them) and once with a target added (every circuit is matched again), and
+// then lists every circuit through the API's pages. n is 100,000, and with
+// -bench.circuits also 1,000,000.
+func BenchmarkReload(b *testing.B) {
+	sizes := []int{100_000}
+	if *benchCircuits {
+		sizes = append(sizes, 1_000_000)
+	}
+	for _, n := range sizes {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			// One more than n: the added target's circuit evicts none.
+			base := "max_circuits: " + strconv.Itoa(n+1) + "\n"
+			f := newFixture(b, base)
+			d := f.start()
+			now := time.Now()
+			d.mu.Lock()
+			for i := range n {
+				d.lookup(dynamicDest(i), now)
+			}
+			d.mu.Unlock()
+			configs := []string{base + "all:\n  consecutive_failures: 7\n", base + "targets:\n  x:\n    match: {cidrs: [10.1.2.3/32], ports: [\"80\"]}\n"}
+			var all, target, list time.Duration
+			for b.Loop() {
+				for i, y := range configs {
+					f.writeConfig(y)
+					t0 := time.Now()
+					if err := d.Reload(); err != nil {
+						b.Fatal(err)
+					}
+					if i == 0 {
+						all += time.Since(t0)
+					} else {
+						target += time.Since(t0)
+					}
+				}
+				f.writeConfig(base)
+				if err := d.Reload(); err != nil {
+					b.Fatal(err)
+				}
+				t0 := time.Now()
+				if got := len(d.Circuits()); got != n {
+					b.Fatalf("listed %d circuits, want %d", got, n)
+				}
+				list += time.Since(t0)
+			}
+			b.ReportMetric(float64(all.Milliseconds())/float64(b.N), "ms/reload-all")
+			b.ReportMetric(float64(target.Milliseconds())/float64(b.N), "ms/reload-target")
+			b.ReportMetric(list.Seconds()/float64(b.N), "s/list-all")
+		})
 	}
 }

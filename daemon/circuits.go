@@ -158,7 +158,7 @@ type registry struct {
 	groups    map[string]*policy.Group
 	ids       *ids
 	classes   *policy.Classes // the daemon's, for the names of isolated workloads' circuits
-	version   uint64          // counts the changes of byDest
+	version   uint64          // counts the changes of byDest and byName
 	dynamic   int
 	// adopting is set while start-up rebuilds the circuits of the pinned
 	// verdicts: max_circuits does not refuse those (an open verdict is
@@ -428,11 +428,18 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 	if dynamic {
 		name = classed(dynamicName(dst), workload)
 	}
-	id, inherited, ok := d.reg.ids.alloc(name, dst)
-	if !ok {
-		d.metrics.circuitsRefused.WithLabelValues(target).Inc()
-		d.log.Error("no circuit id free (every id is in use or held by open sockets); destination not protected", "circuit", name)
-		return nil
+	// A dynamic circuit without limits entries takes its kernel id when it
+	// first rejects (ensureID), unless it inherits one now.
+	var id uint32
+	var inherited bool
+	if !dynamic || needsLimitEntry(o) || d.reg.ids.pinnedFor(dst) {
+		var ok bool
+		id, inherited, ok = d.reg.ids.alloc(name, dst)
+		if !ok {
+			d.metrics.circuitsRefused.WithLabelValues(target).Inc()
+			d.log.Error("no circuit id free (every id is in use or held by open sockets); destination not protected", "circuit", name)
+			return nil
+		}
 	}
 	// An override set through the API before a restart (or before the
 	// circuit was last dropped and made again) comes back.
@@ -447,20 +454,12 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 		c.extra = &circuitExtra{name: name}
 	}
 	c.machine.Init(o, ov, g, now, d.rand)
-	if !inherited {
-		if err := d.k.ResetCounters(c.id); err != nil {
-			d.log.Warn("resetting counters", "circuit", name, "err", err)
-		}
-	} else if e := d.reg.ids.pinnedEpoch(id); e != 0 {
-		d.setEpoch(c, e) // its rejections carry on with its counters
-	}
-	// Continue the rounds of the slot's probe budget, so the first open
-	// verdict begins a new round there.
-	if b, err := d.k.Budget(c.id); err == nil {
-		c.machine.SeedRound(b.Round)
+	if id != 0 {
+		d.seat(c, id, inherited)
 	}
 	if !dynamic {
 		d.reg.byName[name] = c
+		d.reg.version++
 	}
 	if scope == policy.EndpointScope {
 		d.reg.endpoints[c] = struct{}{}
@@ -471,6 +470,84 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 		d.opened(c, policy.Closed, policy.ForcedOpen, now)
 	}
 	return c
+}
+
+// seat gives c the kernel circuit id id: a new one's counters are zeroed;
+// an inherited one's carry on, with its rejections' epoch. c's rounds
+// continue after the slot's probe budget, so its next open verdict begins
+// a new round there (also when c is open already: see ensureID).
+func (d *Daemon) seat(c *circuit, id uint32, inherited bool) {
+	c.id = id
+	if !inherited {
+		if err := d.k.ResetCounters(id); err != nil {
+			d.log.Warn("resetting counters", "circuit", c.name(), "err", err)
+		}
+	} else if e := d.reg.ids.pinnedEpoch(id); e != 0 {
+		d.setEpoch(c, e) // its rejections carry on with its counters
+	}
+	if b, err := d.k.Budget(id); err == nil {
+		if c.machine.State().Rejects() {
+			c.machine.RoundAfter(b.Round)
+		} else {
+			c.machine.SeedRound(b.Round)
+		}
+	}
+}
+
+// ensureID gives c a kernel circuit id if it has none (a dynamic circuit
+// that is about to reject for the first time), and reports whether it has
+// one. Without one, nothing of c can be written to the kernel: the caller
+// logs and counts it, and the tick tries again (retrySeats).
+func (d *Daemon) ensureID(c *circuit) bool {
+	if c.id != 0 {
+		return true
+	}
+	id, inherited, ok := d.reg.ids.alloc(c.name(), c.first[0])
+	if !ok {
+		return false
+	}
+	d.seat(c, id, inherited)
+	return true
+}
+
+// releaseID gives back the kernel id of a dynamic circuit that closed,
+// when ids are scarce (half of them handed out: only with max_circuits
+// above policy.GuaranteedCircuits), so open circuits never wait for ids
+// held by closed ones. Its kernel counts go to its target's totals
+// (which never go down); its own count of rejections, and whom it
+// rejected, start again if it opens again.
+func (d *Daemon) releaseID(c *circuit) {
+	if c.id == 0 || c.isNamed() || needsLimitEntry(c.machine.Options()) || c.machine.State() != policy.Closed || !d.reg.ids.scarce() {
+		return
+	}
+	d.retire(c.target(), c.id)
+	d.forgetEpoch(c)
+	if c.extra != nil {
+		c.extra.epoch = 0
+	}
+	d.reg.ids.release(c.id, c.name())
+	c.id = 0
+}
+
+// retrySeats writes the verdicts of rejecting circuits that found no
+// kernel id free when they opened, once one is.
+func (d *Daemon) retrySeats() {
+	if d.unseated == 0 {
+		return
+	}
+	d.unseated = 0
+	for c := range d.reg.active {
+		if c.id != 0 {
+			continue
+		}
+		if !d.ensureID(c) {
+			d.unseated++ // logged and counted when it opened
+			continue
+		}
+		st := c.machine.Status(d.now())
+		d.writeVerdicts(c, policy.Transition{To: st.State, OpenUntil: st.OpenUntil, Round: c.machine.Round()})
+		d.log.Info("circuit id found: the open circuit is enforced", "circuit", c.name(), "state", st.State.String())
+	}
 }
 
 // keptOverrides maps the API's overrides to the pinned map's states.
@@ -533,6 +610,11 @@ func (d *Daemon) writeLimit(c *circuit, dst maps.Dest) {
 		return
 	}
 	d.syncBulkSlots(c)
+	if !d.ensureID(c) {
+		d.metrics.verdictWriteErrors.Inc()
+		d.log.Error("no circuit id free (every id is in use or held by open sockets); bulkhead and response options not enforced for this destination", "circuit", c.name(), "dest", dst)
+		return
+	}
 	for _, e := range d.limitEntries(c, dst) {
 		l := limitOf(e.slot, o)
 		l.Epoch = e.epoch
@@ -620,7 +702,9 @@ func (d *Daemon) drop(c *circuit) {
 		d.reg.version++
 	}
 	// Keep its kernel counts so the per-target counters never go down.
-	d.retire(c.target(), c.id)
+	if c.id != 0 {
+		d.retire(c.target(), c.id)
+	}
 	for _, s := range c.bulkSlots() {
 		d.releaseBulkSlot(c, s)
 	}
@@ -637,6 +721,7 @@ func (d *Daemon) drop(c *circuit) {
 	}
 	d.forgetEpoch(c)
 	d.reg.ids.release(c.id, c.name())
+	d.reg.version++ // also for a named circuit left with no destination
 }
 
 // writeVerdicts makes the kernel enforce what a transition says, for every
@@ -653,6 +738,15 @@ func (d *Daemon) writeVerdicts(c *circuit, t policy.Transition) {
 func (d *Daemon) writeVerdict(c *circuit, dst maps.Dest, s policy.State, openUntil time.Time, round uint32) {
 	o := c.machine.Options()
 	var err error
+	if s.Rejects() && c.id == 0 {
+		if !d.ensureID(c) {
+			d.unseated++
+			d.metrics.verdictWriteErrors.Inc()
+			d.log.Error("no circuit id free (every id is in use or held by open sockets); this open circuit is not enforced until one is", "circuit", c.name(), "dest", dst)
+			return
+		}
+		round = c.machine.Round() // continued after the slot's (seat)
+	}
 	switch s {
 	case policy.Open, policy.HalfOpen:
 		due := maps.Now()
@@ -673,20 +767,27 @@ func (d *Daemon) writeVerdict(c *circuit, dst maps.Dest, s policy.State, openUnt
 	}
 }
 
-// sortedCircuits returns the circuits by name.
+// sortedCircuits returns the circuits: named ones by name, then dynamic
+// ones in the destination index's order (sorting a million of them, by
+// name or by destination, took seconds of a reload).
 func (d *Daemon) sortedCircuits() []*circuit {
 	type named struct {
 		name string
 		c    *circuit
 	}
-	byName := make([]named, 0, d.reg.count())
-	for c := range d.reg.all() {
+	byName := make([]named, 0, len(d.reg.byName))
+	for _, c := range d.reg.byName {
 		byName = append(byName, named{c.name(), c})
 	}
 	sort.Slice(byName, func(i, j int) bool { return byName[i].name < byName[j].name })
-	out := make([]*circuit, len(byName))
-	for i, n := range byName {
-		out[i] = n.c
+	out := make([]*circuit, 0, d.reg.count())
+	for _, n := range byName {
+		out = append(out, n.c)
+	}
+	for _, c := range d.reg.byDest.all() {
+		if !c.isNamed() {
+			out = append(out, c)
+		}
 	}
 	return out
 }

@@ -131,6 +131,16 @@ type Daemon struct {
 	// (lastLostCheck), for reconcileRounds.
 	lostSeen      uint64
 	lastLostCheck time.Time
+	// pages keeps the sorted circuit names for CircuitsPage while the set
+	// of circuits is unchanged (version: registry.version when taken).
+	pages struct {
+		mu      sync.Mutex
+		version uint64
+		names   []string
+	}
+	// unseated counts the rejecting circuits the last try found no kernel
+	// circuit id for (their verdicts are written once one is: retrySeats).
+	unseated int
 	// endpointIdle: see the constant (tests shorten it).
 	endpointIdle time.Duration
 	// closer runs the close passes of close_established (closer.go); nil
@@ -556,6 +566,9 @@ func (d *Daemon) apply(c *circuit, t policy.Transition) {
 			d.writeVerdicts(c, t)
 			d.opened(c, t.From, t.To, t.At)
 		}
+		if t.To == policy.Closed {
+			d.releaseID(c)
+		}
 		d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.workload()).Inc()
 	} else if t.Reason == policy.ReasonNewRound {
 		d.writeVerdicts(c, t)
@@ -633,6 +646,7 @@ func (d *Daemon) tick(now time.Time) {
 	}
 	if now.Sub(d.lastLostCheck) >= time.Second {
 		d.lastLostCheck = now
+		d.retrySeats()
 		if st, err := d.k.Stats(); err == nil && st.EventsLost != d.lostSeen {
 			d.lostSeen = st.EventsLost
 			d.reconcileRounds(now)
@@ -650,6 +664,9 @@ func (d *Daemon) reconcileRounds(now time.Time) {
 	for c := range d.reg.active {
 		if s := c.machine.State(); s != policy.Open && s != policy.HalfOpen {
 			continue
+		}
+		if c.id == 0 {
+			continue // no verdict: nothing of it in the kernel
 		}
 		b, err := d.k.Budget(c.id)
 		if err != nil || b.Round != c.machine.Round() {
@@ -675,6 +692,10 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 	old, oldClasses := d.cfg, d.classes
 	d.cfg = cfg
 	d.reg.byDest.reserve(cfg.MaxCircuits)
+	if cfg.MaxCircuits > policy.GuaranteedCircuits && (old == nil || old.MaxCircuits <= policy.GuaranteedCircuits) {
+		d.log.Warn("max_circuits is above the number of circuits that can all reject at once; a circuit that opens when the kernel has no circuit id or verdict entry left is not enforced, logged and counted in breakerd_verdict_write_errors_total",
+			"max_circuits", cfg.MaxCircuits, "guaranteed", policy.GuaranteedCircuits)
+	}
 	d.classes = cfg.Classes()
 	d.ensureCloser(cfg)
 	d.respTimeouts = hasResponseTimeouts(cfg)
@@ -735,7 +756,11 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 // setOptions gives a kept circuit its reloaded options and rewrites its
 // bulkhead limits.
 func (d *Daemon) setOptions(c *circuit, o *policy.Options, now time.Time) {
+	had := needsLimitEntry(c.machine.Options())
 	c.machine.SetOptions(o, now)
+	if !had && !needsLimitEntry(o) && c.bulkSlots() == nil {
+		return // no limits entry before or now: nothing to write or delete
+	}
 	for _, dst := range c.dests() {
 		d.writeLimit(c, dst)
 	}

@@ -18,10 +18,14 @@ type ids struct {
 	pinned   map[uint32]bool   // ids found in the pinned maps at start-up, not yet claimed
 	epochs   map[uint32]uint32 // the epochs of pinned verdicts and limits, by id (start-up only)
 	byDest   map[maps.Dest]uint32
+	// held counts the ids handed out and not yet released.
+	held int
+	// limit is the number of ids (maps.MaxCircuitIDs; less in tests).
+	limit uint32
 }
 
 func newIDs(k *maps.Kernel) *ids {
-	return &ids{k: k, next: 1, draining: map[uint32]string{}, pinned: map[uint32]bool{}, epochs: map[uint32]uint32{}, byDest: map[maps.Dest]uint32{}}
+	return &ids{k: k, next: 1, limit: maps.MaxCircuitIDs, draining: map[uint32]string{}, pinned: map[uint32]bool{}, epochs: map[uint32]uint32{}, byDest: map[maps.Dest]uint32{}}
 }
 
 // loadPinned records the ids a previous daemon left in the kernel: the
@@ -31,7 +35,7 @@ func newIDs(k *maps.Kernel) *ids {
 // others are handed out only once release finds them unclaimed and idle.
 func (s *ids) loadPinned(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest]maps.Limit, busy map[uint32]maps.BulkCount) {
 	mark := func(id uint32) {
-		if id != 0 && id < maps.MaxCircuitIDs {
+		if id != 0 && id < s.limit {
 			s.pinned[id] = true
 			s.next = max(s.next, id+1)
 		}
@@ -75,6 +79,25 @@ func (s *ids) forgetClasses(classes map[uint8]bool) {
 // previous daemon had for dst (its counters are kept). ok is false when
 // every id is in use or held back.
 func (s *ids) alloc(name string, dst maps.Dest) (id uint32, inherited, ok bool) {
+	id, inherited, ok = s.take(name, dst)
+	if ok {
+		s.held++
+	}
+	return id, inherited, ok
+}
+
+// pinnedFor reports whether a previous daemon left an id for dst that a
+// circuit made for it inherits (start-up only).
+func (s *ids) pinnedFor(dst maps.Dest) bool {
+	id, found := s.byDest[dst]
+	return found && s.pinned[id]
+}
+
+// scarce reports whether half the ids or more are handed out: a closing
+// dynamic circuit then gives its id back (see Daemon.releaseID).
+func (s *ids) scarce() bool { return s.held >= int(s.limit/2) }
+
+func (s *ids) take(name string, dst maps.Dest) (id uint32, inherited, ok bool) {
 	if id, found := s.byDest[dst]; found && s.pinned[id] {
 		delete(s.pinned, id)
 		return id, true, true
@@ -96,7 +119,7 @@ func (s *ids) alloc(name string, dst maps.Dest) (id uint32, inherited, ok bool) 
 		}
 		return id, false, true
 	}
-	for s.next < maps.MaxCircuitIDs {
+	for s.next < s.limit {
 		id := s.next
 		s.next++
 		if !s.pinned[id] {
@@ -117,6 +140,13 @@ func (s *ids) release(id uint32, name string) {
 	if id == 0 {
 		return
 	}
+	s.held--
+	s.giveBack(id, name)
+}
+
+// giveBack files a returned id as free, or as draining while its slot
+// still counts sockets.
+func (s *ids) giveBack(id uint32, name string) {
 	if s.busy(id) {
 		s.draining[id] = name
 		return
@@ -127,7 +157,7 @@ func (s *ids) release(id uint32, name string) {
 // endStartup releases the pinned ids no circuit claimed.
 func (s *ids) endStartup() {
 	for id := range s.pinned {
-		s.release(id, "")
+		s.giveBack(id, "") // never handed out here: not in held
 	}
 	clear(s.pinned)
 	clear(s.byDest)

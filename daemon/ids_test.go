@@ -7,13 +7,17 @@ import (
 	"github.com/breakerd/breakerd/policy"
 )
 
-// Every destination max_circuits allows fits the kernel's maps, and half
-// the ids stay free for slots held by sockets of dropped circuits.
-func TestMaxCircuitsFitsTheKernel(t *testing.T) {
-	if policy.MaxCircuitsLimit > maps.MaxCircuitIDs/2 {
-		t.Fatalf("max_circuits limit %d leaves too few of %d ids", policy.MaxCircuitsLimit, maps.MaxCircuitIDs)
+// Up to policy.GuaranteedCircuits every circuit fits the kernel's maps at
+// once, and half the ids stay free for slots held by sockets of dropped
+// circuits.
+func TestGuaranteedCircuitsFitTheKernel(t *testing.T) {
+	if policy.GuaranteedCircuits > maps.MaxCircuitIDs/2 {
+		t.Fatalf("guaranteed circuits %d leave too few of %d ids", policy.GuaranteedCircuits, maps.MaxCircuitIDs)
 	}
-	if policy.MaxCircuitsLimit > maps.MaxDestinations {
-		t.Fatalf("max_circuits limit %d exceeds the verdict map's %d entries", policy.MaxCircuitsLimit, maps.MaxDestinations)
+	if policy.GuaranteedCircuits > maps.MaxDestinations {
+		t.Fatalf("guaranteed circuits %d exceed the verdict map's %d entries", policy.GuaranteedCircuits, maps.MaxDestinations)
+	}
+	if policy.MaxCircuitsLimit < 1_000_000 {
+		t.Fatalf("max_circuits limit %d is under a million", policy.MaxCircuitsLimit)
 	}
 }

@@ -135,6 +135,13 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 		}
 		switch v.State {
 		case maps.Open:
+			if !d.ensureID(c) {
+				// The pinned verdict stays as it is, still enforcing
+				// under the previous daemon's id.
+				d.metrics.verdictWriteErrors.Inc()
+				d.log.Error("no circuit id free for an adopted open circuit; its verdict is kept as found", "circuit", c.name(), "dest", dst)
+				continue
+			}
 			if c.machine.State() == policy.Closed {
 				round, begun := v.Round, false
 				if b, err := d.k.Budget(v.CircuitID); err == nil && b.Round == v.Round {

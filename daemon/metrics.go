@@ -172,7 +172,9 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			m[st]++
 		}
 		if perTarget[c.target()] != nil {
-			slots = append(slots, slot{target: c.target(), id: c.id, limits: c.machine.Options().HasLimits()})
+			if c.id != 0 { // 0: a dynamic circuit that never rejected counts nothing in the kernel
+				slots = append(slots, slot{target: c.target(), id: c.id, limits: c.machine.Options().HasLimits()})
+			}
 			for _, b := range c.bulkSlots() {
 				slots = append(slots, slot{target: c.target(), id: b.id, limits: true})
 			}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
@@ -247,6 +248,16 @@ func TestScopingAttachPointRecreated(t *testing.T) {
 // gauge reads one series of a gauge from the daemon's registry (-1: none).
 func (f *fixture) gauge(name string, labels map[string]string) float64 {
 	f.t.Helper()
+	if m := f.series(name, labels); m != nil {
+		return m.GetGauge().GetValue()
+	}
+	return -1
+}
+
+// series finds one series of a metric in the daemon's registry: the
+// first whose labels include labels (nil: none).
+func (f *fixture) series(name string, labels map[string]string) *dto.Metric {
+	f.t.Helper()
 	mfs, err := f.d.metrics.reg.Gather()
 	if err != nil {
 		f.t.Fatal(err)
@@ -262,10 +273,10 @@ func (f *fixture) gauge(name string, labels map[string]string) float64 {
 					continue next
 				}
 			}
-			return m.GetGauge().GetValue()
+			return m
 		}
 	}
-	return -1
+	return nil
 }
 
 // A workloads map that is full (sized 2 here; 65,536 in production): a new

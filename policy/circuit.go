@@ -438,6 +438,18 @@ func (c *Circuit) SeedRound(round uint32) {
 	}
 }
 
+// RoundAfter makes the round the circuit's verdict admits probes of come
+// after round, the probe budget of a counter slot it takes while it
+// rejects (a dynamic circuit is given its kernel id when it first
+// rejects), so its verdict, written next, begins a new round there. A
+// round already begun stays as it is. It returns the circuit's round.
+func (c *Circuit) RoundAfter(round uint32) uint32 {
+	if !c.roundBegun && int32(c.round-round) <= 0 {
+		c.round = round + 1
+	}
+	return c.round
+}
+
 // Override applies an operator's change: forced_open, forced_closed,
 // disabled, or NoOverride to release an override (back to closed, fresh).
 func (c *Circuit) Override(now time.Time, o Override) Transition {

@@ -356,15 +356,18 @@ func TestMaxEjectionPercentZeroIsAnError(t *testing.T) {
 	}
 }
 
-// max_circuits cannot ask for more circuits than the kernel has ids.
-func TestMaxCircuitsBoundedByIDs(t *testing.T) {
-	if _, err := Parse([]byte("max_circuits: 131072\n"), false); err != nil {
-		t.Fatalf("the limit itself: %v", err)
+// max_circuits goes up to 2^20 (closed dynamic circuits hold no kernel id)
+// and no further; the value past it is named.
+func TestMaxCircuitsBounded(t *testing.T) {
+	for _, v := range []string{"131072", "131073", "1048576"} {
+		if _, err := Parse([]byte("max_circuits: "+v+"\n"), false); err != nil {
+			t.Fatalf("max_circuits: %s: %v", v, err)
+		}
 	}
-	for _, v := range []string{"131073", "10000000"} {
+	for _, v := range []string{"1048577", "10000000"} {
 		_, err := Parse([]byte("max_circuits: "+v+"\n"), false)
-		if err == nil || !strings.Contains(err.Error(), "max_circuits") {
-			t.Fatalf("max_circuits: %s: %v, want an error naming max_circuits", v, err)
+		if err == nil || !strings.Contains(err.Error(), "max_circuits: "+v+" is not in [1, 1048576]") {
+			t.Fatalf("max_circuits: %s: %v, want an error naming max_circuits and its limit", v, err)
 		}
 	}
 }

@@ -252,7 +252,8 @@ func setInt(dst *int, r any, lo, hi int) error {
 		return fmt.Errorf("%v is not a whole number", f)
 	}
 	if f < float64(lo) || f > float64(hi) {
-		return fmt.Errorf("%v is not in [%d, %d]", f, lo, hi)
+		// %g would write 1048577 as 1.048577e+06.
+		return fmt.Errorf("%s is not in [%d, %d]", strconv.FormatFloat(f, 'f', -1, 64), lo, hi)
 	}
 	*dst = int(f)
 	return nil

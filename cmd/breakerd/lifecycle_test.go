@@ -36,6 +36,9 @@ const lifecycleConfig = `
 failsafe_timeout: 30s
 all:
   consecutive_failures: 1000
+  open_duration: 1h
+  max_open_duration: 2h
+  reject_errno: EHOSTUNREACH
 targets:
   down:
     match: {cidrs: [SRV], ports: ["8500"]}
@@ -57,8 +60,13 @@ var movedConfig = strings.Replace(strings.Replace(lifecycleConfig,
 
 type lifecycle struct {
 	*harness
-	cfg                 string
-	down, pool, web     maps.Dest
+	cfg             string
+	down, pool, web maps.Dest
+	// dyn is a dynamic circuit (of all) the client loop dials once dynOn
+	// is set: TestLifecycle opens it by real failures, so it takes its
+	// kernel id when it first rejects.
+	dyn                 maps.Dest
+	dynOn               atomic.Bool
 	healthyRejected     atomic.Int64
 	openAdmitted        atomic.Int64
 	healthyOK, openSeen atomic.Int64
@@ -78,7 +86,7 @@ func newLifecycle(t *testing.T) *lifecycle {
 	d := func(port uint16) maps.Dest {
 		return maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(srv.IPv4, port)}
 	}
-	l := &lifecycle{harness: h, cfg: h.args[1], down: d(8500), pool: d(8501), web: d(8502)}
+	l := &lifecycle{harness: h, cfg: h.args[1], down: d(8500), pool: d(8501), web: d(8502), dyn: d(8503)}
 	return l
 }
 
@@ -105,10 +113,16 @@ func (l *lifecycle) clientLoop() {
 					l.healthyOK.Add(1)
 				}
 			}
-			for _, r := range l.topo.Client.Dial(l.t, l.cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.down.Addr, Count: 20}) {
-				l.openSeen.Add(1)
-				if r.Errno != unix.EHOSTUNREACH {
-					l.openAdmitted.Add(1)
+			open := []netip.AddrPort{l.down.Addr}
+			if l.dynOn.Load() {
+				open = append(open, l.dyn.Addr)
+			}
+			for _, a := range open {
+				for _, r := range l.topo.Client.Dial(l.t, l.cg, kerneltest.DialSpec{Network: "tcp4", Addr: a, Count: 20}) {
+					l.openSeen.Add(1)
+					if r.Errno != unix.EHOSTUNREACH {
+						l.openAdmitted.Add(1)
+					}
 				}
 			}
 		}
@@ -198,6 +212,27 @@ func TestLifecycle(t *testing.T) {
 	l.clientLoop()
 	holder := l.hold(l.pool, 3)
 	l.check("start, 3 connections held", map[maps.Dest]int64{l.pool: 3})
+
+	// A dynamic circuit opened by refused connects (no listener on its
+	// port; all's failure rate trips it): it takes its kernel id now, and
+	// every step below must keep it open and enforced.
+	if got := errnos(l.topo.Client.Dial(t, l.cg, kerneltest.DialSpec{Network: "tcp4", Addr: l.dyn.Addr, Count: 200})); got[unix.ECONNREFUSED]+got[unix.EHOSTUNREACH] != 200 || got[unix.EHOSTUNREACH] == 0 {
+		t.Fatalf("200 connects to a port with no listener: %v, want refused until the circuit opens, rejected after", got)
+	}
+	if !kerneltest.WaitFor(3*time.Second, func() bool {
+		v, err := maps.OpenPinned(l.bpffs)
+		if err != nil {
+			return false
+		}
+		defer v.Close()
+		vd, ok, err := v.Verdict(l.dyn)
+		return err == nil && ok && vd.State == maps.Open && vd.CircuitID != 0
+	}) {
+		t.Fatalf("the dynamic circuit did not open:\n%s", p.logs.String())
+	}
+	l.open = map[maps.Dest]bool{l.dyn: true}
+	l.dynOn.Store(true)
+	l.check("a dynamic circuit opened", map[maps.Dest]int64{l.pool: 3})
 
 	// SIGTERM restart with the connections held.
 	l.sigterm(p)

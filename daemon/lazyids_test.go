@@ -1,0 +1,207 @@
+package daemon
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/maps"
+)
+
+const lazyConfig = `
+max_circuits: 1048576
+all:
+  consecutive_failures: 2
+  open_duration: 1s
+  jitter: 0
+  half_open_probes: 1
+  connect_timeout: 1s
+  probe_timeout: 2s
+  reject_errno: EHOSTUNREACH
+`
+
+// counter reads one series of a counter from the daemon's registry (-1:
+// none).
+func (f *fixture) counter(name string, labels map[string]string) float64 {
+	f.t.Helper()
+	if m := f.series(name, labels); m != nil {
+		return m.GetCounter().GetValue()
+	}
+	return -1
+}
+
+func (f *fixture) dest(port uint16) maps.Dest {
+	return maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(f.srv.IPv4, port)}
+}
+
+func (f *fixture) dynName(port uint16) string { return fmt.Sprintf("tcp/%s:%d", f.srv.IPv4, port) }
+
+// waitEnforced dials port until a connect is rejected with the configured
+// errno (a probe the open circuit admits may reach the closed port first).
+func (f *fixture) waitEnforced(port uint16) {
+	f.t.Helper()
+	if !kerneltest.WaitFor(5*time.Second, func() bool { return errnos(f.dial(port, 1, 0))[unix.EHOSTUNREACH] == 1 }) {
+		f.t.Fatalf("port %d: no connect rejected by breakerd (logs:\n%s)", port, f.logs.String())
+	}
+}
+
+// A dynamic circuit takes a kernel circuit id only when it first rejects:
+// closed ones cost the kernel nothing, so max_circuits can be a million.
+// The id it takes then is its own (counters from zero) and its half-open
+// round begins in it; it keeps it while ids are plentiful, and across a
+// restart.
+func TestDynamicCircuitTakesItsIDWhenItOpens(t *testing.T) {
+	f := newFixture(t, lazyConfig)
+	f.srv.ServeHold(t, 9401)
+	f.start()
+	if got := errnos(f.dial(9401, 3, 0)); got[0] != 3 {
+		t.Fatalf("healthy: %v", got)
+	}
+	var c CircuitInfo
+	ok := kerneltest.WaitFor(2*time.Second, func() bool { // healthy records are read on the tick
+		var found bool
+		c, found = f.circuit(f.dynName(9401))
+		return found
+	})
+	if !ok || c.CircuitID != 0 || c.State != "closed" {
+		t.Fatalf("a healthy dynamic circuit: %+v (found %v), want closed with no kernel id", c, ok)
+	}
+	f.d.mu.Lock()
+	held := f.d.reg.ids.held
+	f.d.mu.Unlock()
+	if held != 0 {
+		t.Fatalf("%d ids held with only healthy dynamic circuits", held)
+	}
+	if !strings.Contains(f.logs.String(), "max_circuits is above the number of circuits that can all reject at once") {
+		t.Fatalf("no warning for max_circuits above %d:\n%s", 1<<17, f.logs.String())
+	}
+
+	if got := errnos(f.dial(9402, 2, 0)); got[unix.ECONNREFUSED] != 2 {
+		t.Fatalf("no listener: %v", got)
+	}
+	f.waitState(f.dynName(9402), "open", 2*time.Second)
+	if got := errnos(f.dial(9402, 5, 0)); got[unix.EHOSTUNREACH] != 5 {
+		t.Fatalf("open: %v, want 5 rejected", got)
+	}
+	c, _ = f.circuit(f.dynName(9402))
+	v, ok, err := f.d.k.Verdict(f.dest(9402))
+	if c.CircuitID == 0 || err != nil || !ok || v.CircuitID != c.CircuitID || c.Rejected != 5 {
+		t.Fatalf("open circuit %+v, verdict %+v (%v, %v): want its own id in the verdict, 5 rejections", c, v, ok, err)
+	}
+
+	// The half-open round begins in that id: one probe is let through and
+	// closes the circuit; the id stays (ids are plentiful).
+	ln := f.srv.Listen(t, "tcp4", 9402) // the kernel completes handshakes into its backlog
+	time.Sleep(1100 * time.Millisecond)
+	if got := errnos(f.dial(9402, 1, 0)); got[0] != 1 {
+		t.Fatalf("probe: %v", got)
+	}
+	f.waitState(f.dynName(9402), "closed", 2*time.Second)
+	if c2, _ := f.circuit(f.dynName(9402)); c2.CircuitID != c.CircuitID {
+		t.Fatalf("closed again: id %d, want it kept (%d)", c2.CircuitID, c.CircuitID)
+	}
+
+	// Opened again, then restarted: the new daemon adopts it with its id.
+	ln.Close()
+	f.dial(9402, 2, 0)
+	f.waitState(f.dynName(9402), "open", 2*time.Second)
+	f.restart()
+	f.waitState(f.dynName(9402), "open", 2*time.Second)
+	if c3, _ := f.circuit(f.dynName(9402)); c3.CircuitID != c.CircuitID {
+		t.Fatalf("adopted: id %d, want %d", c3.CircuitID, c.CircuitID)
+	}
+	if got := errnos(f.dial(9402, 3, 0)); got[unix.EHOSTUNREACH] != 3 {
+		t.Fatalf("adopted open circuit: %v, want 3 rejected", got)
+	}
+}
+
+// With ids scarce (max_circuits above 131,072 and half the ids handed
+// out), a closing dynamic circuit gives its id back, its kernel counts kept
+// in its target's total; a circuit that opens when no id is free is not
+// enforced, and the daemon logs and counts it, and enforces it once an id
+// is free, in a new round of that id's budget so its probes are admitted.
+func TestScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
+	f := newFixture(t, lazyConfig)
+	d := f.start()
+	d.mu.Lock()
+	d.reg.ids.limit = 3 // ids 1 and 2; scarce from one held
+	d.mu.Unlock()
+
+	for _, p := range []uint16{9411, 9412} {
+		f.dial(p, 2, 0)
+		f.waitState(f.dynName(p), "open", 2*time.Second)
+		if got := errnos(f.dial(p, 2, 0)); got[unix.EHOSTUNREACH] != 2 {
+			t.Fatalf("port %d open: %v", p, got)
+		}
+	}
+	errsBefore := testutil.ToFloat64(d.metrics.verdictWriteErrors)
+	f.dial(9413, 2, 0)
+	f.waitState(f.dynName(9413), "open", 2*time.Second)
+	if c, _ := f.circuit(f.dynName(9413)); c.CircuitID != 0 {
+		t.Fatalf("a third open circuit with two ids: %+v", c)
+	}
+	if got := errnos(f.dial(9413, 2, 0)); got[unix.ECONNREFUSED] != 2 {
+		t.Fatalf("an open circuit with no id is not enforced: %v, want both connects to reach the host", got)
+	}
+	if n := testutil.ToFloat64(d.metrics.verdictWriteErrors); n <= errsBefore {
+		t.Fatalf("verdict write errors %v, want it counted", n)
+	}
+	if !strings.Contains(f.logs.String(), "no circuit id free") {
+		t.Fatalf("not logged:\n%s", f.logs.String())
+	}
+	rejectedBefore := f.counter("breakerd_kernel_rejections_total", map[string]string{"target": allTarget})
+	if rejectedBefore < 4 {
+		t.Fatalf("kernel rejections of all: %v, want at least 4", rejectedBefore)
+	}
+
+	// 9411 recovers: its probe closes it and, ids being scarce, its id
+	// goes back; the per-target count does not go down.
+	c11, _ := f.circuit(f.dynName(9411))
+	f.srv.ServeHold(t, 9411)
+	time.Sleep(1100 * time.Millisecond)
+	if got := errnos(f.dial(9411, 1, 0)); got[0] != 1 {
+		t.Fatalf("probe of 9411: %v", got)
+	}
+	f.waitState(f.dynName(9411), "closed", 2*time.Second)
+	if c, _ := f.circuit(f.dynName(9411)); c.CircuitID != 0 {
+		t.Fatalf("closed with ids scarce: %+v, want its id given back", c)
+	}
+	if n := f.counter("breakerd_kernel_rejections_total", map[string]string{"target": allTarget}); n < rejectedBefore {
+		t.Fatalf("kernel rejections of all went from %v to %v", rejectedBefore, n)
+	}
+
+	// 9413 takes the freed id within the tick's second, and is enforced.
+	if !kerneltest.WaitFor(3*time.Second, func() bool { c, _ := f.circuit(f.dynName(9413)); return c.CircuitID == c11.CircuitID }) {
+		c, _ := f.circuit(f.dynName(9413))
+		t.Fatalf("9413 after an id was freed: %+v, want id %d (logs:\n%s)", c, c11.CircuitID, f.logs.String())
+	}
+	f.waitEnforced(9413)
+	// Its probes are admitted in the slot 9411's rounds used before it.
+	f.srv.ServeHold(t, 9413)
+	if !kerneltest.WaitFor(8*time.Second, func() bool {
+		c, _ := f.circuit(f.dynName(9413))
+		if c.State == "closed" {
+			return true
+		}
+		f.dial(9413, 1, 0)
+		time.Sleep(100 * time.Millisecond)
+		return false
+	}) {
+		c, _ := f.circuit(f.dynName(9413))
+		t.Fatalf("9413 never closed after its host came back: %+v (logs:\n%s)", c, f.logs.String())
+	}
+	if got := errnos(f.dial(9413, 3, 0)); got[0] != 3 {
+		t.Fatalf("9413 closed: %v", got)
+	}
+	// The other open circuit kept its id and its verdict throughout.
+	c12, _ := f.circuit(f.dynName(9412))
+	if v, ok, err := d.k.Verdict(f.dest(9412)); err != nil || !ok || c12.CircuitID == 0 || v.CircuitID != c12.CircuitID || c12.CircuitID == c11.CircuitID {
+		t.Fatalf("9412: %+v, verdict %+v (%v, %v)", c12, v, ok, err)
+	}
+}
