@@ -81,7 +81,7 @@ func BenchmarkHandleOutcome(b *testing.B) {
 	}
 }
 
-var benchCircuits = flag.Bool("bench.circuits", false, "BenchmarkHandleOutcome at 1k, 100k, 106,496, 131,072 and 1,048,576 circuits, BenchmarkCircuitFootprint also at 1,048,576, BenchmarkIdleCPU at none, 100k and 1,048,576, BenchmarkReload also at 1M")
+var benchCircuits = flag.Bool("bench.circuits", false, "BenchmarkHandleOutcome at 1k, 100k, 106,496, 131,072 and 1,048,576 circuits, BenchmarkCircuitFootprint also at 1,048,576, BenchmarkIdleCPU at none, 100k and 1,048,576, BenchmarkControlPlane also at 1M")
 
 // BenchmarkCircuitFootprint measures the daemon's heap per dynamic
 // circuit at max_circuits circuits: what filling it adds, plus its share
@@ -154,11 +154,12 @@ func idleCPU(b *testing.B, circuits int) {
 	}
 }
 
-// BenchmarkReload reloads a daemon holding n closed dynamic circuits: once with all's options changed (every circuit is given
+// BenchmarkControlPlane reloads a daemon holding n closed dynamic circuits: once with all's options changed (every circuit is given
 // them) and once with a target added (every circuit is matched again), and
-// then lists every circuit through the API's pages. n is 100,000, and with
-// -bench.circuits also 1,000,000.
-func BenchmarkReload(b *testing.B) {
+// then lists every circuit through the API's pages and gathers its
+// metrics as a scrape does. n is 100,000, and with -bench.circuits also
+// 1,000,000.
+func BenchmarkControlPlane(b *testing.B) {
 	sizes := []int{100_000}
 	if *benchCircuits {
 		sizes = append(sizes, 1_000_000)
@@ -176,7 +177,7 @@ func BenchmarkReload(b *testing.B) {
 			}
 			d.mu.Unlock()
 			configs := []string{base + "all:\n  consecutive_failures: 7\n", base + "targets:\n  x:\n    match: {cidrs: [10.1.2.3/32], ports: [\"80\"]}\n"}
-			var all, target, list time.Duration
+			var all, target, list, scrape time.Duration
 			for b.Loop() {
 				for i, y := range configs {
 					f.writeConfig(y)
@@ -199,10 +200,16 @@ func BenchmarkReload(b *testing.B) {
 					b.Fatalf("listed %d circuits, want %d", got, n)
 				}
 				list += time.Since(t0)
+				t0 = time.Now()
+				if _, err := d.metrics.reg.Gather(); err != nil {
+					b.Fatal(err)
+				}
+				scrape += time.Since(t0)
 			}
 			b.ReportMetric(float64(all.Milliseconds())/float64(b.N), "ms/reload-all")
 			b.ReportMetric(float64(target.Milliseconds())/float64(b.N), "ms/reload-target")
 			b.ReportMetric(list.Seconds()/float64(b.N), "s/list-all")
+			b.ReportMetric(float64(scrape.Milliseconds())/float64(b.N), "ms/scrape")
 		})
 	}
 }

@@ -443,9 +443,7 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 	}
 	// An override set through the API before a restart (or before the
 	// circuit was last dropped and made again) comes back.
-	if kept, ok, err := d.k.Override(name); err != nil {
-		d.log.Warn("reading a kept override", "circuit", name, "err", err)
-	} else if ok {
+	if kept, ok := d.kept[name]; ok {
 		ov = policyOverride(kept)
 	}
 	c := &circuit{endpoint: scope == policy.EndpointScope, id: id, metrics: d.metrics.forTarget(target, workload)}
@@ -569,12 +567,24 @@ func policyOverride(s maps.OverrideState) policy.Override {
 func (d *Daemon) keepOverride(c *circuit, o policy.Override) {
 	var err error
 	if k, ok := keptOverrides[o]; ok {
-		err = d.k.PutOverride(c.name(), k)
-	} else {
-		err = d.k.DeleteOverride(c.name())
+		if err = d.k.PutOverride(c.name(), k); err == nil {
+			d.kept[c.name()] = k
+		}
+	} else if err = d.k.DeleteOverride(c.name()); err == nil {
+		delete(d.kept, c.name())
 	}
 	if err != nil {
 		d.log.Warn("the override will not survive a restart", "circuit", c.name(), "err", err)
+	}
+}
+
+// loadKept reads the overrides a previous daemon kept in the pinned map
+// (this daemon is its only writer from here on: keepOverride), so a new
+// circuit finds its own without a system call.
+func (d *Daemon) loadKept() {
+	d.kept = map[string]maps.OverrideState{}
+	for name, s := range d.k.Overrides() {
+		d.kept[name] = s
 	}
 }
 

@@ -131,6 +131,9 @@ type Daemon struct {
 	// (lastLostCheck), for reconcileRounds.
 	lostSeen      uint64
 	lastLostCheck time.Time
+	// kept are the overrides kept in the pinned overrides map, by circuit
+	// name (loadKept, keepOverride).
+	kept map[string]maps.OverrideState
 	// pages keeps the sorted circuit names for CircuitsPage while the set
 	// of circuits is unchanged (version: registry.version when taken).
 	pages struct {

@@ -101,6 +101,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 		d.log.Log(context.Background(), lvl, "workload classes changed since the previous daemon: their pinned circuits and bulkheads are not adopted",
 			"classes", len(moved), "rejecting_verdicts_dropped", droppedVerdicts, "bulkhead_limits_dropped", droppedLimits)
 	}
+	d.loadKept()
 	d.applyConfig(cfg)
 	d.applyResolved(resolved)
 	d.applyServices(services)

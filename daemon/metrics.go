@@ -163,7 +163,8 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	maxID := d.reg.ids.next
-	slots := make([]slot, 0, d.reg.count())
+	// Circuits with a kernel id only: a million closed dynamic ones have none.
+	slots := make([]slot, 0, len(d.reg.byName)+len(d.reg.active))
 	for c := range d.reg.all() {
 		st := c.machine.State()
 		if c.target() == allTarget {
