@@ -156,7 +156,7 @@ func (d *Daemon) complete(s circuitSnap, names *cgroupNamer) CircuitInfo {
 		ci.Destinations = append(ci.Destinations, dst.String())
 	}
 	slices.Sort(ci.Destinations)
-	if ci.State == policy.Open.String() || ci.State == policy.HalfOpen.String() {
+	if ci.CircuitID != 0 && (ci.State == policy.Open.String() || ci.State == policy.HalfOpen.String()) {
 		// One budget per circuit: the tokens left in its current round,
 		// all of them when the round has not begun.
 		left := int32(s.opts.HalfOpenProbes)
@@ -198,9 +198,11 @@ func optionsMap(o *policy.Options) map[string]any {
 // chosen circuits' in-memory state; sorting, kernel reads and encoding
 // happen outside it. The sorted names are kept: a first page (after "")
 // sorts them again only when the set of circuits changed since
-// (registry.version); a later page uses them as they are, so a walk
-// through every page sorts them once, not once a page, and lists the
-// circuits as they were at its first page (those gone since are left out).
+// (registry.version); a later page uses them as they are for up to
+// pagesStale, so a walk through every page sorts them once, not once a
+// page, and lists the circuits as they were at its first page (those gone
+// since are left out). The tick drops names no page asked for in
+// pagesIdle.
 func (d *Daemon) CircuitsPage(after string, limit int) (_ []CircuitInfo, more bool) {
 	if limit <= 0 || limit > PageSize {
 		limit = PageSize
@@ -240,13 +242,15 @@ func (d *Daemon) sortedNames(stale bool) []string {
 	d.mu.Lock()
 	version := d.reg.version
 	d.pages.mu.Lock()
-	if d.pages.names != nil && (stale || d.pages.version == version) {
+	d.pages.used = time.Now()
+	if d.pages.names != nil && (d.pages.version == version || stale && time.Since(d.pages.at) < pagesStale) {
 		names := d.pages.names
 		d.pages.mu.Unlock()
 		d.mu.Unlock()
 		return names
 	}
 	d.pages.mu.Unlock()
+	at := time.Now()
 	named := make([]string, 0, len(d.reg.byName))
 	for name := range d.reg.byName {
 		named = append(named, name)
@@ -269,9 +273,28 @@ func (d *Daemon) sortedNames(stale bool) []string {
 	}
 	slices.Sort(names)
 	d.pages.mu.Lock()
-	d.pages.names, d.pages.version = names, version
+	d.pages.names, d.pages.version, d.pages.at = names, version, at
 	d.pages.mu.Unlock()
 	return names
+}
+
+const (
+	// pagesStale is how long a walk's later pages may use names sorted
+	// for an earlier first page.
+	pagesStale = 10 * time.Second
+	// pagesIdle is how long sorted names are kept with no page asking
+	// (a million of them take tens of MiB).
+	pagesIdle = 30 * time.Second
+)
+
+// dropIdlePages forgets the sorted names once no page asked for them in
+// pagesIdle.
+func (d *Daemon) dropIdlePages() {
+	d.pages.mu.Lock()
+	defer d.pages.mu.Unlock()
+	if d.pages.names != nil && time.Since(d.pages.used) >= pagesIdle {
+		d.pages.names = nil
+	}
 }
 
 // Circuits returns every circuit's state, sorted by name, page by page.
@@ -346,6 +369,9 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.workload()).Inc()
 	d.log.Info("circuit changed by hand", "circuit", c.name(), "action", action, "from", t.From.String(), "to", t.To.String())
 	d.events.add(TransitionEvent{Time: now, Circuit: c.name(), Target: c.target(), Workload: c.workload(), From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})
+	if t.From != t.To && t.To == policy.Closed {
+		d.releaseID(c)
+	}
 	s := snap(c, now)
 	d.mu.Unlock()
 	return d.complete(s, &cgroupNamer{}), nil

@@ -156,7 +156,7 @@ func (d *Daemon) retire(target string, id uint32) {
 // besides, with the slot's id and epoch (syncBulkSlots first). Under d.mu.
 func (d *Daemon) bulkheadEntries(c *circuit, dst maps.Dest) []bulkEntry {
 	var out []bulkEntry
-	if c.workload() != policy.SharedWorkload || !d.cfg.Scoped() {
+	if c.id != 0 && (c.workload() != policy.SharedWorkload || !d.cfg.Scoped()) {
 		out = append(out, bulkEntry{dst: dst, slot: c.id, epoch: d.epochOf(c)})
 	}
 	if c.extra == nil {

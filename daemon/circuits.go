@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"iter"
 	"net/netip"
@@ -437,7 +438,12 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 		id, inherited, ok = d.reg.ids.alloc(name, dst)
 		if !ok {
 			d.metrics.circuitsRefused.WithLabelValues(target).Inc()
-			d.log.Error("no circuit id free (every id is in use or held by open sockets); destination not protected", "circuit", name)
+			// At most a line a second: every new destination of a
+			// target with limits meets this once ids run out.
+			if now := time.Now(); now.Sub(d.noIDLogged) >= time.Second {
+				d.noIDLogged = now
+				d.log.Error("no circuit id free (every id is in use or held by open sockets); destination not protected (breakerd_circuits_refused_total counts each)", "circuit", name)
+			}
 			return nil
 		}
 	}
@@ -476,6 +482,9 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 // a new round there (also when c is open already: see ensureID).
 func (d *Daemon) seat(c *circuit, id uint32, inherited bool) {
 	c.id = id
+	if c.epoch() != 0 {
+		d.reg.recording[id] = c // its rejections are recorded under its id
+	}
 	if !inherited {
 		if err := d.k.ResetCounters(id); err != nil {
 			d.log.Warn("resetting counters", "circuit", c.name(), "err", err)
@@ -509,11 +518,14 @@ func (d *Daemon) ensureID(c *circuit) bool {
 }
 
 // releaseID gives back the kernel id of a dynamic circuit that closed,
-// when ids are scarce (half of them handed out: only with max_circuits
-// above policy.GuaranteedCircuits), so open circuits never wait for ids
-// held by closed ones. Its kernel counts go to its target's totals
-// (which never go down); its own count of rejections, and whom it
-// rejected, start again if it opens again.
+// when ids are scarce (half of them handed out or held back: with
+// max_circuits above policy.GuaranteedCircuits, or many bulkhead slots of
+// sharing workloads), so closed circuits that took ids while they were
+// plentiful do not keep every id from circuits opening later (nothing
+// takes an id back from a closed circuit that holds one otherwise). Its
+// kernel counts go to its target's totals (which never go down); its own
+// count of rejections, and whom it rejected, start again if it opens
+// again.
 func (d *Daemon) releaseID(c *circuit) {
 	if c.id == 0 || c.isNamed() || needsLimitEntry(c.machine.Options()) || c.machine.State() != policy.Closed || !d.reg.ids.scarce() {
 		return
@@ -527,25 +539,35 @@ func (d *Daemon) releaseID(c *circuit) {
 	c.id = 0
 }
 
-// retrySeats writes the verdicts of rejecting circuits that found no
-// kernel id free when they opened, once one is.
-func (d *Daemon) retrySeats() {
-	if d.unseated == 0 {
+// retryUnenforced writes the verdicts of rejecting circuits whose
+// verdicts could not be written (no kernel id was free, or the verdict
+// map refused an entry), once they can be. Called from the tick, once a
+// second.
+func (d *Daemon) retryUnenforced() {
+	for c := range d.unenforced {
+		d.enforce(c)
+	}
+}
+
+// enforce writes the verdicts of c, which is in d.unenforced, if it
+// still rejects and can now be given an id; it leaves the set when it no
+// longer rejects or every verdict is written.
+func (d *Daemon) enforce(c *circuit) {
+	st := c.machine.Status(d.now())
+	if !st.State.Rejects() {
+		delete(d.unenforced, c)
 		return
 	}
-	d.unseated = 0
-	for c := range d.reg.active {
-		if c.id != 0 {
-			continue
-		}
-		if !d.ensureID(c) {
-			d.unseated++ // logged and counted when it opened
-			continue
-		}
-		st := c.machine.Status(d.now())
-		d.writeVerdicts(c, policy.Transition{To: st.State, OpenUntil: st.OpenUntil, Round: c.machine.Round()})
-		d.log.Info("circuit id found: the open circuit is enforced", "circuit", c.name(), "state", st.State.String())
+	if !d.ensureID(c) {
+		return // logged and counted when it opened
 	}
+	for _, dst := range c.dests() {
+		if err := d.putVerdict(c, dst, st.State, st.OpenUntil, c.machine.Round()); err != nil {
+			return
+		}
+	}
+	delete(d.unenforced, c)
+	d.log.Info("the open circuit's verdicts are written: it is enforced", "circuit", c.name(), "state", st.State.String(), "circuit_id", c.id)
 }
 
 // keptOverrides maps the API's overrides to the pinned map's states.
@@ -624,6 +646,9 @@ func (d *Daemon) writeLimit(c *circuit, dst maps.Dest) {
 		d.metrics.verdictWriteErrors.Inc()
 		d.log.Error("no circuit id free (every id is in use or held by open sockets); bulkhead and response options not enforced for this destination", "circuit", c.name(), "dest", dst)
 		return
+	}
+	if _, ok := d.unenforced[c]; ok {
+		d.enforce(c) // seated here: its verdicts too
 	}
 	for _, e := range d.limitEntries(c, dst) {
 		l := limitOf(e.slot, o)
@@ -726,6 +751,7 @@ func (d *Daemon) drop(c *circuit) {
 		delete(d.reg.byName, c.extra.name)
 	}
 	d.reg.untrack(c)
+	delete(d.unenforced, c)
 	if c.target() == allTarget {
 		d.reg.dynamic--
 	}
@@ -744,16 +770,36 @@ func (d *Daemon) writeVerdicts(c *circuit, t policy.Transition) {
 
 // writeVerdict writes what state s means for dst. Open and half-open are
 // both an open verdict, due at openUntil (half-open: now), admitting the
-// probes of round from the circuit's one probe budget.
+// probes of round from the circuit's one probe budget. A rejecting
+// verdict that cannot be written (no kernel id free, the map refused it)
+// is logged and counted, and the circuit is filed in d.unenforced, whose
+// verdicts the tick writes once they can be.
 func (d *Daemon) writeVerdict(c *circuit, dst maps.Dest, s policy.State, openUntil time.Time, round uint32) {
+	err := d.putVerdict(c, dst, s, openUntil, round)
+	if err == nil {
+		return
+	}
+	d.metrics.verdictWriteErrors.Inc()
+	if s.Rejects() {
+		d.unenforced[c] = struct{}{}
+	}
+	if errors.Is(err, errNoID) {
+		d.log.Error("no circuit id free (every id is in use or held by open sockets); this open circuit is not enforced until one is", "circuit", c.name(), "dest", dst)
+		return
+	}
+	d.log.Error("writing verdict (the kernel fails open for this destination)", "circuit", c.name(), "dest", dst, "err", err)
+}
+
+// errNoID: a circuit that has to reject found no kernel circuit id free.
+var errNoID = errors.New("no circuit id free")
+
+// putVerdict writes what state s means for dst (see writeVerdict), giving
+// c a kernel id first if it rejects and has none.
+func (d *Daemon) putVerdict(c *circuit, dst maps.Dest, s policy.State, openUntil time.Time, round uint32) error {
 	o := c.machine.Options()
-	var err error
 	if s.Rejects() && c.id == 0 {
 		if !d.ensureID(c) {
-			d.unseated++
-			d.metrics.verdictWriteErrors.Inc()
-			d.log.Error("no circuit id free (every id is in use or held by open sockets); this open circuit is not enforced until one is", "circuit", c.name(), "dest", dst)
-			return
+			return errNoID
 		}
 		round = c.machine.Round() // continued after the slot's (seat)
 	}
@@ -765,22 +811,18 @@ func (d *Daemon) writeVerdict(c *circuit, dst maps.Dest, s policy.State, openUnt
 		}
 		v := maps.OpenVerdict(due, round, uint32(o.HalfOpenProbes), o.RejectErrno, c.id)
 		v.Epoch = d.epochOf(c)
-		err = d.k.PutVerdict(dst, v)
+		return d.k.PutVerdict(dst, v)
 	case policy.ForcedOpen:
-		err = d.k.PutVerdict(dst, maps.Verdict{State: maps.ForcedOpen, Errno: o.RejectErrno, CircuitID: c.id, Epoch: d.epochOf(c)})
+		return d.k.PutVerdict(dst, maps.Verdict{State: maps.ForcedOpen, Errno: o.RejectErrno, CircuitID: c.id, Epoch: d.epochOf(c)})
 	default:
-		err = d.k.DeleteVerdict(dst)
-	}
-	if err != nil {
-		d.metrics.verdictWriteErrors.Inc()
-		d.log.Error("writing verdict (the kernel fails open for this destination)", "circuit", c.name(), "dest", dst, "err", err)
+		return d.k.DeleteVerdict(dst)
 	}
 }
 
-// sortedCircuits returns the circuits: named ones by name, then dynamic
+// orderedCircuits returns the circuits: named ones by name, then dynamic
 // ones in the destination index's order (sorting a million of them, by
 // name or by destination, took seconds of a reload).
-func (d *Daemon) sortedCircuits() []*circuit {
+func (d *Daemon) orderedCircuits() []*circuit {
 	type named struct {
 		name string
 		c    *circuit

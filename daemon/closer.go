@@ -111,6 +111,12 @@ func (d *Daemon) opened(c *circuit, from, to policy.State, at time.Time) {
 	if !isOpen(to) || isOpen(from) || !c.machine.Options().CloseEstablished || d.runCtx == nil {
 		return
 	}
+	if _, ok := d.unenforced[c]; ok {
+		// New connects are let through: closing the established ones
+		// would only make them reconnect.
+		d.log.Warn("circuit opened but is not enforced; its established connections are left open", "circuit", c.name())
+		return
+	}
 	if d.closer == nil || d.closer.Mechanism() == maps.CloseNone {
 		d.log.Warn("circuit opened; this kernel cannot close its established connections (see the close_established start-up line)", "circuit", c.name())
 		return

@@ -137,13 +137,18 @@ type Daemon struct {
 	// pages keeps the sorted circuit names for CircuitsPage while the set
 	// of circuits is unchanged (version: registry.version when taken).
 	pages struct {
-		mu      sync.Mutex
-		version uint64
-		names   []string
+		mu       sync.Mutex
+		version  uint64
+		names    []string
+		at, used time.Time // when names were sorted, and last asked for
 	}
-	// unseated counts the rejecting circuits the last try found no kernel
-	// circuit id for (their verdicts are written once one is: retrySeats).
-	unseated int
+	// unenforced are the rejecting circuits whose verdicts could not be
+	// written (no kernel id free, or the verdict map refused one); the
+	// tick writes them once it can (retryUnenforced).
+	unenforced map[*circuit]struct{}
+	// noIDLogged is when a new destination refused for want of a circuit
+	// id was last logged.
+	noIDLogged time.Time
 	// endpointIdle: see the constant (tests shorten it).
 	endpointIdle time.Duration
 	// closer runs the close passes of close_established (closer.go); nil
@@ -234,7 +239,7 @@ func New(opts Options) (*Daemon, error) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	d := &Daemon{
 		opts: opts, log: opts.Logger, rand: rng.Float64,
-		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{},
+		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, unenforced: map[*circuit]struct{}{},
 		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{}, retired: map[string]maps.Counters{},
 		endpointIdle: endpointIdle, closeJobs: make(chan closeJob, closeQueue),
 	}
@@ -569,9 +574,6 @@ func (d *Daemon) apply(c *circuit, t policy.Transition) {
 			d.writeVerdicts(c, t)
 			d.opened(c, t.From, t.To, t.At)
 		}
-		if t.To == policy.Closed {
-			d.releaseID(c)
-		}
 		d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.workload()).Inc()
 	} else if t.Reason == policy.ReasonNewRound {
 		d.writeVerdicts(c, t)
@@ -593,6 +595,9 @@ func (d *Daemon) apply(c *circuit, t policy.Transition) {
 	ev := TransitionEvent{Time: t.At, Circuit: c.name(), Target: c.target(), Workload: c.workload(), From: t.From.String(), To: t.To.String(),
 		Reason: string(t.Reason), FailureRate: t.FailureRate, SlowRate: t.SlowRate, Calls: t.Calls, OpenUntil: t.OpenUntil, Trip: t.Trip}
 	d.events.add(ev)
+	if t.From != t.To && t.To == policy.Closed {
+		d.releaseID(c) // after the Event named whom it rejected
+	}
 }
 
 func round3(f float64) float64 { return float64(int(f*1000+0.5)) / 1000 }
@@ -649,7 +654,8 @@ func (d *Daemon) tick(now time.Time) {
 	}
 	if now.Sub(d.lastLostCheck) >= time.Second {
 		d.lastLostCheck = now
-		d.retrySeats()
+		d.retryUnenforced()
+		d.dropIdlePages()
 		if st, err := d.k.Stats(); err == nil && st.EventsLost != d.lostSeen {
 			d.lostSeen = st.EventsLost
 			d.reconcileRounds(now)
@@ -717,7 +723,7 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 	if old != nil {
 		now := d.now()
 		ch := policy.Diff(old, cfg)
-		for _, c := range d.sortedCircuits() {
+		for _, c := range d.orderedCircuits() {
 			if c.target() == allTarget {
 				if ch.AllChanged {
 					d.setOptions(c, &cfg.All, now)
@@ -776,7 +782,7 @@ func (d *Daemon) setOptions(c *circuit, o *policy.Options, now time.Time) {
 func (d *Daemon) rematch() {
 	d.matchers = map[uint8]*policy.Matcher{}
 	now := d.now()
-	for _, c := range d.sortedCircuits() {
+	for _, c := range d.orderedCircuits() {
 		var stale []maps.Dest
 		for _, dst := range c.dests() {
 			// A circuit of a class that now names another workload

@@ -18,14 +18,24 @@ type ids struct {
 	pinned   map[uint32]bool   // ids found in the pinned maps at start-up, not yet claimed
 	epochs   map[uint32]uint32 // the epochs of pinned verdicts and limits, by id (start-up only)
 	byDest   map[maps.Dest]uint32
-	// held counts the ids handed out and not yet released.
-	held int
+	// held counts the ids handed out and not yet released; inUse has their
+	// bits.
+	held  int
+	inUse []uint64
 	// limit is the number of ids (maps.MaxCircuitIDs; less in tests).
 	limit uint32
 }
 
+// idLimitForTest, when not 0, is the number of ids a new daemon has
+// (tests that run out of ids at start-up).
+var idLimitForTest uint32
+
 func newIDs(k *maps.Kernel) *ids {
-	return &ids{k: k, next: 1, limit: maps.MaxCircuitIDs, draining: map[uint32]string{}, pinned: map[uint32]bool{}, epochs: map[uint32]uint32{}, byDest: map[maps.Dest]uint32{}}
+	limit := uint32(maps.MaxCircuitIDs)
+	if idLimitForTest != 0 {
+		limit = idLimitForTest
+	}
+	return &ids{k: k, next: 1, limit: limit, inUse: make([]uint64, maps.MaxCircuitIDs/64), draining: map[uint32]string{}, pinned: map[uint32]bool{}, epochs: map[uint32]uint32{}, byDest: map[maps.Dest]uint32{}}
 }
 
 // loadPinned records the ids a previous daemon left in the kernel: the
@@ -82,9 +92,12 @@ func (s *ids) alloc(name string, dst maps.Dest) (id uint32, inherited, ok bool) 
 	id, inherited, ok = s.take(name, dst)
 	if ok {
 		s.held++
+		s.inUse[id/64] |= 1 << (id % 64)
 	}
 	return id, inherited, ok
 }
+
+func (s *ids) used(id uint32) bool { return s.inUse[id/64]&(1<<(id%64)) != 0 }
 
 // pinnedFor reports whether a previous daemon left an id for dst that a
 // circuit made for it inherits (start-up only).
@@ -93,9 +106,10 @@ func (s *ids) pinnedFor(dst maps.Dest) bool {
 	return found && s.pinned[id]
 }
 
-// scarce reports whether half the ids or more are handed out: a closing
-// dynamic circuit then gives its id back (see Daemon.releaseID).
-func (s *ids) scarce() bool { return s.held >= int(s.limit/2) }
+// scarce reports whether half the ids or more are handed out or held
+// back for sockets still counted in their slots: a closing dynamic circuit
+// then gives its id back (see Daemon.releaseID).
+func (s *ids) scarce() bool { return s.held+len(s.draining) >= int(s.limit/2) }
 
 func (s *ids) take(name string, dst maps.Dest) (id uint32, inherited, ok bool) {
 	if id, found := s.byDest[dst]; found && s.pinned[id] {
@@ -141,6 +155,7 @@ func (s *ids) release(id uint32, name string) {
 		return
 	}
 	s.held--
+	s.inUse[id/64] &^= 1 << (id % 64)
 	s.giveBack(id, name)
 }
 
@@ -154,10 +169,26 @@ func (s *ids) giveBack(id uint32, name string) {
 	s.free = append(s.free, id)
 }
 
-// endStartup releases the pinned ids no circuit claimed.
+// endStartup releases the pinned ids no circuit claimed, and every other
+// id below the highest one a previous daemon left that no circuit holds
+// now (next starts above the pinned ids, so those below it would
+// otherwise never be handed out again). A free id whose slot still
+// counts sockets is held back when it is next taken (take).
 func (s *ids) endStartup() {
 	for id := range s.pinned {
 		s.giveBack(id, "") // never handed out here: not in held
+	}
+	listed := make(map[uint32]bool, len(s.free)+len(s.draining))
+	for _, id := range s.free {
+		listed[id] = true
+	}
+	for id := range s.draining {
+		listed[id] = true
+	}
+	for id := uint32(1); id < s.next; id++ {
+		if !s.used(id) && !listed[id] && !s.pinned[id] {
+			s.free = append(s.free, id)
+		}
 	}
 	clear(s.pinned)
 	clear(s.byDest)

@@ -205,3 +205,170 @@ func TestScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 		t.Fatalf("9412: %+v, verdict %+v (%v, %v)", c12, v, ok, err)
 	}
 }
+
+// Limits entries are never written in slot 0: when a reload gives all a
+// bulkhead and no id is free for a closed dynamic circuit, its destination
+// gets no bulkhead (logged and counted), and no two destinations share one
+// count.
+func TestNoIDNoSharedBulkhead(t *testing.T) {
+	f := newFixture(t, lazyConfig)
+	d := f.start()
+	ports := []uint16{9431, 9432, 9433, 9434}
+	d.mu.Lock()
+	d.reg.ids.limit = 3 // ids 1 and 2
+	now := d.now()
+	for _, p := range ports {
+		if c, _ := d.lookup(f.dest(p), now); c == nil || c.id != 0 {
+			d.mu.Unlock()
+			t.Fatalf("port %d: %v, want a circuit with no id", p, c)
+		}
+	}
+	d.mu.Unlock()
+	f.writeConfig(lazyConfig + "  max_connections: 1\n")
+	if err := d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	limits, err := d.k.AllLimits()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var limited, unlimited []uint16
+	for _, p := range ports {
+		l, ok := limits[f.dest(p)]
+		if ok && l.Slot == 0 {
+			t.Fatalf("port %d: a limit in slot 0: %+v", p, l)
+		}
+		if ok {
+			limited = append(limited, p)
+		} else {
+			unlimited = append(unlimited, p)
+		}
+	}
+	if len(limited) != 2 || len(unlimited) != 2 {
+		t.Fatalf("limited %v, unlimited %v: want the two ids' circuits limited", limited, unlimited)
+	}
+	a, b := unlimited[0], unlimited[1]
+	f.srv.ServeHold(t, a)
+	f.srv.ServeHold(t, b)
+	h := f.hold(a, 1)
+	defer kill(h)
+	if got := errnos(f.dial(b, 1, 0)); got[0] != 1 {
+		t.Fatalf("a connect to %d with one held to %d (neither has a bulkhead): %v", b, a, got)
+	}
+	if !strings.Contains(f.logs.String(), "bulkhead and response options not enforced for this destination") {
+		t.Fatalf("not logged:\n%s", f.logs.String())
+	}
+}
+
+// A rejecting circuit seated by something other than its own verdict (a
+// reload's limits, here) has its verdicts written at once.
+func TestSeatedByReloadIsEnforced(t *testing.T) {
+	f := newFixture(t, lazyConfig)
+	d := f.start()
+	d.mu.Lock()
+	d.reg.ids.limit = 3
+	d.mu.Unlock()
+	for _, p := range []uint16{9441, 9442, 9443} {
+		f.dial(p, 2, 0)
+		f.waitState(f.dynName(p), "open", 2*time.Second)
+	}
+	d.mu.Lock()
+	d.lastLostCheck = d.now().Add(time.Hour) // no retry from the tick
+	d.reg.ids.limit = 4                      // id 3 comes free
+	d.mu.Unlock()
+	f.writeConfig(lazyConfig + "  max_connections: 100\n")
+	if err := d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := f.circuit(f.dynName(9443))
+	if v, ok, err := d.k.Verdict(f.dest(9443)); err != nil || !ok || c.CircuitID == 0 || v.CircuitID != c.CircuitID {
+		t.Fatalf("seated by the reload: %+v, verdict %+v (%v, %v)", c, v, ok, err)
+	}
+	if got := errnos(f.dial(9443, 2, 0)); got[unix.EHOSTUNREACH] == 0 {
+		t.Fatalf("9443 after the reload: %v, want rejected", got)
+	}
+}
+
+// After a restart every id below the highest pinned one that no circuit
+// holds is handed out again.
+func TestRestartFreesIDsBelowPinned(t *testing.T) {
+	f := newFixture(t, lazyConfig)
+	s := newIDs(f.start().k) // for the bulkhead counts (none)
+	s.limit = 8
+	dst := func(p uint16) maps.Dest {
+		return maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.MustParseAddr("10.0.0.1"), p)}
+	}
+	s.loadPinned(map[maps.Dest]maps.Verdict{dst(1): {CircuitID: 7}}, nil, nil)
+	if id, inh, ok := s.alloc("a", dst(1)); id != 7 || !inh || !ok {
+		t.Fatalf("inherit: %d %v %v", id, inh, ok)
+	}
+	s.endStartup()
+	got := map[uint32]bool{}
+	for i := range 6 {
+		id, _, ok := s.take("x", dst(uint16(10+i)))
+		if !ok || id == 0 || id == 7 || got[id] {
+			t.Fatalf("take %d: id %d, ok %v (had %v)", i, id, ok, got)
+		}
+		got[id] = true
+	}
+	if _, _, ok := s.take("y", dst(99)); ok {
+		t.Fatal("an eighth id out of 7")
+	}
+}
+
+// An adopted open verdict whose circuit finds no id (its id went to
+// another destination of the same former circuit) is not left pointing at
+// that id: it is deleted, the circuit is open here, logged, and enforced
+// with an id of its own once one is free.
+func TestAdoptedWithoutIDIsEnforcedLater(t *testing.T) {
+	named := lazyConfig + `targets:
+  svc:
+    match: {cidrs: [SRV], ports: ["9451", "9452"]}
+    consecutive_failures: 2
+    open_duration: 1h
+    max_open_duration: 2h
+    reject_errno: EHOSTUNREACH
+`
+	f := newFixture(t, named)
+	f.start()
+	f.dial(9451, 2, 0)
+	f.waitState("svc", "open", 2*time.Second)
+	svc, _ := f.circuit("svc")
+	f.stop()
+	// Without the target both destinations are dynamic; one inherits
+	// svc's id, the other finds none (ids 1 to svc's only).
+	f.writeConfig(lazyConfig)
+	idLimitForTest = svc.CircuitID + 1
+	t.Cleanup(func() { idLimitForTest = 0 })
+	d := f.start()
+	idLimitForTest = 0
+	var kept, orphan uint16 = 9451, 9452
+	if c, _ := f.circuit(f.dynName(kept)); c.CircuitID != svc.CircuitID {
+		kept, orphan = orphan, kept
+	}
+	if c, _ := f.circuit(f.dynName(kept)); c.CircuitID != svc.CircuitID || c.State != "open" {
+		t.Fatalf("the inheriting circuit: %+v, want open with id %d", c, svc.CircuitID)
+	}
+	c, _ := f.circuit(f.dynName(orphan))
+	if c.State != "open" || c.CircuitID != 0 {
+		t.Fatalf("the orphan: %+v, want open with no id", c)
+	}
+	if _, ok, err := d.k.Verdict(f.dest(orphan)); err != nil || ok {
+		t.Fatalf("the orphan's verdict is still there (%v, %v): it would spend another circuit's probes", ok, err)
+	}
+	if !strings.Contains(f.logs.String(), "no circuit id free for an adopted open circuit") {
+		t.Fatalf("not logged:\n%s", f.logs.String())
+	}
+	d.mu.Lock()
+	d.reg.ids.limit = svc.CircuitID + 2
+	d.mu.Unlock()
+	if !kerneltest.WaitFor(3*time.Second, func() bool {
+		v, ok, err := d.k.Verdict(f.dest(orphan))
+		return err == nil && ok && v.CircuitID == svc.CircuitID+1
+	}) {
+		t.Fatalf("the orphan was not enforced once an id was free (logs:\n%s)", f.logs.String())
+	}
+	if got := errnos(f.dial(orphan, 2, 0)); got[unix.EHOSTUNREACH] != 2 {
+		t.Fatalf("the orphan once enforced: %v", got)
+	}
+}

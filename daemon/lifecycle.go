@@ -137,10 +137,17 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 		switch v.State {
 		case maps.Open:
 			if !d.ensureID(c) {
-				// The pinned verdict stays as it is, still enforcing
-				// under the previous daemon's id.
+				// Its verdict names an id it does not hold (another
+				// circuit's, or a free one): gone, and the circuit is
+				// open here, enforced once an id is free.
+				_ = d.k.DeleteVerdict(dst)
+				if c.machine.State() == policy.Closed {
+					c.machine.Restore(now, now.Add(v.Due-mono), c.machine.Round()+1, false)
+					d.reg.track(c)
+				}
+				d.unenforced[c] = struct{}{}
 				d.metrics.verdictWriteErrors.Inc()
-				d.log.Error("no circuit id free for an adopted open circuit; its verdict is kept as found", "circuit", c.name(), "dest", dst)
+				d.log.Error("no circuit id free for an adopted open circuit; it is not enforced until one is", "circuit", c.name(), "dest", dst)
 				continue
 			}
 			if c.machine.State() == policy.Closed {
@@ -212,8 +219,8 @@ func (d *Daemon) reconcileLimits() error {
 	for c := range d.reg.all() {
 		d.syncBulkSlots(c)
 		o := c.machine.Options()
-		if !needsLimitEntry(o) {
-			continue
+		if !needsLimitEntry(o) || !d.ensureID(c) {
+			continue // no id free: writeLimit logged and counted it
 		}
 		for _, dst := range c.dests() {
 			if dst.Proto != maps.TCP {

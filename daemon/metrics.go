@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"runtime/debug"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -103,8 +104,16 @@ func newMetrics(d *Daemon) *metrics {
 }
 
 // stateCollector reads circuit states and the kernel's counters at scrape
-// time (ebpf_exporter style).
-type stateCollector struct{ d *Daemon }
+// time (ebpf_exporter style). Its per-target counters never go down: a
+// circuit's id can be given back (its counts moved into retired) and
+// given to another circuit (its counters zeroed) between the copy under
+// the lock and the kernel read, and such a scrape would count less, so
+// each counter reports at least what it reported before (last).
+type stateCollector struct {
+	d    *Daemon
+	mu   sync.Mutex
+	last map[string][4]uint64 // per target: rejections, shadow, probes, bulkhead rejections
+}
 
 var (
 	descState      = prometheus.NewDesc("breakerd_circuit_state", "1 for the state each named target's circuit is in (endpoint scope: count of endpoints in it).", []string{"target", "state"}, nil)
@@ -208,6 +217,16 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range allStates {
 		ch <- prometheus.MustNewConstMetric(descDynamic, prometheus.GaugeValue, float64(dynamic[st]), st.String())
 	}
+	s.mu.Lock()
+	if s.last == nil {
+		s.last = map[string][4]uint64{}
+	}
+	for t, sm := range perTarget {
+		l := s.last[t]
+		sm.rej, sm.shadow, sm.probes, sm.bulkRej = max(sm.rej, l[0]), max(sm.shadow, l[1]), max(sm.probes, l[2]), max(sm.bulkRej, l[3])
+		s.last[t] = [4]uint64{sm.rej, sm.shadow, sm.probes, sm.bulkRej}
+	}
+	s.mu.Unlock()
 	for t, sm := range perTarget {
 		ch <- prometheus.MustNewConstMetric(descRejected, prometheus.CounterValue, float64(sm.rej), t)
 		ch <- prometheus.MustNewConstMetric(descShadow, prometheus.CounterValue, float64(sm.shadow), t)

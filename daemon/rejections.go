@@ -140,6 +140,9 @@ func (d *Daemon) epochOf(c *circuit) uint32 {
 	if e := c.epoch(); e != 0 {
 		return e
 	}
+	if c.id == 0 {
+		return 0 // nothing of it in the kernel to key: see ensureID
+	}
 	e := d.reg.newEpoch()
 	d.setEpoch(c, e)
 	return e

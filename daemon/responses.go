@@ -252,6 +252,9 @@ func (d *Daemon) limitEntries(c *circuit, dst maps.Dest) []bulkEntry {
 	if c.machine.Options().HasLimits() {
 		return d.bulkheadEntries(c, dst)
 	}
+	if c.id == 0 {
+		return nil // no id free for it (writeLimit logged it): nothing in slot 0
+	}
 	var out []bulkEntry
 	if c.workload() != policy.SharedWorkload || !d.cfg.Scoped() {
 		out = append(out, bulkEntry{dst: dst, slot: c.id})
