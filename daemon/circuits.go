@@ -438,12 +438,9 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 		id, inherited, ok = d.reg.ids.alloc(name, dst)
 		if !ok {
 			d.metrics.circuitsRefused.WithLabelValues(target).Inc()
-			// At most a line a second: every new destination of a
-			// target with limits meets this once ids run out.
-			if now := time.Now(); now.Sub(d.noIDLogged) >= time.Second {
-				d.noIDLogged = now
-				d.log.Error("no circuit id free (every id is in use or held by open sockets); destination not protected (breakerd_circuits_refused_total counts each)", "circuit", name)
-			}
+			// At most a line a second a target: every new destination
+			// of a target with limits meets this once ids run out.
+			d.errorEverySecond(target, "no circuit id free (every id is in use or held by open sockets); destination not protected (breakerd_circuits_refused_total counts each)", "circuit", name, "target", target)
 			return nil
 		}
 	}
@@ -504,7 +501,7 @@ func (d *Daemon) seat(c *circuit, id uint32, inherited bool) {
 // ensureID gives c a kernel circuit id if it has none (a dynamic circuit
 // that is about to reject for the first time), and reports whether it has
 // one. Without one, nothing of c can be written to the kernel: the caller
-// logs and counts it, and the tick tries again (retrySeats).
+// logs and counts it, and the tick tries again (retryUnenforced).
 func (d *Daemon) ensureID(c *circuit) bool {
 	if c.id != 0 {
 		return true
@@ -539,35 +536,72 @@ func (d *Daemon) releaseID(c *circuit) {
 	c.id = 0
 }
 
-// retryUnenforced writes the verdicts of rejecting circuits whose
-// verdicts could not be written (no kernel id was free, or the verdict
-// map refused an entry), once they can be. Called from the tick, once a
-// second.
+// retryUnenforced writes what could not be written for want of a kernel
+// id or of room in a map: the verdicts of rejecting circuits
+// (d.unenforced) and the limits entries of circuits that need them
+// (d.unlimited). Called from the tick, once a second. Ids and map room
+// are shared, so the pass stops at the first circuit that still finds
+// none: a node short of them does one try a second, not one a circuit.
 func (d *Daemon) retryUnenforced() {
 	for c := range d.unenforced {
-		d.enforce(c)
+		if !d.enforce(c) {
+			return
+		}
+	}
+	for c := range d.unlimited {
+		if !d.ensureID(c) {
+			return
+		}
+		delete(d.unlimited, c)
+		for _, dst := range c.dests() {
+			d.writeLimit(c, dst) // files it again if it still fails
+		}
 	}
 }
 
-// enforce writes the verdicts of c, which is in d.unenforced, if it
-// still rejects and can now be given an id; it leaves the set when it no
-// longer rejects or every verdict is written.
-func (d *Daemon) enforce(c *circuit) {
-	st := c.machine.Status(d.now())
+// enforce writes the verdicts of c, which is in d.unenforced, if it still
+// rejects and can now be given an id; it leaves the set when it no longer
+// rejects or every verdict is written, and false says it found no id or
+// no room. An open circuit that stayed unenforced for its whole open
+// duration closes instead (policy.Circuit.NotEnforced): it rejected
+// nothing, and a verdict now would turn traffic away on old evidence.
+func (d *Daemon) enforce(c *circuit) bool {
+	now := d.now()
+	if t, moved := c.machine.NotEnforced(now); moved {
+		delete(d.unenforced, c)
+		d.log.Warn("the open circuit was not enforced through its open duration (no circuit id or verdict room); closed, counting afresh", "circuit", c.name())
+		d.apply(c, t)
+		return true
+	}
+	st := c.machine.Status(now)
 	if !st.State.Rejects() {
 		delete(d.unenforced, c)
-		return
+		return true
 	}
 	if !d.ensureID(c) {
-		return // logged and counted when it opened
+		return false
 	}
 	for _, dst := range c.dests() {
 		if err := d.putVerdict(c, dst, st.State, st.OpenUntil, c.machine.Round()); err != nil {
-			return
+			return false
 		}
 	}
 	delete(d.unenforced, c)
 	d.log.Info("the open circuit's verdicts are written: it is enforced", "circuit", c.name(), "state", st.State.String(), "circuit_id", c.id)
+	d.opened(c, policy.Closed, st.State, now) // its close_established pass, if it has one
+	return true
+}
+
+// errorEverySecond logs msg at error level at most once a second per key
+// (msg and key): a shortage of ids or map room meets every circuit or
+// record at once. The metrics count each.
+func (d *Daemon) errorEverySecond(key, msg string, args ...any) {
+	now := time.Now()
+	if now.Sub(d.errorsLogged[msg+"\x00"+key]) < time.Second {
+		return
+	}
+	d.errorsLogged[msg+"\x00"+key] = now
+	d.log.Error(msg, args...)
 }
 
 // keptOverrides maps the API's overrides to the pinned map's states.
@@ -641,15 +675,16 @@ func (d *Daemon) writeLimit(c *circuit, dst maps.Dest) {
 		d.syncBulkSlots(c)
 		return
 	}
-	d.syncBulkSlots(c)
 	if !d.ensureID(c) {
+		d.unlimited[c] = struct{}{}
 		d.metrics.verdictWriteErrors.Inc()
-		d.log.Error("no circuit id free (every id is in use or held by open sockets); bulkhead and response options not enforced for this destination", "circuit", c.name(), "dest", dst)
+		d.errorEverySecond("", "no circuit id free (every id is in use or held by open sockets); bulkhead and response options are not enforced for a circuit until one is", "circuit", c.name(), "dest", dst)
 		return
 	}
 	if _, ok := d.unenforced[c]; ok {
 		d.enforce(c) // seated here: its verdicts too
 	}
+	d.syncBulkSlots(c)
 	for _, e := range d.limitEntries(c, dst) {
 		l := limitOf(e.slot, o)
 		l.Epoch = e.epoch
@@ -752,6 +787,7 @@ func (d *Daemon) drop(c *circuit) {
 	}
 	d.reg.untrack(c)
 	delete(d.unenforced, c)
+	delete(d.unlimited, c)
 	if c.target() == allTarget {
 		d.reg.dynamic--
 	}
@@ -761,10 +797,15 @@ func (d *Daemon) drop(c *circuit) {
 }
 
 // writeVerdicts makes the kernel enforce what a transition says, for every
-// destination of the circuit.
+// destination of the circuit; c is in d.unenforced after it exactly when
+// it rejects and a verdict could not be written.
 func (d *Daemon) writeVerdicts(c *circuit, t policy.Transition) {
+	ok := true
 	for _, dst := range c.dests() {
-		d.writeVerdict(c, dst, t.To, t.OpenUntil, t.Round)
+		ok = d.writeVerdict(c, dst, t.To, t.OpenUntil, t.Round) && ok
+	}
+	if ok || !t.To.Rejects() {
+		delete(d.unenforced, c)
 	}
 }
 
@@ -772,22 +813,23 @@ func (d *Daemon) writeVerdicts(c *circuit, t policy.Transition) {
 // both an open verdict, due at openUntil (half-open: now), admitting the
 // probes of round from the circuit's one probe budget. A rejecting
 // verdict that cannot be written (no kernel id free, the map refused it)
-// is logged and counted, and the circuit is filed in d.unenforced, whose
-// verdicts the tick writes once they can be.
-func (d *Daemon) writeVerdict(c *circuit, dst maps.Dest, s policy.State, openUntil time.Time, round uint32) {
+// is logged and counted, the circuit is filed in d.unenforced, whose
+// verdicts the tick writes once they can be, and false is returned.
+func (d *Daemon) writeVerdict(c *circuit, dst maps.Dest, s policy.State, openUntil time.Time, round uint32) bool {
 	err := d.putVerdict(c, dst, s, openUntil, round)
 	if err == nil {
-		return
+		return true
 	}
 	d.metrics.verdictWriteErrors.Inc()
 	if s.Rejects() {
 		d.unenforced[c] = struct{}{}
 	}
 	if errors.Is(err, errNoID) {
-		d.log.Error("no circuit id free (every id is in use or held by open sockets); this open circuit is not enforced until one is", "circuit", c.name(), "dest", dst)
-		return
+		d.errorEverySecond("", "no circuit id free (every id is in use or held by open sockets); an open circuit is not enforced until one is", "circuit", c.name(), "dest", dst)
+		return false
 	}
-	d.log.Error("writing verdict (the kernel fails open for this destination)", "circuit", c.name(), "dest", dst, "err", err)
+	d.errorEverySecond("", "writing verdict (the kernel fails open for this destination)", "circuit", c.name(), "dest", dst, "err", err)
+	return false
 }
 
 // errNoID: a circuit that has to reject found no kernel circuit id free.

@@ -146,9 +146,12 @@ type Daemon struct {
 	// written (no kernel id free, or the verdict map refused one); the
 	// tick writes them once it can (retryUnenforced).
 	unenforced map[*circuit]struct{}
-	// noIDLogged is when a new destination refused for want of a circuit
-	// id was last logged.
-	noIDLogged time.Time
+	// unlimited are the circuits whose limits entries could not be
+	// written for want of a kernel id (retryUnenforced).
+	unlimited map[*circuit]struct{}
+	// errorsLogged: when each rate-limited error line was last logged
+	// (errorEverySecond).
+	errorsLogged map[string]time.Time
 	// endpointIdle: see the constant (tests shorten it).
 	endpointIdle time.Duration
 	// closer runs the close passes of close_established (closer.go); nil
@@ -239,7 +242,7 @@ func New(opts Options) (*Daemon, error) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	d := &Daemon{
 		opts: opts, log: opts.Logger, rand: rng.Float64,
-		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, unenforced: map[*circuit]struct{}{},
+		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, unenforced: map[*circuit]struct{}{}, unlimited: map[*circuit]struct{}{}, errorsLogged: map[string]time.Time{},
 		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{}, retired: map[string]maps.Counters{},
 		endpointIdle: endpointIdle, closeJobs: make(chan closeJob, closeQueue),
 	}

@@ -22,6 +22,9 @@ type ids struct {
 	// bits.
 	held  int
 	inUse []uint64
+	// releases counts the ids given back (a scrape's check that the
+	// slots it read kept their owners).
+	releases uint64
 	// limit is the number of ids (maps.MaxCircuitIDs; less in tests).
 	limit uint32
 }
@@ -70,6 +73,13 @@ func (s *ids) loadPinned(verdicts map[maps.Dest]maps.Verdict, limits map[maps.De
 	}
 	for id := range busy {
 		mark(id)
+	}
+	// Every other id below next is free now (no circuit exists yet):
+	// handed out from the start, not only once start-up ends.
+	for id := uint32(1); id < s.next; id++ {
+		if !s.pinned[id] {
+			s.free = append(s.free, id)
+		}
 	}
 }
 
@@ -155,6 +165,7 @@ func (s *ids) release(id uint32, name string) {
 		return
 	}
 	s.held--
+	s.releases++
 	s.inUse[id/64] &^= 1 << (id % 64)
 	s.giveBack(id, name)
 }
@@ -169,11 +180,11 @@ func (s *ids) giveBack(id uint32, name string) {
 	s.free = append(s.free, id)
 }
 
-// endStartup releases the pinned ids no circuit claimed, and every other
-// id below the highest one a previous daemon left that no circuit holds
-// now (next starts above the pinned ids, so those below it would
-// otherwise never be handed out again). A free id whose slot still
-// counts sockets is held back when it is next taken (take).
+// endStartup releases the pinned ids no circuit claimed. With the ids
+// loadPinned freed (every unpinned one below the highest a previous
+// daemon left), every id no circuit holds is free or held back from here
+// on; the loop below makes sure of it. A free id whose slot still counts
+// sockets is held back when it is next taken (take).
 func (s *ids) endStartup() {
 	for id := range s.pinned {
 		s.giveBack(id, "") // never handed out here: not in held

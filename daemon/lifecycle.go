@@ -136,6 +136,15 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 		}
 		switch v.State {
 		case maps.Open:
+			switch c.machine.State() {
+			case policy.ForcedOpen:
+				continue // newCircuit wrote its forced-open verdict: kept
+			case policy.ForcedClosed, policy.Disabled:
+				// The configuration (or a kept override) says it
+				// rejects nothing now.
+				_ = d.k.DeleteVerdict(dst)
+				continue
+			}
 			if !d.ensureID(c) {
 				// Its verdict names an id it does not hold (another
 				// circuit's, or a free one): gone, and the circuit is
@@ -147,7 +156,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 				}
 				d.unenforced[c] = struct{}{}
 				d.metrics.verdictWriteErrors.Inc()
-				d.log.Error("no circuit id free for an adopted open circuit; it is not enforced until one is", "circuit", c.name(), "dest", dst)
+				d.errorEverySecond("", "no circuit id free for an adopted open circuit; it is not enforced until one is", "circuit", c.name(), "dest", dst)
 				continue
 			}
 			if c.machine.State() == policy.Closed {
@@ -219,8 +228,16 @@ func (d *Daemon) reconcileLimits() error {
 	for c := range d.reg.all() {
 		d.syncBulkSlots(c)
 		o := c.machine.Options()
-		if !needsLimitEntry(o) || !d.ensureID(c) {
-			continue // no id free: writeLimit logged and counted it
+		if !needsLimitEntry(o) {
+			continue
+		}
+		if !d.ensureID(c) {
+			d.unlimited[c] = struct{}{} // logged and counted by writeLimit
+			continue
+		}
+		delete(d.unlimited, c)
+		if _, ok := d.unenforced[c]; ok {
+			d.enforce(c) // seated here: its verdicts too
 		}
 		for _, dst := range c.dests() {
 			if dst.Proto != maps.TCP {

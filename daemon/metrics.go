@@ -107,8 +107,9 @@ func newMetrics(d *Daemon) *metrics {
 // time (ebpf_exporter style). Its per-target counters never go down: a
 // circuit's id can be given back (its counts moved into retired) and
 // given to another circuit (its counters zeroed) between the copy under
-// the lock and the kernel read, and such a scrape would count less, so
-// each counter reports at least what it reported before (last).
+// the lock and the kernel read, so a scrape during which an id was given
+// back repeats the values of the one before, and every counter reports
+// at least what it reported before (last).
 type stateCollector struct {
 	d    *Daemon
 	mu   sync.Mutex
@@ -171,7 +172,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			states[t] = map[policy.State]int{}
 		}
 	}
-	maxID := d.reg.ids.next
+	maxID, gen := d.reg.ids.next, d.reg.ids.releases
 	// Circuits with a kernel id only: a million closed dynamic ones have none.
 	slots := make([]slot, 0, len(d.reg.byName)+len(d.reg.active))
 	for c := range d.reg.all() {
@@ -196,6 +197,10 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if cerr != nil || berr != nil {
 		d.log.Warn("reading kernel counters for metrics", "err", errors.Join(cerr, berr))
 	}
+	d.mu.Lock()
+	// An id given back since the copy may be another circuit's now.
+	moved := d.reg.ids.releases != gen
+	d.mu.Unlock()
 	for _, sl := range slots {
 		sum := perTarget[sl.target]
 		if int(sl.id) < len(counters) {
@@ -222,7 +227,13 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		s.last = map[string][4]uint64{}
 	}
 	for t, sm := range perTarget {
-		l := s.last[t]
+		l, seen := s.last[t]
+		if moved && seen {
+			// The slots' owners may have changed under the read: this
+			// scrape repeats the last values.
+			sm.rej, sm.shadow, sm.probes, sm.bulkRej = l[0], l[1], l[2], l[3]
+			continue
+		}
 		sm.rej, sm.shadow, sm.probes, sm.bulkRej = max(sm.rej, l[0]), max(sm.shadow, l[1]), max(sm.probes, l[2]), max(sm.bulkRej, l[3])
 		s.last[t] = [4]uint64{sm.rej, sm.shadow, sm.probes, sm.bulkRej}
 	}

@@ -83,6 +83,7 @@ const (
 	ReasonReleased       Reason = "override_released"
 	ReasonReset          Reason = "reset"
 	ReasonRestoredFromKV Reason = "adopted_from_kernel"
+	ReasonNotEnforced    Reason = "not_enforced"
 )
 
 // Transition is a change of a circuit's state, with what the daemon needs
@@ -436,6 +437,20 @@ func (c *Circuit) SeedRound(round uint32) {
 	if int32(round-c.round) > 0 {
 		c.round = round
 	}
+}
+
+// NotEnforced closes an open circuit whose verdict the kernel never had
+// through its open duration (the daemon found no room for it): it
+// rejected nothing and admits no probe, so it would stay open for good;
+// closed, it counts its calls afresh and opens again if they still fail.
+// It does nothing (false) in any other state or before the open duration
+// has elapsed.
+func (c *Circuit) NotEnforced(now time.Time) (Transition, bool) {
+	if c.state != Open || now.Before(c.openUntil.time()) {
+		return Transition{}, false
+	}
+	c.last = stampOf(now)
+	return c.close(now, ReasonNotEnforced), true
 }
 
 // RoundAfter makes the round the circuit's verdict admits probes of come

@@ -77,7 +77,8 @@ const MaxCircuitsLimit = 1 << 20
 // GuaranteedCircuits is the max_circuits (2^17) up to which every circuit
 // can reject at once: half the kernel's circuit ids (maps.MaxCircuitIDs),
 // so ids held back while sockets of a dropped circuit still count in its
-// bulkhead slot never run out, and half its verdict map's destinations.
+// bulkhead slot never run out, and half its verdict map's destinations
+// (the bulkhead slots of sharing workloads, which take ids too, aside).
 // Past it, a circuit that opens when no id or verdict entry is left is not
 // enforced, and the daemon logs and counts it.
 const GuaranteedCircuits = 1 << 17
@@ -175,7 +176,7 @@ type docField struct{ key, def, unit, doc string }
 // topFields are the top-level keys.
 var topFields = []docField{
 	{"mode", "enforce", "enforce | shadow", "`shadow` runs every circuit and reports what it would reject; the kernel rejects nothing."},
-	{"max_circuits", "100000", "destinations", "Bound on the destinations breakerd tracks, of every circuit: each dynamic circuit of `all` (one per address and port), each endpoint of an endpoint-scope target and each destination a service-scope target has seen counts one. Past it, the least recently active idle closed dynamic circuit is evicted; when there is none, the new destination is not protected and `breakerd_circuits_refused_total{target}` counts it. At most 1048576. Up to 131072 every circuit can reject at once (half the kernel's 262144 circuit ids and verdict entries, the other half kept for ids still held by open sockets of dropped circuits); a dynamic circuit without bulkhead or response options takes a kernel id only when it first rejects, so above that closed circuits cost only the daemon's memory (about 250 B each), and a circuit that opens when the kernel has no id or verdict entry left is not enforced: the daemon logs it and counts it in `breakerd_verdict_write_errors_total`."},
+	{"max_circuits", "100000", "destinations", "Bound on the destinations breakerd tracks, of every circuit: each dynamic circuit of `all` (one per address and port), each endpoint of an endpoint-scope target and each destination a service-scope target has seen counts one. Past it, the least recently active idle closed dynamic circuit is evicted; when there is none, the new destination is not protected and `breakerd_circuits_refused_total{target}` counts it. At most 1048576. Up to 131072 every circuit can reject at once (half the kernel's 262144 circuit ids and verdict entries, the other half kept for ids still held by open sockets of dropped circuits; each sharing workload's bulkhead slot takes an id besides); a dynamic circuit without bulkhead or response options takes a kernel id only when it first rejects, so above that closed circuits cost only the daemon's memory (about 250 B each), and a circuit that opens when the kernel has no id or verdict entry left is not enforced: the daemon logs it and counts it in `breakerd_verdict_write_errors_total`."},
 	{"failsafe_timeout", "10s", "duration", "The kernel ignores every verdict when the daemon's heartbeat is older than this (a dead daemon never strands open circuits)."},
 	{"max_rto", "3", "timeouts", "Retransmission timeouts on an established connection that make it stalled (a failure)."},
 	{"workloads", "[] (every process below `--cgroup`)", "list of workloads", "The protected workloads, by cgroup (see *Workloads*). Processes of no listed workload are never rejected, never counted in a bulkhead, and their outcomes are not reported."},
