@@ -434,3 +434,50 @@ func TestUnenforcedOpenCircuitCloses(t *testing.T) {
 		t.Fatal("reopened with no id free, and not among the unenforced")
 	}
 }
+
+// A target whose configured state changes across a restart does not keep
+// the open verdict the previous daemon left: disabled, its connects pass;
+// forced open, its forced-open verdict is not overwritten by the adopted
+// one (which would admit probes).
+func TestAdoptedVerdictFollowsConfiguredState(t *testing.T) {
+	named := `
+targets:
+  svc:
+    match: {cidrs: [SRV], ports: ["9461"]}
+    consecutive_failures: 2
+    open_duration: 1s
+    reject_errno: EHOSTUNREACH
+`
+	f := newFixture(t, named)
+	f.start()
+	f.dial(9461, 2, 0)
+	f.waitState("svc", "open", 2*time.Second)
+	f.stop()
+	f.writeConfig(strings.Replace(named, "    consecutive_failures: 2\n", "    consecutive_failures: 2\n    state: disabled\n", 1))
+	d := f.start()
+	f.waitState("svc", "disabled", 2*time.Second)
+	if _, ok, err := d.k.Verdict(f.dest(9461)); err != nil || ok {
+		t.Fatalf("disabled after the restart, the open verdict is still there (%v, %v)", ok, err)
+	}
+	if got := errnos(f.dial(9461, 2, 0)); got[unix.ECONNREFUSED] != 2 {
+		t.Fatalf("disabled: %v, want both connects to reach the host", got)
+	}
+
+	f.writeConfig(named)
+	if err := d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	f.dial(9461, 2, 0)
+	f.waitState("svc", "open", 2*time.Second)
+	f.stop()
+	f.writeConfig(strings.Replace(named, "    consecutive_failures: 2\n", "    consecutive_failures: 2\n    state: forced_open\n", 1))
+	d = f.start()
+	f.waitState("svc", "forced_open", 2*time.Second)
+	time.Sleep(1100 * time.Millisecond) // past the adopted verdict's due time
+	if v, ok, err := d.k.Verdict(f.dest(9461)); err != nil || !ok || v.State != maps.ForcedOpen {
+		t.Fatalf("forced open after the restart: verdict %+v (%v, %v), want forced open", v, ok, err)
+	}
+	if got := errnos(f.dial(9461, 3, 0)); got[unix.EHOSTUNREACH] != 3 {
+		t.Fatalf("forced open: %v, want every connect rejected (no probe)", got)
+	}
+}
