@@ -320,7 +320,10 @@ func TestLifecycle(t *testing.T) {
 	}) {
 		t.Fatalf("removed pins not put back:\n%s", p.logs.String())
 	}
-	if !strings.Contains(p.logs.String(), "level=ERROR") || !strings.Contains(p.logs.String(), "pins_removed") {
+	// The line comes through the daemon's stderr pipe, after the pins.
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		return strings.Contains(p.logs.String(), "level=ERROR") && strings.Contains(p.logs.String(), "pins_removed")
+	}) {
 		t.Fatalf("no error log for the removed pins:\n%s", p.logs.String())
 	}
 	l.check("pins removed and put back", map[maps.Dest]int64{l.pool: 2})
