@@ -200,9 +200,9 @@ func optionsMap(o *policy.Options) map[string]any {
 // sorts them again only when the set of circuits changed since
 // (registry.version); a later page uses them as they are for up to
 // pagesStale, so a walk through every page sorts them once, not once a
-// page, and lists the circuits as they were at its first page (those gone
-// since are left out). The tick drops names no page asked for in
-// pagesIdle.
+// page: it lists the circuits there were when some first page (its own,
+// or another client's up to pagesStale before) sorted them, less those
+// gone since. The tick drops names no page asked for in pagesIdle.
 func (d *Daemon) CircuitsPage(after string, limit int) (_ []CircuitInfo, more bool) {
 	if limit <= 0 || limit > PageSize {
 		limit = PageSize

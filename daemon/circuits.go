@@ -552,11 +552,27 @@ func (d *Daemon) retryUnenforced() {
 		if !d.ensureID(c) {
 			return
 		}
-		delete(d.unlimited, c)
 		for _, dst := range c.dests() {
-			d.writeLimit(c, dst) // files it again if it still fails
+			d.writeLimit(c, dst) // takes it out of the set (seatForLimits)
 		}
 	}
+}
+
+// seatForLimits gives c, which needs limits entries, a kernel id for
+// their slot, and reports whether it has one. Without one c waits in
+// d.unlimited for the tick; given one, it leaves it, and a rejecting
+// circuit that waited for an id (d.unenforced) has its verdicts written
+// with it.
+func (d *Daemon) seatForLimits(c *circuit) bool {
+	if !d.ensureID(c) {
+		d.unlimited[c] = struct{}{}
+		return false
+	}
+	delete(d.unlimited, c)
+	if _, ok := d.unenforced[c]; ok {
+		d.enforce(c)
+	}
+	return true
 }
 
 // enforce writes the verdicts of c, which is in d.unenforced, if it still
@@ -675,14 +691,10 @@ func (d *Daemon) writeLimit(c *circuit, dst maps.Dest) {
 		d.syncBulkSlots(c)
 		return
 	}
-	if !d.ensureID(c) {
-		d.unlimited[c] = struct{}{}
+	if !d.seatForLimits(c) {
 		d.metrics.verdictWriteErrors.Inc()
 		d.errorEverySecond("", "no circuit id free (every id is in use or held by open sockets); bulkhead and response options are not enforced for a circuit until one is", "circuit", c.name(), "dest", dst)
 		return
-	}
-	if _, ok := d.unenforced[c]; ok {
-		d.enforce(c) // seated here: its verdicts too
 	}
 	d.syncBulkSlots(c)
 	for _, e := range d.limitEntries(c, dst) {

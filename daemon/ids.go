@@ -18,10 +18,8 @@ type ids struct {
 	pinned   map[uint32]bool   // ids found in the pinned maps at start-up, not yet claimed
 	epochs   map[uint32]uint32 // the epochs of pinned verdicts and limits, by id (start-up only)
 	byDest   map[maps.Dest]uint32
-	// held counts the ids handed out and not yet released; inUse has their
-	// bits.
-	held  int
-	inUse []uint64
+	// held counts the ids handed out and not yet released.
+	held int
 	// releases counts the ids given back (a scrape's check that the
 	// slots it read kept their owners).
 	releases uint64
@@ -38,7 +36,7 @@ func newIDs(k *maps.Kernel) *ids {
 	if idLimitForTest != 0 {
 		limit = idLimitForTest
 	}
-	return &ids{k: k, next: 1, limit: limit, inUse: make([]uint64, maps.MaxCircuitIDs/64), draining: map[uint32]string{}, pinned: map[uint32]bool{}, epochs: map[uint32]uint32{}, byDest: map[maps.Dest]uint32{}}
+	return &ids{k: k, next: 1, limit: limit, draining: map[uint32]string{}, pinned: map[uint32]bool{}, epochs: map[uint32]uint32{}, byDest: map[maps.Dest]uint32{}}
 }
 
 // loadPinned records the ids a previous daemon left in the kernel: the
@@ -46,6 +44,7 @@ func newIDs(k *maps.Kernel) *ids {
 // still counts sockets. A circuit made for one of those destinations
 // inherits its id (so its counters and bulkhead counts carry on); the
 // others are handed out only once release finds them unclaimed and idle.
+// Every unpinned id below the highest pinned one is free at once.
 func (s *ids) loadPinned(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest]maps.Limit, busy map[uint32]maps.BulkCount) {
 	mark := func(id uint32) {
 		if id != 0 && id < s.limit {
@@ -102,12 +101,9 @@ func (s *ids) alloc(name string, dst maps.Dest) (id uint32, inherited, ok bool) 
 	id, inherited, ok = s.take(name, dst)
 	if ok {
 		s.held++
-		s.inUse[id/64] |= 1 << (id % 64)
 	}
 	return id, inherited, ok
 }
-
-func (s *ids) used(id uint32) bool { return s.inUse[id/64]&(1<<(id%64)) != 0 }
 
 // pinnedFor reports whether a previous daemon left an id for dst that a
 // circuit made for it inherits (start-up only).
@@ -166,7 +162,6 @@ func (s *ids) release(id uint32, name string) {
 	}
 	s.held--
 	s.releases++
-	s.inUse[id/64] &^= 1 << (id % 64)
 	s.giveBack(id, name)
 }
 
@@ -180,26 +175,12 @@ func (s *ids) giveBack(id uint32, name string) {
 	s.free = append(s.free, id)
 }
 
-// endStartup releases the pinned ids no circuit claimed. With the ids
-// loadPinned freed (every unpinned one below the highest a previous
-// daemon left), every id no circuit holds is free or held back from here
-// on; the loop below makes sure of it. A free id whose slot still counts
-// sockets is held back when it is next taken (take).
+// endStartup releases the pinned ids no circuit claimed. The unpinned ids
+// below them were free from loadPinned on, so every id no circuit holds
+// is free or held back from here on.
 func (s *ids) endStartup() {
 	for id := range s.pinned {
 		s.giveBack(id, "") // never handed out here: not in held
-	}
-	listed := make(map[uint32]bool, len(s.free)+len(s.draining))
-	for _, id := range s.free {
-		listed[id] = true
-	}
-	for id := range s.draining {
-		listed[id] = true
-	}
-	for id := uint32(1); id < s.next; id++ {
-		if !s.used(id) && !listed[id] && !s.pinned[id] {
-			s.free = append(s.free, id)
-		}
 	}
 	clear(s.pinned)
 	clear(s.byDest)

@@ -231,13 +231,8 @@ func (d *Daemon) reconcileLimits() error {
 		if !needsLimitEntry(o) {
 			continue
 		}
-		if !d.ensureID(c) {
-			d.unlimited[c] = struct{}{} // logged and counted by writeLimit
-			continue
-		}
-		delete(d.unlimited, c)
-		if _, ok := d.unenforced[c]; ok {
-			d.enforce(c) // seated here: its verdicts too
+		if !d.seatForLimits(c) {
+			continue // logged and counted by writeLimit
 		}
 		for _, dst := range c.dests() {
 			if dst.Proto != maps.TCP {
