@@ -317,7 +317,9 @@ func TestImageInContainerd(t *testing.T) {
 	}) {
 		t.Fatalf("the container does not protect the cgroup:\n%s", readLog(logA))
 	}
-	if !strings.Contains(readLog(logA), "breakerd ready") {
+	// The programs attach before the daemon's last start-up steps, so the
+	// cgroup is protected a moment before the ready line is written.
+	if !kerneltest.WaitFor(10*time.Second, func() bool { return strings.Contains(readLog(logA), "breakerd ready") }) {
 		t.Fatalf("no ready line:\n%s", readLog(logA))
 	}
 	syns := srv.SYNs(t)
