@@ -12,12 +12,14 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
@@ -469,6 +471,53 @@ func TestMetrics(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("scrape lacks %s", want)
 		}
+	}
+}
+
+// TestProgramMetrics: with BPF statistics on, the scrape shows the calls
+// of breakerd's programs the test's connects made, and time spent in them.
+func TestProgramMetrics(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.srv.Listen(t, "tcp4", 8080)
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		t.Fatalf("enabling BPF statistics: %v", err)
+	}
+	defer stats.Close()
+	f.start()
+	const n = 20
+	for _, r := range f.dial(8080, n, time.Second) {
+		if r.Errno != 0 {
+			t.Fatalf("healthy connect failed: %v", r.Errno)
+		}
+	}
+	rec := httptest.NewRecorder()
+	f.d.handler(exposeTCP, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	values := map[string]float64{}
+	for _, line := range strings.Split(rec.Body.String(), "\n") {
+		if name, v, ok := strings.Cut(line, " "); ok && strings.HasPrefix(name, "breakerd_kernel_program_") {
+			x, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			values[name] = x
+		}
+	}
+	// Each connect calls connect4 once, and sockops at least at the
+	// connect and at the handshake's end.
+	if got := values[`breakerd_kernel_program_runs_total{program="connect4"}`]; got < n {
+		t.Errorf("connect4 runs %v, want at least %d (scrape: %v)", got, n, values)
+	}
+	if got := values[`breakerd_kernel_program_runs_total{program="sockops"}`]; got < 2*n {
+		t.Errorf("sockops runs %v, want at least %d (scrape: %v)", got, 2*n, values)
+	}
+	for _, p := range []string{"connect4", "sockops"} {
+		if got := values[`breakerd_kernel_program_run_seconds_total{program="`+p+`"}`]; got <= 0 {
+			t.Errorf("%s run time %v, want more than 0", p, got)
+		}
+	}
+	if _, ok := values[`breakerd_kernel_program_runs_total{program="resp_ingress"}`]; !ok {
+		t.Errorf("no series for resp_ingress (loaded, not attached: 0): %v", values)
 	}
 }
 
