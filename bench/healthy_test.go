@@ -134,14 +134,23 @@ func TestHealthyPathCost(t *testing.T) {
 			100*float64(cpu)/float64(el.Nanoseconds()), extra/max(ok, 1), cpu/max(ok, 1), lost-lost0, toOpen.Round(10*time.Microsecond))
 		lost0 = lost
 	}
-	t.Log("\n" + tab.String())
-	if *out != "" {
-		f, err := os.OpenFile(*out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		fmt.Fprintln(f, tab.String())
+	report(t, tab.String())
+}
+
+// report logs a table and appends it to the -bench.out file, if any.
+func report(t *testing.T, table string) {
+	t.Helper()
+	t.Log("\n" + table)
+	if *out == "" {
+		return
+	}
+	f, err := os.OpenFile(*out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := fmt.Fprintln(f, table); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -92,15 +92,7 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	fmt.Fprintf(&tab, "\n%d connects (%.0f/s), %d failed\n", ok+failed, float64(ok+failed)/time.Since(t0).Seconds(), failed)
-	t.Log("\n" + tab.String())
-	if *out != "" {
-		f, err := os.OpenFile(*out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprintln(f, tab.String())
-		f.Close()
-	}
+	report(t, tab.String())
 
 	if failed > (ok+failed)/100 {
 		t.Errorf("%d of %d healthy connects failed", failed, ok+failed)

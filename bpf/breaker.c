@@ -225,7 +225,10 @@ struct sock_state {
 	__u8 head_len;   /* bytes in head */
 	__u8 seq;        /* enum seq_flags */
 	__u8 _pad0;
-	__u32 _pad1;
+	/* RESP_BATCH, from the limits entry at connect: */
+	__u32 batch_id;    /* the answered word's circuit id */
+	__u32 batch_epoch; /* the epoch it adds under */
+	__u32 fast_us;     /* responses at least this slow are recorded (0: none) */
 };
 
 /* Where a socket whose responses are followed is in its turn. */
@@ -321,6 +324,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } resp_ports SEC(".maps");
 
+/* See ANSWERED_IDS in breaker.h. Memory-mapped: the daemon reads a word
+ * to know whether a flush would write anything. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, ANSWERED_IDS);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} answered SEC(".maps");
+
 /* resp_port_word is port's word of resp_ports (0 only if the lookup
  * failed) and *bit its bit in it. */
 static __always_inline __u64 *resp_port_word(__u32 port, __u64 *bit)
@@ -393,6 +407,86 @@ static __always_inline void emit(const struct dest_key *dest, __u8 outcome, __u8
 	e->cgroup_id = cgroup_id;
 	e->ts_ns = now;
 	bpf_ringbuf_submit(e, submit);
+}
+
+/* flush_answered writes circuit id's counted successes out, as one
+ * OUTCOME_ANSWERED record, before a record that must come after them. The
+ * count is taken out with one atomic and (another flush, or a success
+ * counted meanwhile, is never lost or counted twice). It returns 0 only
+ * when successes are waiting and the ring has no room for their record:
+ * the caller then drops its own record too (counted lost), since written
+ * alone it would be read before successes that came first. */
+static __always_inline int flush_answered(__u32 id, __u64 now)
+{
+	__u64 *w = bpf_map_lookup_elem(&answered, &id);
+	if (!w || !(*(volatile __u64 *)w & ANSWERED_COUNT))
+		return 1;
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e)
+		return 0; /* the count stays for the next flush */
+	__u64 old = __sync_fetch_and_and(w, ~ANSWERED_COUNT);
+	if (!(old & ANSWERED_COUNT)) {
+		bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP); /* another flush took it */
+		return 1;
+	}
+	__builtin_memset(e, 0, sizeof(*e));
+	e->outcome = OUTCOME_ANSWERED;
+	e->round = id;
+	e->count = (__u32)(old >> ANSWERED_SHIFT);
+	e->duration_ns = old & ANSWERED_COUNT;
+	e->ts_ns = now;
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return 1;
+}
+
+/* flush_limit flushes the answered word destination k's limits entry
+ * names, for a record of a socket connect did not mark for it (made before
+ * the entry, or without storage): the same order for its records. Only
+ * failure paths call it. */
+static __always_inline int flush_limit(const struct dest_key *k, __u64 now)
+{
+	struct limit *l = bpf_map_lookup_elem(&limits, k);
+	if (!l || !(l->responses & RESP_BATCH))
+		return 1;
+	return flush_answered(l->batch_id, now);
+}
+
+#define TAKE_ATTEMPTS_ANSWERED 16
+
+/* flush_socket writes out, before a record of a followed socket, the
+ * successes counted for the circuit its destination belongs to now (the
+ * word its limits entry names) and for the one connect marked it with, if
+ * that was another (the destination moved, or the socket was marked
+ * before its circuit counted successes): either may hold successes of
+ * other sockets that came before this record. */
+static __always_inline int flush_socket(struct sock_state *st, __u64 now)
+{
+	__u32 marked = (st->resp & RESP_BATCH) ? st->batch_id : ANSWERED_IDS;
+	struct limit *l = bpf_map_lookup_elem(&limits, &st->dest);
+	if (l && (l->responses & RESP_BATCH) && l->batch_id != marked &&
+	    !flush_answered(l->batch_id, now))
+		return 0;
+	return marked < ANSWERED_IDS ? flush_answered(marked, now) : 1;
+}
+
+/* answered_add counts one success in the socket's answered word, if the
+ * word is still under the epoch the socket was marked with (else the
+ * caller writes the success's record, as without RESP_BATCH). */
+static __always_inline int answered_add(struct sock_state *st)
+{
+	__u32 id = st->batch_id;
+	__u64 *w = bpf_map_lookup_elem(&answered, &id);
+	if (!w)
+		return 0;
+	for (int i = 0; i < TAKE_ATTEMPTS_ANSWERED; i++) {
+		__u64 old = *(volatile __u64 *)w;
+		if ((old >> ANSWERED_SHIFT) != st->batch_epoch ||
+		    (old & ANSWERED_COUNT) == ANSWERED_COUNT)
+			return 0;
+		if (__sync_val_compare_and_swap(w, old, old + 1) == old)
+			return 1;
+	}
+	return 0;
 }
 
 /* ---------------------------------------------------------------------
@@ -607,8 +701,12 @@ static __always_inline int bulkhead_admits(struct bpf_sock_addr *ctx, struct lim
 		stat_inc(STAT_STORAGE_FAILED);
 		return 1;
 	}
-	if (l->responses)
+	if (l->responses) {
 		st->resp = l->responses; /* the cgroup_skb programs follow its turns */
+		st->batch_id = l->batch_id;
+		st->batch_epoch = l->batch_epoch;
+		st->fast_us = l->fast_us;
+	}
 	if (!l->max_connecting && !l->max_connections)
 		return 1; /* an entry for responses only */
 	if (st->bulk)
@@ -1049,6 +1147,24 @@ static __always_inline void report(struct bpf_sock_ops *ops, struct sock_state *
 		k.class = report_class(sk);
 		cg = sock_cgroup(sk);
 	}
+	/* The circuit's counted successes first (a success of another of its
+	 * sockets may have come before this record; a handshake is no call
+	 * where they are counted, so its record needs no flush). */
+	if (outcome != OUTCOME_ESTABLISHED) {
+		int ok;
+		__u32 zero = 0;
+		struct settings *c = bpf_map_lookup_elem(&config, &zero);
+		if (st && st->resp && (st->flags & SOCK_TRACKED))
+			ok = flush_socket(st, now);
+		else if (c && (c->flags & CONFIG_LIMITS))
+			ok = flush_limit(&k, now);
+		else
+			ok = 1;
+		if (!ok) {
+			stat_inc(STAT_EVENTS_LOST);
+			return;
+		}
+	}
 	emit(&k, outcome, flags | probe_flag(st), duration, count, err, st ? st->round : 0,
 	     bpf_get_socket_cookie(ops), cg, now, wake);
 }
@@ -1170,8 +1286,11 @@ static __always_inline int end_turn(struct bpf_sock_ops *ops, struct sock_state 
 		__u8 flags = peer ? EVENT_PEER_CLOSED : 0;
 		if (st->turn == 1)
 			flags |= probe_flag(st);
-		emit(&st->dest, OUTCOME_NO_RESPONSE, flags, now - st->req_ns, st->turn, err, st->round,
-		     cookie, st->cgroup_id, now, WAKE);
+		if (!flush_socket(st, now))
+			stat_inc(STAT_EVENTS_LOST);
+		else
+			emit(&st->dest, OUTCOME_NO_RESPONSE, flags, now - st->req_ns, st->turn, err,
+			     st->round, cookie, st->cgroup_id, now, WAKE);
 		reported = 1;
 	}
 	if (st->resp & RESP_INFLIGHT)
@@ -1325,8 +1444,13 @@ int reset_seen(__u64 *ctx)
 	k.port = sk->__sk_common.skc_dport;
 	k.proto = IPPROTO_TCP;
 	k.class = report_class(sk);
+	__u64 now = bpf_ktime_get_ns();
+	if ((cfg->flags & CONFIG_LIMITS) && !flush_limit(&k, now)) {
+		stat_inc(STAT_EVENTS_LOST);
+		return 0;
+	}
 	emit(&k, OUTCOME_RESET, EVENT_NO_AGE, 0, 0, state == TCP_CLOSE_WAIT ? EPIPE : ECONNRESET, 0,
-	     bpf_get_socket_cookie(sk), sock_cgroup(sk), bpf_ktime_get_ns(), WAKE);
+	     bpf_get_socket_cookie(sk), sock_cgroup(sk), now, WAKE);
 	return 0;
 }
 
@@ -1495,8 +1619,11 @@ static __always_inline void peer_closed(struct __sk_buff *skb, struct sock_state
 	__u8 flags = EVENT_PEER_CLOSED;
 	if (st->turn == 1)
 		flags |= probe_flag(st);
-	emit(&st->dest, OUTCOME_NO_RESPONSE, flags, now - st->req_ns, st->turn, 0, st->round, cookie,
-	     st->cgroup_id, now, WAKE);
+	if (!flush_socket(st, now))
+		stat_inc(STAT_EVENTS_LOST);
+	else
+		emit(&st->dest, OUTCOME_NO_RESPONSE, flags, now - st->req_ns, st->turn, 0, st->round,
+		     cookie, st->cgroup_id, now, WAKE);
 	if (st->resp & RESP_INFLIGHT) {
 		struct inflight_turn *f = bpf_map_lookup_elem(&inflight, &cookie);
 		if (f)
@@ -1587,6 +1714,17 @@ int resp_ingress(struct __sk_buff *skb)
 	if (st->turn == 1)
 		flags |= probe_flag(st);
 	__u64 took = st->first_ns - st->req_ns;
+	/* An ordinary success of a circuit that counts them (RESP_BATCH: the
+	 * default failure statuses) is one atomic add, no record: not a
+	 * probe's, not a default failure status, faster than the target's
+	 * slow_response_duration and response_timeout. */
+	if ((st->resp & RESP_BATCH) && !(flags & EVENT_PROBE) && status < 500 && status != 429 &&
+	    (!st->fast_us || took < (__u64)st->fast_us * 1000) && answered_add(st))
+		return 1;
+	if (!flush_socket(st, now)) {
+		stat_inc(STAT_EVENTS_LOST);
+		return 1;
+	}
 	__u32 wake = LAZY;
 	/* The default failure statuses (5xx, 429) and probes wake the daemon;
 	 * other responses, a custom list's failures among them, are read
@@ -1602,4 +1740,25 @@ int resp_ingress(struct __sk_buff *skb)
 	emit(&st->dest, OUTCOME_RESPONSE, flags, took, st->turn, status, st->round, cookie,
 	     st->cgroup_id, st->first_ns, wake);
 	return 1;
+}
+
+/* answered_flush writes out the counted successes of the circuit ids in
+ * its packet (after a 14-byte Ethernet header: up to ANSWERED_FLUSH_IDS
+ * little-endian 32-bit ids), each as one OUTCOME_ANSWERED record. The
+ * daemon runs it (BPF_PROG_TEST_RUN, never attached) every tick for the
+ * circuits whose word holds a count: successes of a circuit that went
+ * quiet reach it through the ring too, in their order. */
+#define ANSWERED_FLUSH_IDS 64
+
+SEC("tc")
+int answered_flush(struct __sk_buff *skb)
+{
+	__u64 now = bpf_ktime_get_ns();
+	for (int i = 0; i < ANSWERED_FLUSH_IDS; i++) {
+		__u32 id;
+		if (bpf_skb_load_bytes(skb, 14 + i * 4, &id, sizeof(id)))
+			break;
+		flush_answered(id, now);
+	}
+	return 0;
 }

@@ -194,7 +194,11 @@ struct limit {
 	__u16 responses;       /* enum response_flags: follow this destination's responses */
 	__u32 epoch; /* which holder of slot this is: keys the cgroups the limit
 		      * turns away in the rejections map (0: none recorded) */
-	__u32 _pad;
+	/* RESP_BATCH (see the answered map): */
+	__u32 batch_id;    /* the circuit id whose answered word counts the successes */
+	__u32 batch_epoch; /* the word's epoch they count under (never 0) */
+	__u32 fast_us;     /* a response this slow or slower (microseconds) is
+			    * recorded, not counted (0: none is too slow) */
 };
 
 /* What connect marks a socket to a destination with response options for
@@ -204,7 +208,19 @@ enum response_flags {
 	RESP_TIMED = 1 << 0,    /* time each turn: first request byte to first response byte */
 	RESP_HTTP = 1 << 1,     /* read the HTTP/1.x status line at the start of each response */
 	RESP_INFLIGHT = 1 << 2, /* keep the socket's turn in the inflight map (response_timeout) */
+	RESP_BATCH = 1 << 3,    /* count an ordinary success in the circuit's answered
+				 * word instead of writing its record */
 };
+
+/* The answered map: per circuit id below ANSWERED_IDS, one word, epoch <<
+ * ANSWERED_SHIFT | count: the successes the response programs counted for
+ * the circuit (RESP_BATCH) and have not yet written out. The daemon writes
+ * a word (a new epoch, count 0) before a limits entry names it, and again
+ * when the circuit gives the id back or its options change; the kernel
+ * adds only under the epoch its socket was marked with. */
+#define ANSWERED_IDS (1 << 16)
+#define ANSWERED_SHIFT 40
+#define ANSWERED_COUNT ((1ULL << ANSWERED_SHIFT) - 1)
 
 enum inflight_flags {
 	INFLIGHT_PROBE = 1 << 0, /* the turn is a half-open probe's first: its result */
@@ -260,6 +276,12 @@ enum outcome {
 	OUTCOME_NO_RESPONSE = 12, /* the connection ended while a request awaited its first
 				   * response byte: duration = how long it waited, count =
 				   * turn, err = the socket's errno, EVENT_PEER_CLOSED */
+	OUTCOME_ANSWERED = 13,    /* successes counted in an answered word since it was last
+				   * written out (no socket, no destination): duration =
+				   * how many, round = the circuit id, count = the word's
+				   * epoch. Written just before any other record of a
+				   * socket that counts there, and when the daemon asks
+				   * (answered_flush), so the ring keeps the calls' order */
 };
 
 enum event_flags {

@@ -101,7 +101,9 @@ type BreakerLimit struct {
 	RejectErrno    uint16
 	Responses      uint16
 	Epoch          uint32
-	Pad            uint32
+	BatchId        uint32
+	BatchEpoch     uint32
+	FastUs         uint32
 }
 
 type BreakerOutcome uint32
@@ -119,6 +121,7 @@ const (
 	BreakerOutcomeOUTCOME_PROBE_ROUND BreakerOutcome = 10
 	BreakerOutcomeOUTCOME_RESPONSE    BreakerOutcome = 11
 	BreakerOutcomeOUTCOME_NO_RESPONSE BreakerOutcome = 12
+	BreakerOutcomeOUTCOME_ANSWERED    BreakerOutcome = 13
 )
 
 type BreakerOverride struct {
@@ -166,6 +169,7 @@ const (
 	BreakerResponseFlagsRESP_TIMED    BreakerResponseFlags = 1
 	BreakerResponseFlagsRESP_HTTP     BreakerResponseFlags = 2
 	BreakerResponseFlagsRESP_INFLIGHT BreakerResponseFlags = 4
+	BreakerResponseFlagsRESP_BATCH    BreakerResponseFlags = 8
 )
 
 type BreakerSettings struct {
@@ -180,27 +184,29 @@ type BreakerSettings struct {
 }
 
 type BreakerSockState struct {
-	_        structs.HostLayout
-	Dest     BreakerDestKey
-	Flags    uint32
-	StartNs  uint64
-	CgroupId uint64
-	Rtos     uint32
-	Bulk     uint32
-	BulkSlot uint32
-	Round    uint32
-	Resp     uint32
-	Turn     uint32
-	ReqNs    uint64
-	FirstNs  uint64
-	SndEnd   uint32
-	RcvEnd   uint32
-	Head     [16]uint8
-	Phase    uint8
-	HeadLen  uint8
-	Seq      uint8
-	Pad0     uint8
-	Pad1     uint32
+	_          structs.HostLayout
+	Dest       BreakerDestKey
+	Flags      uint32
+	StartNs    uint64
+	CgroupId   uint64
+	Rtos       uint32
+	Bulk       uint32
+	BulkSlot   uint32
+	Round      uint32
+	Resp       uint32
+	Turn       uint32
+	ReqNs      uint64
+	FirstNs    uint64
+	SndEnd     uint32
+	RcvEnd     uint32
+	Head       [16]uint8
+	Phase      uint8
+	HeadLen    uint8
+	Seq        uint8
+	Pad0       uint8
+	BatchId    uint32
+	BatchEpoch uint32
+	FastUs     uint32
 }
 
 type BreakerStatIndex uint32
@@ -242,6 +248,7 @@ type BreakerWorkload struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	BreakerMapAnswered             = "answered"
 	BreakerMapBulk                 = "bulk"
 	BreakerMapConfig               = "config"
 	BreakerMapCounters             = "counters"
@@ -257,6 +264,7 @@ const (
 	BreakerMapStats                = "stats"
 	BreakerMapVerdicts             = "verdicts"
 	BreakerMapWorkloads            = "workloads"
+	BreakerProgAnsweredFlush       = "answered_flush"
 	BreakerProgConnect4            = "connect4"
 	BreakerProgConnect6            = "connect6"
 	BreakerProgObserve             = "observe"
@@ -328,21 +336,23 @@ type BreakerSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BreakerProgramSpecs struct {
-	Connect4    *ebpf.ProgramSpec `ebpf:"connect4"`
-	Connect6    *ebpf.ProgramSpec `ebpf:"connect6"`
-	Observe     *ebpf.ProgramSpec `ebpf:"observe"`
-	ResetSeen   *ebpf.ProgramSpec `ebpf:"reset_seen"`
-	RespEgress  *ebpf.ProgramSpec `ebpf:"resp_egress"`
-	RespIngress *ebpf.ProgramSpec `ebpf:"resp_ingress"`
-	Sendmsg4    *ebpf.ProgramSpec `ebpf:"sendmsg4"`
-	Sendmsg6    *ebpf.ProgramSpec `ebpf:"sendmsg6"`
-	SockRelease *ebpf.ProgramSpec `ebpf:"sock_release"`
+	AnsweredFlush *ebpf.ProgramSpec `ebpf:"answered_flush"`
+	Connect4      *ebpf.ProgramSpec `ebpf:"connect4"`
+	Connect6      *ebpf.ProgramSpec `ebpf:"connect6"`
+	Observe       *ebpf.ProgramSpec `ebpf:"observe"`
+	ResetSeen     *ebpf.ProgramSpec `ebpf:"reset_seen"`
+	RespEgress    *ebpf.ProgramSpec `ebpf:"resp_egress"`
+	RespIngress   *ebpf.ProgramSpec `ebpf:"resp_ingress"`
+	Sendmsg4      *ebpf.ProgramSpec `ebpf:"sendmsg4"`
+	Sendmsg6      *ebpf.ProgramSpec `ebpf:"sendmsg6"`
+	SockRelease   *ebpf.ProgramSpec `ebpf:"sock_release"`
 }
 
 // BreakerMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BreakerMapSpecs struct {
+	Answered     *ebpf.MapSpec `ebpf:"answered"`
 	Bulk         *ebpf.MapSpec `ebpf:"bulk"`
 	Config       *ebpf.MapSpec `ebpf:"config"`
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
@@ -404,6 +414,7 @@ func (o *BreakerObjects) Close() error {
 //
 // It can be passed to LoadBreakerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BreakerMaps struct {
+	Answered     *ebpf.Map `ebpf:"answered"`
 	Bulk         *ebpf.Map `ebpf:"bulk"`
 	Config       *ebpf.Map `ebpf:"config"`
 	Counters     *ebpf.Map `ebpf:"counters"`
@@ -423,6 +434,7 @@ type BreakerMaps struct {
 
 func (m *BreakerMaps) Close() error {
 	return _BreakerClose(
+		m.Answered,
 		m.Bulk,
 		m.Config,
 		m.Counters,
@@ -469,19 +481,21 @@ type BreakerVariables struct {
 //
 // It can be passed to LoadBreakerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BreakerPrograms struct {
-	Connect4    *ebpf.Program `ebpf:"connect4"`
-	Connect6    *ebpf.Program `ebpf:"connect6"`
-	Observe     *ebpf.Program `ebpf:"observe"`
-	ResetSeen   *ebpf.Program `ebpf:"reset_seen"`
-	RespEgress  *ebpf.Program `ebpf:"resp_egress"`
-	RespIngress *ebpf.Program `ebpf:"resp_ingress"`
-	Sendmsg4    *ebpf.Program `ebpf:"sendmsg4"`
-	Sendmsg6    *ebpf.Program `ebpf:"sendmsg6"`
-	SockRelease *ebpf.Program `ebpf:"sock_release"`
+	AnsweredFlush *ebpf.Program `ebpf:"answered_flush"`
+	Connect4      *ebpf.Program `ebpf:"connect4"`
+	Connect6      *ebpf.Program `ebpf:"connect6"`
+	Observe       *ebpf.Program `ebpf:"observe"`
+	ResetSeen     *ebpf.Program `ebpf:"reset_seen"`
+	RespEgress    *ebpf.Program `ebpf:"resp_egress"`
+	RespIngress   *ebpf.Program `ebpf:"resp_ingress"`
+	Sendmsg4      *ebpf.Program `ebpf:"sendmsg4"`
+	Sendmsg6      *ebpf.Program `ebpf:"sendmsg6"`
+	SockRelease   *ebpf.Program `ebpf:"sock_release"`
 }
 
 func (p *BreakerPrograms) Close() error {
 	return _BreakerClose(
+		p.AnsweredFlush,
 		p.Connect4,
 		p.Connect6,
 		p.Observe,

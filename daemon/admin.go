@@ -69,15 +69,20 @@ type CircuitInfo struct {
 	Trip                int       `json:"trip"`
 	// Destinations lists up to 32 of the destinations the circuit's
 	// verdict covers (sorted); DestinationsTotal counts them all.
-	Destinations      []string       `json:"destinations"`
-	DestinationsTotal int            `json:"destinations_total"`
-	CircuitID         uint32         `json:"circuit_id"`
-	Rejected          uint64         `json:"rejected"`
-	ShadowRejected    uint64         `json:"shadow_rejected"`
-	BulkheadRejected  uint64         `json:"bulkhead_rejected"`
-	Connections       int64          `json:"connections"`
-	Connecting        int64          `json:"connecting"`
-	Options           map[string]any `json:"options"`
+	Destinations      []string `json:"destinations"`
+	DestinationsTotal int      `json:"destinations_total"`
+	CircuitID         uint32   `json:"circuit_id"`
+	// Unenforced is set on a rejecting circuit whose verdicts are not all
+	// in the kernel (no circuit id free, or no room in the verdict map):
+	// the destinations without one are not rejected until the tick
+	// writes them (breakerd_circuits_unenforced counts such circuits).
+	Unenforced       bool           `json:"unenforced,omitempty"`
+	Rejected         uint64         `json:"rejected"`
+	ShadowRejected   uint64         `json:"shadow_rejected"`
+	BulkheadRejected uint64         `json:"bulkhead_rejected"`
+	Connections      int64          `json:"connections"`
+	Connecting       int64          `json:"connecting"`
+	Options          map[string]any `json:"options"`
 	// FailedPods are the pods ("namespace/name") whose connections to the
 	// circuit failed most recently (at most 8), where breakerd knows the
 	// cgroup's pod (Kubernetes API access and the kubelet's cgroup
@@ -118,7 +123,7 @@ type circuitSnap struct {
 }
 
 // snap copies what the API shows of c. Called under d.mu; no kernel reads.
-func snap(c *circuit, now time.Time) circuitSnap {
+func (d *Daemon) snap(c *circuit, now time.Time) circuitSnap {
 	st := c.machine.Status(now)
 	scope := string(c.scope())
 	if c.target() == allTarget {
@@ -128,7 +133,7 @@ func snap(c *circuit, now time.Time) circuitSnap {
 		info: CircuitInfo{Name: c.name(), Target: c.target(), Workload: c.workload(), Scope: scope, State: st.State.String(),
 			FailureRate: st.FailureRate, SlowRate: st.SlowRate, Calls: st.Calls, Failures: st.Failures, Slow: st.Slow,
 			ConsecutiveFailures: st.ConsecutiveFailures, OpenUntil: st.OpenUntil, Trip: st.Trip, CircuitID: c.id,
-			DestinationsTotal: len(c.dests()), ClosedEstablished: c.closedEstablished()},
+			DestinationsTotal: len(c.dests()), ClosedEstablished: c.closedEstablished(), Unenforced: d.isUnenforced(c)},
 		opts:    c.machine.Options(),
 		dests:   slices.Clone(c.dests()[:min(len(c.dests()), listedDests)]),
 		round:   st.Round,
@@ -221,7 +226,7 @@ func (d *Daemon) CircuitsPage(after string, limit int) (_ []CircuitInfo, more bo
 	now := d.now()
 	for _, name := range names {
 		if c, ok := d.reg.get(name); ok { // it may have gone in between
-			snaps = append(snaps, snap(c, now))
+			snaps = append(snaps, d.snap(c, now))
 		}
 	}
 	d.mu.Unlock()
@@ -317,7 +322,7 @@ func (d *Daemon) Circuit(name string) (CircuitInfo, bool) {
 	c, ok := d.reg.get(name)
 	var s circuitSnap
 	if ok {
-		s = snap(c, d.now())
+		s = d.snap(c, d.now())
 	}
 	d.mu.Unlock()
 	if !ok {
@@ -372,7 +377,7 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	if t.From != t.To && t.To == policy.Closed {
 		d.releaseID(c)
 	}
-	s := snap(c, now)
+	s := d.snap(c, now)
 	d.mu.Unlock()
 	return d.complete(s, &cgroupNamer{}), nil
 }
@@ -727,4 +732,11 @@ func (d *Daemon) startAdmin() (*adminServers, error) {
 		a.listeners = append(a.listeners, conns)
 	}
 	return a, nil
+}
+
+// isUnenforced reports whether c is a rejecting circuit whose verdicts the
+// kernel does not all have yet (d.unenforced). The caller holds d.mu.
+func (d *Daemon) isUnenforced(c *circuit) bool {
+	_, ok := d.unenforced[c]
+	return ok
 }

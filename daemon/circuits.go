@@ -529,6 +529,7 @@ func (d *Daemon) releaseID(c *circuit) {
 	}
 	d.retire(c.target(), c.id)
 	d.forgetEpoch(c)
+	d.unbatch(c)
 	if c.extra != nil {
 		c.extra.epoch = 0
 	}
@@ -549,6 +550,10 @@ func (d *Daemon) retryUnenforced() {
 		}
 	}
 	for c := range d.unlimited {
+		if !needsLimitEntry(c.machine.Options()) {
+			delete(d.unlimited, c) // its limits went with a reload
+			continue
+		}
 		if !d.ensureID(c) {
 			return
 		}
@@ -580,14 +585,23 @@ func (d *Daemon) seatForLimits(c *circuit) bool {
 // rejects or every verdict is written, and false says it found no id or
 // no room. An open circuit that stayed unenforced for its whole open
 // duration closes instead (policy.Circuit.NotEnforced): it rejected
-// nothing, and a verdict now would turn traffic away on old evidence.
+// nothing, and a verdict now would turn traffic away on old evidence (not
+// one with some verdicts written: partlyEnforced).
 func (d *Daemon) enforce(c *circuit) bool {
 	now := d.now()
-	if t, moved := c.machine.NotEnforced(now); moved {
-		delete(d.unenforced, c)
-		d.log.Warn("the open circuit was not enforced through its open duration (no circuit id or verdict room); closed, counting afresh", "circuit", c.name())
-		d.apply(c, t)
-		return true
+	// Past its open duration, one the kernel enforced in part (it admits
+	// its probes) is no circuit that rejected nothing.
+	partly := false
+	if st := c.machine.Status(now); st.State == policy.Open && !now.Before(st.OpenUntil) {
+		partly = d.partlyEnforced(c)
+	}
+	if !partly {
+		if t, moved := c.machine.NotEnforced(now); moved {
+			delete(d.unenforced, c)
+			d.log.Warn("the open circuit was not enforced through its open duration (no circuit id or verdict room); closed, counting afresh", "circuit", c.name())
+			d.apply(c, t)
+			return true
+		}
 	}
 	st := c.machine.Status(now)
 	if !st.State.Rejects() {
@@ -687,6 +701,10 @@ func (d *Daemon) writeLimit(c *circuit, dst maps.Dest) {
 	}
 	o := c.machine.Options()
 	if !needsLimitEntry(o) {
+		delete(d.unlimited, c) // a reload took its limits away: it needs no id for them
+		if b, ok := d.batched[c]; ok && !b.off {
+			d.retireBatch(c) // its sockets stop counting successes
+		}
 		d.deleteLimits(c, dst)
 		d.syncBulkSlots(c)
 		return
@@ -698,9 +716,7 @@ func (d *Daemon) writeLimit(c *circuit, dst maps.Dest) {
 	}
 	d.syncBulkSlots(c)
 	for _, e := range d.limitEntries(c, dst) {
-		l := limitOf(e.slot, o)
-		l.Epoch = e.epoch
-		if err := d.k.PutLimit(e.dst, l); err != nil {
+		if err := d.k.PutLimit(e.dst, d.limitFor(c, o, e)); err != nil {
 			d.metrics.verdictWriteErrors.Inc()
 			d.log.Error("writing bulkhead limits (not enforced for this destination)", "circuit", c.name(), "dest", e.dst, "err", err)
 		}
@@ -804,6 +820,7 @@ func (d *Daemon) drop(c *circuit) {
 		d.reg.dynamic--
 	}
 	d.forgetEpoch(c)
+	d.unbatch(c)
 	d.reg.ids.release(c.id, c.name())
 	d.reg.version++ // also for a named circuit left with no destination
 }
@@ -840,7 +857,28 @@ func (d *Daemon) writeVerdict(c *circuit, dst maps.Dest, s policy.State, openUnt
 		d.errorEverySecond("", "no circuit id free (every id is in use or held by open sockets); an open circuit is not enforced until one is", "circuit", c.name(), "dest", dst)
 		return false
 	}
-	d.errorEverySecond("", "writing verdict (the kernel fails open for this destination)", "circuit", c.name(), "dest", dst, "err", err)
+	if s.Rejects() {
+		d.errorEverySecond("", "writing verdict (the kernel fails open for this destination until it is written)", "circuit", c.name(), "dest", dst, "err", err)
+	} else {
+		d.errorEverySecond("", "removing verdict (the kernel may go on rejecting this destination under the old one)", "circuit", c.name(), "dest", dst, "err", err)
+	}
+	return false
+}
+
+// partlyEnforced reports whether some verdict of c, which has an id, is
+// in the kernel: a circuit the verdict map had room for only in part
+// rejected some of its traffic, so it keeps its open duration and its
+// half-open probes rather than closing as not enforced (it stays in
+// d.unenforced until every verdict is written, or it stops rejecting).
+func (d *Daemon) partlyEnforced(c *circuit) bool {
+	if c.id == 0 {
+		return false
+	}
+	for _, dst := range c.dests() {
+		if v, ok, err := d.k.Verdict(dst); err == nil && ok && v.CircuitID == c.id {
+			return true
+		}
+	}
 	return false
 }
 

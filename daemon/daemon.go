@@ -149,6 +149,11 @@ type Daemon struct {
 	// unlimited are the circuits whose limits entries could not be
 	// written for want of a kernel id (retryUnenforced).
 	unlimited map[*circuit]struct{}
+	// batched are the circuits whose ordinary successes the kernel counts
+	// in their answered words (answered.go), and batchedIDs the same by
+	// circuit id.
+	batched    map[*circuit]batch
+	batchedIDs map[uint32]*circuit
 	// errorsLogged: when each rate-limited error line was last logged
 	// (errorEverySecond).
 	errorsLogged map[string]time.Time
@@ -242,7 +247,7 @@ func New(opts Options) (*Daemon, error) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	d := &Daemon{
 		opts: opts, log: opts.Logger, rand: rng.Float64,
-		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, unenforced: map[*circuit]struct{}{}, unlimited: map[*circuit]struct{}{}, errorsLogged: map[string]time.Time{},
+		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, unenforced: map[*circuit]struct{}{}, unlimited: map[*circuit]struct{}{}, batched: map[*circuit]batch{}, batchedIDs: map[uint32]*circuit{}, errorsLogged: map[string]time.Time{},
 		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{}, retired: map[string]maps.Counters{},
 		endpointIdle: endpointIdle, closeJobs: make(chan closeJob, closeQueue),
 	}
@@ -468,6 +473,10 @@ func (d *Daemon) warm(evs []maps.Event, found []*circuit) {
 // looked it up already, else the one at the record's destination (made if
 // there is none yet).
 func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
+	if ev.Outcome == maps.Answered {
+		d.creditAnswered(ev, now)
+		return
+	}
 	if ev.Outcome == maps.ProbeRound {
 		if c == nil {
 			c, _ = d.reg.at(ev.Dest)
@@ -615,6 +624,7 @@ func (d *Daemon) tickLoop(ctx context.Context, rd *maps.EventReader) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			d.flushAnswered()
 			rd.Wake()
 			d.mu.Lock()
 			d.tick(d.now())

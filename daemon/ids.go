@@ -43,7 +43,8 @@ func newIDs(k *maps.Kernel) *ids {
 // circuit id of each verdict, the slot of each limit, and every slot that
 // still counts sockets. A circuit made for one of those destinations
 // inherits its id (so its counters and bulkhead counts carry on); the
-// others are handed out only once release finds them unclaimed and idle.
+// others are handed out only once the end of start-up (endStartup) or a
+// later release (giveBack) finds them unclaimed and idle.
 // Every unpinned id below the highest pinned one is free at once.
 func (s *ids) loadPinned(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest]maps.Limit, busy map[uint32]maps.BulkCount) {
 	mark := func(id uint32) {

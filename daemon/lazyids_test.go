@@ -481,3 +481,89 @@ targets:
 		t.Fatalf("forced open: %v, want every connect rejected (no probe)", got)
 	}
 }
+
+// A reload that takes the limits away takes the circuits that waited for
+// an id for them out of the wait: the tick gives them none, and the id
+// that comes free goes to the circuit that opens next (review finding).
+func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
+	f := newFixture(t, lazyConfig)
+	d := f.start()
+	ports := []uint16{9461, 9462, 9463, 9464}
+	d.mu.Lock()
+	d.reg.ids.limit = 3 // ids 1 and 2
+	now := d.now()
+	for _, p := range ports {
+		d.lookup(f.dest(p), now)
+	}
+	d.mu.Unlock()
+	f.writeConfig(lazyConfig + "  max_connections: 1\n")
+	if err := d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	waiting := len(d.unlimited)
+	d.mu.Unlock()
+	if waiting != 2 {
+		t.Fatalf("%d circuits wait for an id for their limits, want 2", waiting)
+	}
+	f.writeConfig(lazyConfig)
+	if err := d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	waiting = len(d.unlimited)
+	d.reg.ids.limit = 4 // id 3 comes free
+	d.mu.Unlock()
+	if waiting != 0 {
+		t.Fatalf("%d circuits still wait for an id after the limits went", waiting)
+	}
+	time.Sleep(1500 * time.Millisecond) // a retry pass of the tick
+	f.dial(9466, 2, 0)                  // refused twice: it opens, and takes id 3
+	f.waitState(f.dynName(9466), "open", 2*time.Second)
+	f.waitEnforced(9466)
+}
+
+// A rejecting circuit the verdict map had room for only in part rejected
+// some of its traffic: at the end of its open duration it goes half-open
+// as usual, not closed as not enforced (review finding).
+func TestPartlyEnforcedCircuitIsNotClosedAsUnenforced(t *testing.T) {
+	named := lazyConfig + `targets:
+  svc:
+    match: {cidrs: [SRV], ports: ["9481", "9482"]}
+    consecutive_failures: 2
+    open_duration: 1s
+    jitter: 0
+    reject_errno: EHOSTUNREACH
+`
+	f := newFixture(t, named)
+	d := f.start()
+	// Fill the verdict map but for one entry.
+	free := maps.MaxDestinations - 1
+	if n, _ := d.k.VerdictCount(); n != 0 {
+		t.Fatalf("%d verdicts at the start", n)
+	}
+	var fill []maps.Dest
+	for i := range free {
+		fill = append(fill, maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 251, byte(i >> 10), byte(i >> 2)}), uint16(1+i%4))})
+	}
+	if n, err := d.k.PutVerdicts(fill, maps.Verdict{State: maps.ForcedOpen}); err != nil || n != free {
+		t.Fatalf("filling the verdict map: %d of %d (%v)", n, free, err)
+	}
+	f.dial(9481, 2, 0)
+	f.waitState("svc", "open", 2*time.Second)
+	d.mu.Lock()
+	_, waiting := d.unenforced[d.reg.byName["svc"]]
+	d.mu.Unlock()
+	if !waiting {
+		t.Fatal("svc, one verdict short, is not among the unenforced circuits")
+	}
+	if c, _ := f.circuit("svc"); !c.Unenforced {
+		t.Fatalf("the API does not mark svc unenforced: %+v", c)
+	}
+	time.Sleep(2500 * time.Millisecond) // past its open duration, and a retry
+	for _, ev := range d.Events() {
+		if ev.Reason == "not_enforced" {
+			t.Fatalf("the partly enforced circuit closed as not enforced: %+v", d.Events())
+		}
+	}
+}

@@ -101,6 +101,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 		d.log.Log(context.Background(), lvl, "workload classes changed since the previous daemon: their pinned circuits and bulkheads are not adopted",
 			"classes", len(moved), "rejecting_verdicts_dropped", droppedVerdicts, "bulkhead_limits_dropped", droppedLimits)
 	}
+	d.retirePinnedBatches(limits)
 	d.loadKept()
 	d.applyConfig(cfg)
 	d.applyResolved(resolved)
@@ -229,6 +230,10 @@ func (d *Daemon) reconcileLimits() error {
 		d.syncBulkSlots(c)
 		o := c.machine.Options()
 		if !needsLimitEntry(o) {
+			delete(d.unlimited, c)
+			if b, ok := d.batched[c]; ok && !b.off {
+				d.retireBatch(c)
+			}
 			continue
 		}
 		if !d.seatForLimits(c) {
@@ -239,9 +244,7 @@ func (d *Daemon) reconcileLimits() error {
 				continue
 			}
 			for _, e := range d.limitEntries(c, dst) {
-				l := limitOf(e.slot, o)
-				l.Epoch = e.epoch
-				want[e.dst] = l
+				want[e.dst] = d.limitFor(c, o, e)
 			}
 		}
 	}

@@ -129,6 +129,7 @@ var (
 	descUnrecorded = prometheus.NewDesc("breakerd_kernel_rejections_unrecorded_total", "Rejections whose cgroup the kernel could not record because its rejections map was full (the circuit's own counters still count them).", nil, nil)
 	descEntries    = prometheus.NewDesc("breakerd_verdict_map_entries", "Entries in the kernel's verdict map.", nil, nil)
 	descCapacity   = prometheus.NewDesc("breakerd_verdict_map_capacity", "Capacity of the kernel's verdict map.", nil, nil)
+	descUnenforced = prometheus.NewDesc("breakerd_circuits_unenforced", "Rejecting circuits whose verdicts are not all in the kernel (no circuit id free, or no room in the verdict map): destinations without one are not rejected until the tick writes them (unenforced in /v1/circuits).", nil, nil)
 	allStates      = []policy.State{policy.Closed, policy.Open, policy.HalfOpen, policy.ForcedOpen, policy.ForcedClosed, policy.Disabled}
 	counterTargets = func(d *Daemon) []string {
 		names := sortedKeys(d.cfg.Targets)
@@ -138,7 +139,7 @@ var (
 
 // Describe sends the collector's descriptors.
 func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBulkRej, descBulkConns, descState, descDynamic, descRejected, descShadow, descProbes, descLost, descFailsafe, descUnrecorded, descEntries, descCapacity} {
+	for _, d := range []*prometheus.Desc{descBulkRej, descBulkConns, descState, descDynamic, descRejected, descShadow, descProbes, descLost, descFailsafe, descUnrecorded, descEntries, descCapacity, descUnenforced} {
 		ch <- d
 	}
 }
@@ -173,6 +174,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	maxID, gen := d.reg.ids.next, d.reg.ids.releases
+	unenforced := len(d.unenforced)
 	// Circuits with a kernel id only: a million closed dynamic ones have none.
 	slots := make([]slot, 0, len(d.reg.byName)+len(d.reg.active))
 	for c := range d.reg.all() {
@@ -253,6 +255,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	n, capacity := d.k.VerdictCount()
 	ch <- prometheus.MustNewConstMetric(descEntries, prometheus.GaugeValue, float64(n))
 	ch <- prometheus.MustNewConstMetric(descCapacity, prometheus.GaugeValue, float64(capacity))
+	ch <- prometheus.MustNewConstMetric(descUnenforced, prometheus.GaugeValue, float64(unenforced))
 }
 
 // programCollector reads the run counts and run times the kernel keeps for

@@ -78,6 +78,22 @@ func limitOf(id uint32, o *policy.Options) maps.Limit {
 	return l
 }
 
+// limitFor is limits entry e of circuit c (options o): its limits, the
+// response flags, and with them, where the kernel may count c's ordinary
+// successes, its answered word (written first by batchOf). The caller
+// holds d.mu.
+func (d *Daemon) limitFor(c *circuit, o *policy.Options, e bulkEntry) maps.Limit {
+	l := limitOf(e.slot, o)
+	l.Epoch = e.epoch
+	if l.Responses != 0 {
+		if b, ok := d.batchOf(c, o); ok {
+			l.Responses |= maps.RespBatch
+			l.BatchID, l.BatchEpoch, l.FastBound = b.id, b.epoch, b.fast
+		}
+	}
+	return l
+}
+
 // setResponses attaches or detaches the response programs as cfg needs
 // them. A request whose turn began before they were last attached is
 // never counted (respSince): its socket may carry a stale turn. The
@@ -86,6 +102,7 @@ func (d *Daemon) setResponses(cfg *policy.Config) {
 	on := followsResponses(cfg)
 	if on && !d.k.Responses() {
 		d.respSince = maps.Now()
+		d.unbatchAll()
 	}
 	if err := d.k.SetResponses(on); err != nil {
 		d.log.Error("response programs (responses are not followed until the next reload)", "err", err)
@@ -149,13 +166,16 @@ func (d *Daemon) scanResponseTimeouts(now time.Time) {
 	if !d.respTimeouts {
 		return
 	}
+	// The clock first: a request seen still waiting got no response byte
+	// before it, so one the kernel counted as an ordinary success (faster
+	// than response_timeout) is never also seen timed out here.
+	mono := maps.Now()
 	var err error
 	d.awaiting, err = d.k.Awaiting(d.awaiting[:0])
 	if err != nil {
 		d.log.Warn("reading requests in flight", "err", err)
 		return
 	}
-	mono := maps.Now()
 	seen := make(map[uint64]bool, len(d.timedOut))
 	for i := range d.awaiting {
 		a := &d.awaiting[i]

@@ -1,7 +1,9 @@
 package daemon
 
 import (
+	"bufio"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -522,4 +524,285 @@ func TestDroppedRequestsAreFailures(t *testing.T) {
 	if n := f.outcomeCount("response_dropped", "web"); n != 2 {
 		t.Fatalf("%v dropped, want 2", n)
 	}
+}
+
+const orderConfig = `
+failsafe_timeout: 30s
+targets:
+  web:
+    match: {cidrs: [SRV], ports: ["8090", "8091"]}
+    protocol: http
+    consecutive_failures: 2
+    window_size: 100
+    min_requests: 100
+    open_duration: 4m
+`
+
+// TestCountedSuccessesKeepTheOrder: the kernel counts ordinary successes
+// without a record each (RespBatch), and the daemon still sees every
+// success in its place among the failures, across connections: a 503, a
+// success on another connection, a 503 on a third is never two
+// consecutive failures. The tick (which would write the counts out too) is
+// kept out of the way, so only the kernel's writing them out before each
+// failure's record can keep the order.
+func TestCountedSuccessesKeepTheOrder(t *testing.T) {
+	f := newFixture(t, orderConfig)
+	f.tick = time.Hour
+	f.srv.ServeHTTPCases(t, 8090)
+	f.start()
+	for i, paths := range [][]string{{"/503"}, {"/ok", "/404"}, {"/503"}, {"/ok"}, {"/503", "/ok"}, {"/503"}} {
+		for _, r := range f.keepAlive(8090, 5*time.Second, paths...) {
+			if r.Errno != 0 {
+				t.Fatalf("connection %d: %+v", i, r)
+			}
+		}
+	}
+	f.waitOutcomes("response_status", "web", 4)
+	f.waitOutcomes("response", "web", 4)
+	c, _ := f.circuit("web")
+	if c.State != "closed" || c.ConsecutiveFailures != 1 || c.Calls != 8 {
+		t.Fatalf("after 503s each with a success before it: %+v", c)
+	}
+	// Failures of other kinds, each after a success on another
+	// connection: a reset before the answer (the connection's end), and a
+	// refused connect to the target's other port (sockops' record).
+	f.keepAlive(8090, 5*time.Second, "/ok")
+	if r := f.keepAlive(8090, 5*time.Second, "/reset-before"); r[0].Errno == 0 {
+		t.Fatalf("reset-before answered: %+v", r)
+	}
+	f.keepAlive(8090, 5*time.Second, "/ok")
+	if got := errnos(f.dial(8091, 1, time.Second)); got[unix.ECONNREFUSED] != 1 {
+		t.Fatalf("connect to the closed port: %v", got)
+	}
+	f.waitOutcomes("response_dropped", "web", 1)
+	f.waitOutcomes("refused", "web", 1)
+	if c, _ := f.circuit("web"); c.State != "closed" || c.ConsecutiveFailures != 1 || c.Calls != 12 {
+		t.Fatalf("after a reset and a refused connect each with a success before it: %+v", c)
+	}
+	f.d.mu.Lock()
+	batched := len(f.d.batched)
+	f.d.mu.Unlock()
+	if batched != 1 {
+		t.Fatalf("%d circuits count their successes in the kernel, want 1 (web)", batched)
+	}
+	// Two 503s with nothing between them open it.
+	f.keepAlive(8090, 5*time.Second, "/503")
+	f.waitState("web", "open", 3*time.Second)
+	evs := f.d.Events()
+	if last := evs[len(evs)-1]; last.Reason != "consecutive_failures" || last.Calls != 13 {
+		t.Fatalf("transition %+v", last)
+	}
+}
+
+// TestCountedSuccessesReachTheDaemon: successes with no failure after them
+// are written out at the next tick, so a quiet circuit's window and
+// metrics are at most a tick behind; a custom failure list the kernel
+// cannot apply (404 a failure) has every response recorded.
+func TestCountedSuccessesReachTheDaemon(t *testing.T) {
+	f := newFixture(t, httpConfig)
+	f.srv.ServeHTTPCases(t, 8090)
+	f.start()
+	f.keepAlive(8090, 5*time.Second, "/ok", "/ok", "/404")
+	f.waitOutcomes("response", "web", 3)
+	if c, _ := f.circuit("web"); c.Calls != 3 {
+		t.Fatalf("calls %d, want 3", c.Calls)
+	}
+	f.writeConfig(strings.Replace(httpConfig, "protocol: http", "protocol: http\n    failure_statuses: [\"5xx\", \"404\"]", 1))
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		f.d.mu.Lock()
+		defer f.d.mu.Unlock()
+		for _, b := range f.d.batched {
+			if !b.off {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatal("a target whose failures include 404 still has its successes counted in the kernel")
+	}
+	f.keepAlive(8090, 5*time.Second, "/404", "/404", "/404")
+	f.waitState("web", "open", 3*time.Second)
+}
+
+// pooledClient is one Python http.client connection, kept open across
+// whatever the test does in between, that makes a request for each path
+// it is given.
+type pooledClient struct {
+	in  io.WriteCloser
+	out *bufio.Scanner
+}
+
+func (f *fixture) pooled(port uint16) *pooledClient {
+	f.t.Helper()
+	py := filepath.Join(f.t.TempDir(), "pooled.py")
+	src := `import http.client, sys
+c = http.client.HTTPConnection(sys.argv[1], int(sys.argv[2]), timeout=10)
+for line in sys.stdin:
+    c.request("GET", line.strip())
+    r = c.getresponse()
+    r.read()
+    print(r.status, flush=True)
+`
+	if err := os.WriteFile(py, []byte(src), 0o644); err != nil {
+		f.t.Fatal(err)
+	}
+	p := f.topo.Client.Command(f.cg, "python3", py, f.srv.IPv4.String(), fmt.Sprint(port))
+	in, err := p.Cmd.StdinPipe()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	out, err := p.Cmd.StdoutPipe()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := p.Start(f.t); err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { in.Close() })
+	return &pooledClient{in: in, out: bufio.NewScanner(out)}
+}
+
+func (c *pooledClient) get(t *testing.T, paths ...string) {
+	t.Helper()
+	for _, p := range paths {
+		fmt.Fprintln(c.in, p)
+		if !c.out.Scan() {
+			t.Fatalf("pooled client: no answer to %s (%v)", p, c.out.Err())
+		}
+	}
+}
+
+// TestCountedSuccessesAcrossRestarts: a restart gives the circuit's
+// answered word a new epoch, so a connection pooled across it records
+// each response (counted exactly once, by the new daemon) while new
+// connections count theirs again; successes counted and not yet written
+// out when the daemon stopped are not credited to the new one, as no turn
+// begun before a start is.
+func TestCountedSuccessesAcrossRestarts(t *testing.T) {
+	needPrograms(t, "python3")
+	f := newFixture(t, httpConfig)
+	f.tick = time.Hour // only the kernel writes counts out, before records
+	f.srv.ServeHTTPCases(t, 8090)
+	f.start()
+	pool := f.pooled(8090)
+	pool.get(t, "/ok", "/404", "/ok")
+	c, _ := f.circuit("web")
+	id := c.CircuitID
+	epoch1, n, err := f.d.Kernel().Answered(id)
+	if err != nil || n != 3 {
+		t.Fatalf("answered word of circuit id %d: epoch %d count %d (%v), want 3 counted", id, epoch1, n, err)
+	}
+	f.restart()
+	epoch2, n, _ := f.d.Kernel().Answered(id)
+	if epoch2 == epoch1 || n != 0 {
+		t.Fatalf("after the restart: epoch %d count %d, want a new epoch (not %d) and 0", epoch2, n, epoch1)
+	}
+	pool.get(t, "/ok", "/404") // recorded one by one (read with the 503's wake-up below)
+	if _, n, _ := f.d.Kernel().Answered(id); n != 0 {
+		t.Fatalf("the pooled connection of the daemon before counted %d in the new epoch", n)
+	}
+	f.keepAlive(8090, 5*time.Second, "/ok", "/ok", "/503")
+	f.waitOutcomes("response_status", "web", 1)
+	f.waitOutcomes("response", "web", 4)
+	if c, _ := f.circuit("web"); c.Calls != 5 || c.ConsecutiveFailures != 1 {
+		t.Fatalf("after the restart: %+v", c)
+	}
+}
+
+// Review findings on counted successes, each a sequence that once lost a
+// failure or put a success on the wrong side of one.
+func TestCountedSuccessesReviewCases(t *testing.T) {
+	needPrograms(t, "python3")
+	custom := strings.Replace(orderConfig, "protocol: http", "protocol: http\n    failure_statuses: [\"5xx\", \"404\"]", 1)
+	waitBatched := func(t *testing.T, f *fixture, want int) {
+		t.Helper()
+		if !kerneltest.WaitFor(5*time.Second, func() bool {
+			f.d.mu.Lock()
+			defer f.d.mu.Unlock()
+			n := 0
+			for _, b := range f.d.batched {
+				if !b.off {
+					n++
+				}
+			}
+			return n == want
+		}) {
+			t.Fatalf("circuits counting successes in the kernel: want %d", want)
+		}
+	}
+	// A restart into a list the kernel cannot apply: sockets the old
+	// daemon marked must not go on counting 404s (failures now) as
+	// successes nobody reads.
+	t.Run("restart to a custom list", func(t *testing.T) {
+		f := newFixture(t, orderConfig)
+		f.srv.ServeHTTPCases(t, 8090)
+		f.start()
+		pool := f.pooled(8090)
+		pool.get(t, "/ok")
+		f.writeConfig(custom)
+		f.restart()
+		pool.get(t, "/404", "/404")
+		f.waitState("web", "open", 3*time.Second)
+	})
+	// A socket marked while its circuit did not count successes writes
+	// its failure after the successes counted since by other sockets.
+	t.Run("a socket marked before counting", func(t *testing.T) {
+		f := newFixture(t, custom)
+		f.tick = time.Hour
+		f.srv.ServeHTTPCases(t, 8090)
+		f.start()
+		pool := f.pooled(8090)
+		pool.get(t, "/ok")
+		f.writeConfig(orderConfig)
+		if err := f.d.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		waitBatched(t, f, 1)
+		pool.get(t, "/503")
+		f.keepAlive(8090, 5*time.Second, "/ok")
+		pool.get(t, "/503")
+		f.waitOutcomes("response_status", "web", 2)
+		if c, _ := f.circuit("web"); c.State != "closed" || c.ConsecutiveFailures != 1 {
+			t.Fatalf("a 503, a success, a 503: %+v", c)
+		}
+	})
+	// A reload that changes the bound keeps what was counted before it.
+	t.Run("a reload with another bound", func(t *testing.T) {
+		f := newFixture(t, orderConfig)
+		f.tick = time.Hour
+		f.srv.ServeHTTPCases(t, 8090)
+		f.start()
+		f.keepAlive(8090, 5*time.Second, "/503")
+		f.keepAlive(8090, 5*time.Second, "/ok")
+		f.writeConfig(strings.Replace(orderConfig, "protocol: http", "protocol: http\n    slow_response_duration: 5s", 1))
+		if err := f.d.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		f.keepAlive(8090, 5*time.Second, "/503")
+		f.waitOutcomes("response_status", "web", 2)
+		if c, _ := f.circuit("web"); c.State != "closed" || c.ConsecutiveFailures != 1 || c.Calls != 3 {
+			t.Fatalf("a 503, a success, a reload, a 503: %+v", c)
+		}
+	})
+	// A target that stops following responses is credited no success its
+	// old sockets count.
+	t.Run("a target that stops following", func(t *testing.T) {
+		both := orderConfig + "  other:\n    match: {cidrs: [SRV], ports: [\"8092\"]}\n    protocol: http\n"
+		f := newFixture(t, both)
+		f.srv.ServeHTTPCases(t, 8090)
+		f.start()
+		pool := f.pooled(8090)
+		pool.get(t, "/ok")
+		f.waitOutcomes("response", "web", 1)
+		f.writeConfig(strings.Replace(both, "    protocol: http\n    consecutive_failures: 2", "    consecutive_failures: 2", 1))
+		if err := f.d.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		before, _ := f.circuit("web")
+		pool.get(t, "/ok", "/ok", "/ok")
+		time.Sleep(300 * time.Millisecond) // a few ticks
+		if c, _ := f.circuit("web"); c.Calls != before.Calls {
+			t.Fatalf("calls %d after the target stopped following responses, %d before", c.Calls, before.Calls)
+		}
+	})
 }

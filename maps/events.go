@@ -39,6 +39,10 @@ const (
 	// NoResponse is a connection that ended while a request awaited its
 	// first response byte (PeerClosed: the peer closed or reset it).
 	NoResponse = Outcome(bpf.BreakerOutcomeOUTCOME_NO_RESPONSE)
+	// Answered is the successes the kernel counted for a circuit (RespBatch)
+	// since it last wrote them out: AnsweredCount of them, for circuit id
+	// Round under answered epoch Count. It has no destination or socket.
+	Answered = Outcome(bpf.BreakerOutcomeOUTCOME_ANSWERED)
 )
 
 var outcomeNames = [...]string{
@@ -46,7 +50,11 @@ var outcomeNames = [...]string{
 	Unreachable: "unreachable", Reset: "reset", Stalled: "stalled",
 	Abandoned: "abandoned", SYNRetrans: "syn_retransmit", Error: "error",
 	ProbeRound: "probe_round", Response: "response", NoResponse: "no_response",
+	Answered: "answered",
 }
+
+// AnsweredCount is how many successes an Answered record stands for.
+func (e *Event) AnsweredCount() uint64 { return uint64(e.Duration) }
 
 // String returns the outcome's metric label (refused, timed_out, …).
 func (o Outcome) String() string {

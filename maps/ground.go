@@ -58,6 +58,7 @@ func (k *Kernel) mapPins() map[string]*ebpf.Map {
 		bpf.BreakerMapInflight:   k.objs.Inflight,
 		bpf.BreakerMapRejections: k.objs.Rejections,
 		bpf.BreakerMapRespPorts:  k.objs.RespPorts,
+		bpf.BreakerMapAnswered:   k.objs.Answered,
 	}
 }
 

@@ -70,7 +70,7 @@ import (
 // of the pin directory; bump it whenever bpf/breaker.h or a map definition
 // in bpf/breaker.c changes (TestLayoutVersionMatchesLayout fails until
 // then).
-const LayoutVersion = 12
+const LayoutVersion = 13
 
 // DefaultDir is the default bpffs directory for breakerd's pins.
 const DefaultDir = "/sys/fs/bpf/breakerd"
@@ -150,6 +150,11 @@ type Kernel struct {
 	// the map's system calls.
 	cfgMu sync.Mutex
 	vm    verdictMask
+
+	// The answered map, memory-mapped at its first read (Answered).
+	answeredOnce sync.Once
+	answeredMem  *ebpf.Memory
+	answeredErr  error
 }
 
 type hook struct {

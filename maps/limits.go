@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -30,6 +31,12 @@ type Limit struct {
 	// connects a limit turns away per cgroup in the rejections map, under
 	// (Slot, Epoch) (Rejection.BulkheadRejected). 0 records none.
 	Epoch uint32
+	// With RespBatch: BatchID is the circuit id whose answered word counts
+	// the destination's ordinary successes, under BatchEpoch (see
+	// SetAnswered), and a response FastBound or slower is recorded, not
+	// counted (0: none is).
+	BatchID, BatchEpoch uint32
+	FastBound           time.Duration
 }
 
 // PutLimit writes d's limits. Settings.Limits must be on for connect to
@@ -44,7 +51,11 @@ func (k *Kernel) PutLimit(d Dest, l Limit) error {
 		return fmt.Errorf("writing limits for %s: %w", d, err)
 	}
 	key := d.Key()
-	raw := bpf.BreakerLimit{Slot: l.Slot, MaxConnections: l.MaxConnections, MaxConnecting: l.MaxConnecting, RejectErrno: uint16(l.Errno), Responses: uint16(l.Responses), Epoch: l.Epoch}
+	if l.Responses&RespBatch != 0 && (l.BatchID >= AnsweredIDs || l.BatchEpoch == 0 || l.BatchEpoch >= AnsweredEpochs || l.FastBound < 0) {
+		return fmt.Errorf("writing limits for %s: counted successes need a circuit id below %d and an epoch in 1..%d (have %d, %d)", d, AnsweredIDs, AnsweredEpochs-1, l.BatchID, l.BatchEpoch)
+	}
+	raw := bpf.BreakerLimit{Slot: l.Slot, MaxConnections: l.MaxConnections, MaxConnecting: l.MaxConnecting, RejectErrno: uint16(l.Errno), Responses: uint16(l.Responses), Epoch: l.Epoch,
+		BatchId: l.BatchID, BatchEpoch: l.BatchEpoch, FastUs: uint32(min(l.FastBound/time.Microsecond, 1<<32-1))}
 	if err := k.objs.Limits.Put(&key, &raw); err != nil {
 		return fmt.Errorf("writing limits for %s: %w", d, err)
 	}

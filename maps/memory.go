@@ -48,7 +48,7 @@ const (
 	htabElem        = 48 + 8
 	htabBucket      = 16
 	verdictEntry    = htabElem + 24 + 32 + htabBucket // key 20 -> 24, value 32
-	limitEntry      = htabElem + 24 + 24 + htabBucket // key 20 -> 24, value 24
+	limitEntry      = htabElem + 24 + 32 + htabBucket // key 20 -> 24, value 32
 	overrideEntry   = htabElem + 128 + 8 + htabBucket // key 128 (a circuit name), value 8
 	maxOverrides    = 4096
 	workloadEntry   = htabElem + 8 + 8 + htabBucket   // key 8 (a cgroup id), value 8
@@ -58,6 +58,7 @@ const (
 	counterEntry    = 40
 	bulkEntry       = 16
 	budgetEntry     = 8
+	answeredBytes   = AnsweredIDs * 8
 	ringBytes       = 4 << 20
 	statEntries     = 8
 	perCPULockBytes = 4 * 8 // the hash maps' per-CPU lock counters (8 ints)
@@ -75,6 +76,7 @@ const respPortsBytes = respPortWords * 8
 //	counters       MaxCircuitIDs × 40 B      (10 MiB)
 //	bulk           MaxCircuitIDs × 16 B      (4 MiB)
 //	probe_budgets  MaxCircuitIDs × 8 B       (2 MiB)
+//	answered       AnsweredIDs × 8 B         (0.5 MiB)
 //	workloads      MaxWorkloadCgroups × 88 B (5.5 MiB)
 //	inflight       MaxInflight × 128 B       (8 MiB)
 //	rejections     MaxRejections × 120 B     (3.75 MiB)
@@ -87,7 +89,7 @@ const respPortsBytes = respPortWords * 8
 // at 256).
 // Kernels before 6.5 report a coarser figure in fdinfo (key plus value
 // times capacity), below this bound too. The
-// per-socket storage (socks) is not in it: it holds one small entry (112
+// per-socket storage (socks) is not in it: it holds one small entry (120
 // bytes of value plus the kernel's bookkeeping) per observed socket of the
 // protected cgroup, allocated as sockets are observed and freed with them.
 func MemoryBound(cpus int) uint64 {
@@ -98,6 +100,7 @@ func MemoryBound(cpus int) uint64 {
 		MaxInflight*inflightEntry +
 		MaxRejections*rejectionEntry +
 		respPortsBytes +
+		answeredBytes +
 		ringBytes +
 		uint64(cpus)*(statEntries*8+6*perCPULockBytes+handoffBytes) +
 		64<<10 // map headers, the config entry, the ring buffer's page array

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -17,7 +18,8 @@ func (v *View) AllLimits() (map[Dest]Limit, error) {
 	var raw bpf.BreakerLimit
 	it := v.limits.Iterate()
 	for it.Next(&key, &raw) {
-		out[DestFromKey(&key)] = Limit{Slot: raw.Slot, MaxConnections: raw.MaxConnections, MaxConnecting: raw.MaxConnecting, Errno: syscall.Errno(raw.RejectErrno), Responses: ResponseFlags(raw.Responses), Epoch: raw.Epoch}
+		out[DestFromKey(&key)] = Limit{Slot: raw.Slot, MaxConnections: raw.MaxConnections, MaxConnecting: raw.MaxConnecting, Errno: syscall.Errno(raw.RejectErrno), Responses: ResponseFlags(raw.Responses), Epoch: raw.Epoch,
+			BatchID: raw.BatchId, BatchEpoch: raw.BatchEpoch, FastBound: time.Duration(raw.FastUs) * time.Microsecond}
 	}
 	if err := it.Err(); err != nil {
 		return out, fmt.Errorf("iterating limits: %w", err)

@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -32,7 +33,89 @@ const (
 	// RespInflight keeps the socket's awaiting turn in the inflight map,
 	// for the daemon's response_timeout.
 	RespInflight = ResponseFlags(bpf.BreakerResponseFlagsRESP_INFLIGHT)
+	// RespBatch counts an ordinary success (not a probe's, not a 5xx or
+	// a 429, faster than Limit.FastBound) in the answered word of
+	// Limit.BatchID instead of writing its record; see Answered.
+	RespBatch = ResponseFlags(bpf.BreakerResponseFlagsRESP_BATCH)
 )
+
+// AnsweredIDs is the answered map's size: only circuits with an id below
+// it can have their successes counted in the kernel (RespBatch).
+const AnsweredIDs = 1 << 16
+
+// AnsweredEpochs bounds an answered word's epoch: 1 .. AnsweredEpochs-1.
+const AnsweredEpochs = 1 << (64 - answeredShift)
+
+const answeredShift = 40
+
+// answeredFlushIDs is how many ids one run of answered_flush takes
+// (bpf/breaker.c ANSWERED_FLUSH_IDS).
+const answeredFlushIDs = 64
+
+// Answered reads circuit id's answered word: the epoch it counts under and
+// the successes counted and not yet written out. It reads the kernel's
+// memory directly (the map is memory-mapped): no system call.
+func (k *Kernel) Answered(id uint32) (epoch uint32, count uint64, err error) {
+	if id >= AnsweredIDs {
+		return 0, 0, fmt.Errorf("circuit id %d is not below %d", id, AnsweredIDs)
+	}
+	mem, err := k.answeredMemory()
+	if err != nil {
+		return 0, 0, err
+	}
+	var b [8]byte
+	if _, err := mem.ReadAt(b[:], int64(id)*8); err != nil {
+		return 0, 0, fmt.Errorf("reading the answered word of circuit id %d: %w", id, err)
+	}
+	w := binary.LittleEndian.Uint64(b[:])
+	return uint32(w >> answeredShift), w & (1<<answeredShift - 1), nil
+}
+
+func (k *Kernel) answeredMemory() (*ebpf.Memory, error) {
+	k.answeredOnce.Do(func() {
+		k.answeredMem, k.answeredErr = k.objs.Answered.Memory()
+		if k.answeredErr != nil {
+			k.answeredErr = fmt.Errorf("mapping the answered map: %w", k.answeredErr)
+		}
+	})
+	return k.answeredMem, k.answeredErr
+}
+
+// SetAnswered gives circuit id's answered word a new epoch (1 ..
+// AnsweredEpochs-1) and a count of 0. Sockets marked with another epoch
+// write a record for each success from then on; what the word held is
+// dropped. Write it before any limits entry names the epoch.
+func (k *Kernel) SetAnswered(id, epoch uint32) error {
+	if id >= AnsweredIDs {
+		return fmt.Errorf("circuit id %d is not below %d", id, AnsweredIDs)
+	}
+	if epoch == 0 || epoch >= AnsweredEpochs {
+		return fmt.Errorf("answered epoch %d is not in 1..%d", epoch, AnsweredEpochs-1)
+	}
+	if err := k.objs.Answered.Put(id, uint64(epoch)<<answeredShift); err != nil {
+		return fmt.Errorf("writing the answered word of circuit id %d: %w", id, err)
+	}
+	return nil
+}
+
+// FlushAnswered has the kernel write out the successes counted for each of
+// ids, as one Answered record each, into the ring (after every record
+// already there, so the daemon reads them in their order). It runs the
+// answered_flush program once per 64 ids.
+func (k *Kernel) FlushAnswered(ids []uint32) error {
+	for len(ids) > 0 {
+		n := min(len(ids), answeredFlushIDs)
+		data := make([]byte, 14+4*n)
+		for i, id := range ids[:n] {
+			binary.LittleEndian.PutUint32(data[14+4*i:], id)
+		}
+		if _, err := k.objs.AnsweredFlush.Run(&ebpf.RunOptions{Data: data}); err != nil {
+			return fmt.Errorf("writing out counted successes: %w", err)
+		}
+		ids = ids[n:]
+	}
+	return nil
+}
 
 // SetResponses attaches (on) or detaches the response programs, the
 // cgroup_skb ingress and egress hooks that follow request/response turns.

@@ -19,7 +19,9 @@ import (
 // BenchmarkResponsePrograms measures the response programs' run time per
 // packet (BPF run-time statistics) for sockets they do not follow and for
 // sockets they follow with each set of options (timing; and the HTTP
-// status; and response_timeout), with the
+// status; and response_timeout; the last two also with their ordinary
+// successes counted in the kernel, RespBatch, as breakerd does for a
+// target with the default failure statuses), with the
 // same keep-alive client and server: Go's net/http making small requests
 // over one connection. Run it alone (-bench ResponsePrograms -benchtime 1x);
 // BREAKERD_BENCH_OUT writes the table to a file.
@@ -45,14 +47,25 @@ func BenchmarkResponsePrograms(b *testing.B) {
 		{"followed: timing", e.dest(8087, false), RespTimed, false},
 		{"followed: timing, protocol: http", e.dest(8088, false), RespTimed | RespHTTP, false},
 		{"followed: timing, protocol: http, response_timeout", e.dest(8085, false), RespTimed | RespHTTP | RespInflight, false},
+		{"followed: timing, protocol: http, successes counted in the kernel", e.dest(8089, false), RespTimed | RespHTTP | RespBatch, false},
+		{"followed: timing, protocol: http, response_timeout, successes counted in the kernel", e.dest(8084, false), RespTimed | RespHTTP | RespInflight | RespBatch, false},
 		{"not followed, a port a followed socket uses", e.dest(8085, true), 0, true},
 	}
-	for _, port := range []uint16{8085, 8086, 8087, 8088} {
+	for _, port := range []uint16{8084, 8085, 8086, 8087, 8088, 8089} {
 		e.srv.ServeHTTPCases(b, port)
 	}
 	for i, l := range lines {
 		if l.resp != 0 {
-			if err := e.k.PutLimit(l.dest, Limit{Slot: uint32(7 + i), Responses: l.resp}); err != nil {
+			lim := Limit{Slot: uint32(7 + i), Responses: l.resp}
+			if l.resp&RespBatch != 0 {
+				// Counted under the circuit id of the slot, every 404 an
+				// ordinary success (none near the bound).
+				lim.BatchID, lim.BatchEpoch, lim.FastBound = lim.Slot, 1, time.Second
+				if err := e.k.SetAnswered(lim.BatchID, lim.BatchEpoch); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := e.k.PutLimit(l.dest, lim); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -58,6 +58,18 @@ func (s *StatusSet) Has(status uint16) bool {
 	return i >= 0 && i < 500 && s.bits[i/64]&(1<<(i%64)) != 0
 }
 
+// OnlyServerErrorsAnd429 reports whether every status in the set is a 5xx
+// or a 429 (the default set, or a narrower one): only then may the kernel
+// count the other statuses as successes without a record each.
+func (s *StatusSet) OnlyServerErrorsAnd429() bool {
+	for st := 100; st < 500; st++ {
+		if st != 429 && s.Has(uint16(st)) {
+			return false
+		}
+	}
+	return true
+}
+
 func (s *StatusSet) add(lo, hi int) {
 	for st := lo; st <= hi; st++ {
 		i := st - 100

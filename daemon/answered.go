@@ -1,0 +1,207 @@
+package daemon
+
+import (
+	"math/rand/v2"
+	"time"
+
+	"github.com/breakerd/breakerd/maps"
+	"github.com/breakerd/breakerd/policy"
+)
+
+// batch is what the kernel was told about a circuit whose ordinary
+// successes it counts in the circuit's answered word (maps.RespBatch)
+// instead of writing a record for each: the word's epoch, and the bound
+// it was written with. prev is the epoch before (0: none), whose records
+// still in the ring are the circuit's too; off says the circuit counts
+// under no epoch now (its options changed so, while it lives on).
+type batch struct {
+	id, epoch, prev uint32
+	fast            time.Duration
+	off             bool
+}
+
+// batchable says whether the kernel may count c's ordinary successes, and
+// the response time from which one is recorded instead (0: none is): c
+// follows responses, has a circuit id the answered map holds, and its
+// failure statuses are among those the kernel records anyway (5xx, 429).
+func batchable(c *circuit, o *policy.Options) (time.Duration, bool) {
+	r := &o.Responses
+	if !r.Followed() || c.id == 0 || c.id >= maps.AnsweredIDs || (r.HTTP && !r.FailureStatuses.OnlyServerErrorsAnd429()) {
+		return 0, false
+	}
+	fast := r.SlowResponseDuration
+	if t := r.ResponseTimeout; t > 0 && (fast == 0 || t < fast) {
+		fast = t
+	}
+	return fast, true
+}
+
+// batchOf returns c's batch, giving its answered word a new epoch first
+// when c had none or had it under other options: a socket marked under
+// other options (or for the id's former holder) then records every
+// response, as without batching, and what was counted under the old
+// epoch is written out first and still credited to c. false: c's
+// successes are recorded one by one. The caller holds d.mu and writes the
+// limits entries after it.
+func (d *Daemon) batchOf(c *circuit, o *policy.Options) (batch, bool) {
+	fast, ok := batchable(c, o)
+	b, had := d.batched[c]
+	if had && !b.off && ok && b.id == c.id && b.fast == fast {
+		return b, true
+	}
+	if !ok {
+		if had && !b.off {
+			d.retireBatch(c)
+		}
+		return batch{}, false
+	}
+	var prev uint32
+	if had && b.id == c.id {
+		if !b.off {
+			d.retireBatch(c)
+		}
+		prev = d.batched[c].prev
+	} else if had {
+		d.unbatch(c)
+	}
+	epoch, err := d.nextAnsweredEpoch(c.id)
+	if err != nil {
+		d.errorEverySecond("answered", "counting successes in the kernel (each response is recorded instead)", "circuit", c.name(), "err", err)
+		return batch{}, false
+	}
+	b = batch{id: c.id, epoch: epoch, prev: prev, fast: fast}
+	d.batched[c] = b
+	d.batchedIDs[c.id] = c
+	return b, true
+}
+
+// retireBatch stops counting c's successes under its current epoch, c
+// living on (its options changed): the count is written out first (into
+// the ring, after every record before it) and the word gets a new epoch
+// no limits entry names; records of the old epoch are still credited to
+// c (prev). The caller holds d.mu.
+func (d *Daemon) retireBatch(c *circuit) {
+	b := d.batched[c]
+	if err := d.k.FlushAnswered([]uint32{b.id}); err != nil {
+		d.errorEverySecond("answered", "writing out a circuit's counted successes before its options change (they are dropped)", "circuit", c.name(), "err", err)
+	}
+	if _, err := d.nextAnsweredEpoch(b.id); err != nil {
+		d.errorEverySecond("answered", "retiring a circuit's counted successes", "circuit", c.name(), "err", err)
+	}
+	d.batched[c] = batch{id: b.id, prev: b.epoch, off: true}
+}
+
+// retirePinnedBatches gives a new epoch to every answered word a pinned
+// limits entry names, at start-up, before any limits entry is written:
+// sockets a previous daemon marked then record each response, whether or
+// not this daemon counts their circuit's successes (it may not, its
+// options having changed), and what they counted is dropped, as no turn
+// begun before a start counts.
+func (d *Daemon) retirePinnedBatches(limits map[maps.Dest]maps.Limit) {
+	done := map[uint32]bool{}
+	for _, l := range limits {
+		if l.Responses&maps.RespBatch == 0 || done[l.BatchID] || l.BatchID >= maps.AnsweredIDs {
+			continue
+		}
+		done[l.BatchID] = true
+		if _, err := d.nextAnsweredEpoch(l.BatchID); err != nil {
+			d.log.Error("retiring a previous daemon's counted successes (its sockets may go on counting them unread)", "circuit_id", l.BatchID, "err", err)
+		}
+	}
+}
+
+// nextAnsweredEpoch writes id's answered word anew under the epoch after
+// its current one, and returns it. A word never written (epoch 0: a map
+// made anew, perhaps beside sockets marked under the one it replaced)
+// starts at a random epoch, which such a socket is unlikely to carry.
+func (d *Daemon) nextAnsweredEpoch(id uint32) (uint32, error) {
+	cur, _, err := d.k.Answered(id)
+	if err != nil {
+		return 0, err
+	}
+	next := cur + 1
+	if cur == 0 {
+		next = 1 + rand.Uint32N(maps.AnsweredEpochs-1)
+	}
+	if next >= maps.AnsweredEpochs {
+		next = 1
+	}
+	if err := d.k.SetAnswered(id, next); err != nil {
+		return 0, err
+	}
+	return next, nil
+}
+
+// unbatch forgets c's batch, c going (dropped, or giving its id back):
+// the word gets a new epoch no limits entry names if c still holds it, so
+// c's sockets add nothing more, and what it held is dropped with c. The
+// caller holds d.mu.
+func (d *Daemon) unbatch(c *circuit) {
+	b, ok := d.batched[c]
+	if !ok {
+		return
+	}
+	delete(d.batched, c)
+	if d.batchedIDs[b.id] != c {
+		return // the id is another circuit's now: its word is not c's
+	}
+	delete(d.batchedIDs, b.id)
+	if _, err := d.nextAnsweredEpoch(b.id); err != nil {
+		d.errorEverySecond("answered", "retiring a circuit's counted successes", "circuit", c.name(), "err", err)
+	}
+}
+
+// unbatchAll retires every batch: the response programs were attached
+// again, and sockets marked before may carry stale turns, whose successes
+// must not count (respSince). The next limits writes give new epochs. The
+// caller holds d.mu.
+func (d *Daemon) unbatchAll() {
+	for c := range d.batched {
+		d.unbatch(c)
+	}
+}
+
+// creditAnswered feeds an Answered record's successes to their circuit,
+// in the record's place among the circuit's other records. A record of an
+// epoch that is not the circuit's (current or previous: a daemon before
+// this one, or the id's former holder), or of a circuit that no longer
+// follows responses, is dropped, as a stale turn's record is. The caller
+// holds d.mu.
+func (d *Daemon) creditAnswered(ev *maps.Event, now time.Time) {
+	c := d.batchedIDs[ev.Round]
+	if c == nil || !c.machine.Options().Responses.Followed() {
+		return
+	}
+	if b := d.batched[c]; ev.Count == 0 || (ev.Count != b.prev && (b.off || ev.Count != b.epoch)) {
+		return
+	}
+	n := ev.AnsweredCount()
+	c.metrics.responseCounter(respAnswered).Add(float64(n))
+	for range n {
+		d.record(c, policy.Result{Kind: policy.Answered}, now)
+	}
+}
+
+// flushAnswered has the kernel write out the successes counted for every
+// batched circuit whose word holds some (read from the mapped map, no
+// system call for the others), so a circuit that went quiet has them
+// read within a tick, after its earlier records.
+func (d *Daemon) flushAnswered() {
+	d.mu.Lock()
+	var ids []uint32
+	for id, c := range d.batchedIDs {
+		if d.batched[c].off {
+			continue
+		}
+		if _, n, err := d.k.Answered(id); err == nil && n > 0 {
+			ids = append(ids, id)
+		}
+	}
+	d.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	if err := d.k.FlushAnswered(ids); err != nil {
+		d.errorEverySecond("answered-flush", "writing out counted successes (they stay counted for the next try)", "err", err)
+	}
+}
