@@ -68,7 +68,7 @@ const (
 const respPortsBytes = respPortWords * 8
 
 // MemoryBound is the most memory breakerd's maps take, every map full, on
-// a node with cpus possible CPUs (the README states it):
+// a node with cpus possible CPUs (docs/install.md states it):
 //
 //	verdicts       MaxDestinations × 128 B   (32 MiB)
 //	limits         MaxDestinations × 128 B   (32 MiB)

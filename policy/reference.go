@@ -27,7 +27,7 @@ var limitRows = []struct {
 func Reference() string {
 	var b strings.Builder
 	b.WriteString("# Configuration reference\n\n")
-	b.WriteString("<!-- Generated from policy/options.go and policy/config.go by `go test ./policy -run TestReference -update`; do not edit. -->\n\n")
+	b.WriteString("<!-- Generated from policy/options.go and policy/config.go by `go test ./docs -run TestConfigurationReference -update`; do not edit. -->\n\n")
 	b.WriteString("breakerd reads one YAML file (`--config`; the embedded `policy/default.yaml` when none is given). ")
 	b.WriteString("Every key has a default. Environment variables `BREAKERD_<KEY PATH>` override the file, with `.` written as `_` ")
 	b.WriteString("(`BREAKERD_MODE=shadow`, `BREAKERD_ALL_OPEN_DURATION=30s`; a target's key only when the file has it). ")

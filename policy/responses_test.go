@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -134,25 +133,5 @@ targets:
 		if !strings.Contains(got, want) {
 			t.Errorf("missing %q in:\n%s", want, got)
 		}
-	}
-}
-
-func TestREADMEResponsesExampleIsValid(t *testing.T) {
-	data, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, rest, ok := strings.Cut(string(data), "### Responses\n")
-	if !ok {
-		t.Fatal("README has no Responses section")
-	}
-	_, rest, _ = strings.Cut(rest, "```yaml\n")
-	example, _, _ := strings.Cut(rest, "```")
-	c, err := Parse([]byte(example), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if w := c.Targets["web"]; w == nil || !w.Options.Responses.HTTP || w.Options.Responses.ResponseTimeout != 5*time.Second {
-		t.Fatalf("example decoded to %+v", c.Targets)
 	}
 }
