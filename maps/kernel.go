@@ -26,10 +26,23 @@
 // # One daemon per pin directory
 //
 // Load takes an exclusive flock(2) on Dir (bpffs supports it on
-// directories) and holds it until Close, so a second breakerd on the same
-// pins is refused before it changes anything (two daemons would split the
-// ring buffer and overwrite each other's verdicts). Uninstall takes the same
+// directories), and a shared one on every bpffs directory above Dir, and
+// holds them until Close, so a second breakerd on the same pins, or on a
+// directory inside or around them, is refused before it changes anything
+// (two daemons would split the ring buffer and overwrite each other's
+// verdicts, or attach a second set of programs). Uninstall takes the same
 // lock, so it refuses to run under a live daemon.
+//
+// # Ground
+//
+// Check and Repair watch what the pins stand on. Removed pins, or the
+// whole pin directory, are pinned again from the daemon's handles. A pin
+// replaced by another object is reported and left alone (it may be
+// someone else's). The pins are never made again on another filesystem
+// than the bpffs they were made on: after an unmount, the filesystem
+// underneath (another bpffs, or none) would hold them only until the next
+// mount hid them, with the links they keep attached; only a bpffs mounted
+// again where the pins' was gets them.
 //
 // # Fail-open
 //
@@ -125,10 +138,13 @@ type Features struct {
 // Kernel is breakerd's loaded kernel side.
 type Kernel struct {
 	View
-	objs     bpf.BreakerObjects
-	dir      string
-	lock     *DirLock
-	fresh    bool // Load made the layout directory (nothing was pinned before)
+	objs  bpf.BreakerObjects
+	dir   string
+	lock  *DirLock
+	fresh bool // Load made the layout directory (nothing was pinned before)
+	// The bpf filesystem the pins are on: its device, and the directory it
+	// is mounted on (Check and Repair tell it from the one underneath).
+	fs       pinFS
 	features Features
 	log      *slog.Logger
 
@@ -316,6 +332,9 @@ func Load(opts Options) (_ *Kernel, err error) {
 		}
 	}()
 	if err := writeMarker(dir); err != nil {
+		return nil, err
+	}
+	if k.fs, err = fsOf(dir); err != nil {
 		return nil, err
 	}
 
