@@ -193,8 +193,12 @@ func (k *Kernel) Check() Problems {
 	}
 	if len(foreign) > 0 {
 		slices.Sort(foreign)
+		paths := make([]string, len(foreign))
+		for i, name := range foreign {
+			paths[i] = filepath.Join(k.dir, name)
+		}
 		msgs = append(msgs, fmt.Sprintf("replaced in %s by objects breakerd did not pin: %v; breakerd never removes or repairs these (they may be another program's), so protection stays incomplete until the operator removes them (rm %s), after which the next check pins breakerd's own again",
-			k.dir, foreign, filepath.Join(k.dir, "{"+strings.Join(foreign, ",")+"}")))
+			k.dir, foreign, strings.Join(paths, " ")))
 	}
 	if len(msgs) > 0 {
 		p[PinsRemoved] = strings.Join(msgs, "; ")

@@ -512,7 +512,7 @@ func TestPinDirRemovedAndPinReplaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := e.k.Check()
-	if msg := p[PinsRemoved]; !strings.Contains(msg, "never removes or repairs") || !strings.Contains(msg, "rm "+filepath.Join(e.k.PinDir(), "{verdicts}")) {
+	if msg := p[PinsRemoved]; !strings.Contains(msg, "never removes or repairs") || !strings.Contains(msg, "rm "+verdicts) {
 		t.Fatalf("a pin replaced by another map: %v, want it named, with the operator's step", p)
 	}
 	if err := e.k.Repair(); err != nil {
