@@ -299,6 +299,16 @@ func (k *Kernel) Repair() error {
 			if err := CheckCgroup(k.cgroup); err != nil {
 				return errors.Join(append(errs, err)...)
 			}
+			// The lock is on the removed directory: take the new one's
+			// first (another daemon may protect it already).
+			f, err := lockCgroup(k.cgroup)
+			if err != nil {
+				return errors.Join(append(errs, err)...)
+			}
+			if k.cgroupLock != nil {
+				k.cgroupLock.Close()
+			}
+			k.cgroupLock = f
 			for _, h := range hooks {
 				if h.optional && k.links[h.name] == nil {
 					continue // not needed so far

@@ -587,3 +587,40 @@ func TestNoPinsOnTheFilesystemUnderneath(t *testing.T) {
 	}
 	e.enforcing(t, "restart on the bpffs mounted again", open, ok)
 }
+
+// A second Kernel on the same cgroup with pins elsewhere (another bpffs
+// mount) is refused before it makes anything: the cgroup keeps one set of
+// programs. Once the first is closed, the cgroup is free.
+func TestSecondKernelOnSameCgroupRefused(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	other := mountBPFFS(t, t.TempDir())
+	e := newEnv(t, Options{})
+	e.srv.ServeHold(t, 8222)
+	open, ok := e.dest(8223, false), e.dest(8222, false)
+	if err := e.k.PutVerdict(open, Verdict{State: ForcedOpen, CircuitID: 39}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(other, "breakerd")
+	if k, err := Load(Options{Dir: dir, Cgroup: e.cg.Path}); !errors.Is(err, ErrCgroupLocked) {
+		if err == nil {
+			k.Uninstall()
+		}
+		t.Fatalf("a second Kernel on the same cgroup: %v, want ErrCgroupLocked", err)
+	}
+	if _, err := os.Lstat(dir); err == nil {
+		t.Fatalf("the refused Load left %s", dir)
+	}
+	e.enforcing(t, "after the refused Load", open, ok)
+	if err := e.k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	k, err := Load(Options{Dir: dir, Cgroup: e.cg.Path})
+	if err != nil {
+		t.Fatalf("a Kernel on the cgroup once the first is closed: %v", err)
+	}
+	if err := k.Uninstall(); err != nil {
+		t.Fatal(err)
+	}
+	e.restart(t)
+	e.enforcing(t, "restart", open, ok)
+}

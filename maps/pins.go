@@ -101,12 +101,28 @@ func firstMissing(path string) string {
 	}
 }
 
+// ErrCgroupLocked is returned by Load when another breakerd, with other
+// pins, protects the cgroup (on the same pins, ErrLocked comes first).
+var ErrCgroupLocked = errors.New("another breakerd protects this cgroup")
+
+// lockCgroup takes an exclusive flock on the cgroup directory path without
+// waiting. Two daemons on one cgroup, each with its own pins (another
+// --bpffs, another bpffs mount), would each attach a full set of programs
+// and enforce two sets of verdicts and bulkheads on the same connects.
+func lockCgroup(path string) (*os.File, error) {
+	f, err := flockDir(path, unix.LOCK_EX)
+	if errors.Is(err, unix.EWOULDBLOCK) {
+		return nil, fmt.Errorf("%w (%s is locked by a breakerd with other pins; stop that one first, or protect another cgroup)", ErrCgroupLocked, path)
+	}
+	return f, err
+}
+
 // flockDir opens directory path and locks it (how: LOCK_EX or LOCK_SH)
 // without waiting.
 func flockDir(path string, how int) (*os.File, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("opening pin directory: %w", err)
+		return nil, fmt.Errorf("opening %s to lock it: %w", path, err)
 	}
 	if err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB); err != nil {
 		f.Close()

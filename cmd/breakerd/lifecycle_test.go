@@ -294,9 +294,18 @@ func TestLifecycle(t *testing.T) {
 	l.check("SIGKILL and restart", map[maps.Dest]int64{l.pool: 2})
 
 	// A wrong second start (not a cgroup v2 path), a second daemon on
-	// the same pins and on directories inside them: all refused, nothing
-	// changes.
+	// the same pins, on directories inside them and on the same cgroup
+	// with pins on another bpffs: all refused, nothing changes.
+	otherFS := filepath.Join(t.TempDir(), "bpffs")
+	if err := os.Mkdir(otherFS, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("bpffs", otherFS, "bpf", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(otherFS, unix.MNT_DETACH) })
 	for _, args := range [][]string{
+		{"--config", l.cfg, "--cgroup", l.cg.Path, "--bpffs", filepath.Join(otherFS, "breakerd"), "--admin-addr", "", "--admin-socket", ""},
 		{"--config", l.cfg, "--cgroup", t.TempDir(), "--bpffs", l.bpffs, "--admin-addr", "", "--admin-socket", ""},
 		{"--config", l.cfg, "--cgroup", l.cg.Path, "--bpffs", l.bpffs, "--admin-addr", "", "--admin-socket", ""},
 		{"--config", l.cfg, "--cgroup", l.cg.Path, "--bpffs", maps.PinDir(l.bpffs), "--admin-addr", "", "--admin-socket", ""},
