@@ -106,8 +106,8 @@ const (
 	// mounted where it was: the pins are gone, and may be made again on it.
 	groundRemounted
 	// groundUnmounted: the pins' bpffs was unmounted and the path is on the
-	// filesystem underneath (another bpffs, or none): nothing may be
-	// pinned there.
+	// filesystem underneath (another bpffs, or none), or another
+	// filesystem was mounted over the path: nothing may be pinned there.
 	groundUnmounted
 )
 
@@ -170,7 +170,7 @@ func (k *Kernel) Check() Problems {
 		p[BPFFSUnmounted] = fmt.Sprintf("the bpffs mounted at %s was unmounted and another is mounted there: the pins in %s are gone (the daemon's handles still hold the maps and links)", k.fs.root, k.dir)
 		return p
 	case groundUnmounted:
-		p[BPFFSUnmounted] = fmt.Sprintf("the bpffs mounted at %s, which held %s, is unmounted (%s): the pins are gone, and are not made again on the filesystem underneath, where a later mount would hide them and the links they keep attached; mount bpffs at %s again and breakerd pins everything there, or restart breakerd", k.fs.root, k.dir, detail, k.fs.root)
+		p[BPFFSUnmounted] = fmt.Sprintf("the bpffs mounted at %s, which held %s, is unmounted or hidden by another mount (%s): the pins are out of reach, and are not made again on the filesystem now there, where a later mount would hide them and the links they keep attached; mount bpffs at %s again and breakerd pins everything there (a restart before that starts with nothing adopted: open circuits are forgotten)", k.fs.root, k.dir, detail, k.fs.root)
 		return p
 	}
 	var missing, foreign []string
@@ -259,7 +259,7 @@ func (k *Kernel) Repair() error {
 	defer k.mu.Unlock()
 	g, detail := k.ground()
 	if g == groundUnmounted {
-		return fmt.Errorf("the bpffs mounted at %s, which held %s, is unmounted (%s): nothing is pinned until a bpffs is mounted there again", k.fs.root, k.dir, detail)
+		return fmt.Errorf("the bpffs mounted at %s, which held %s, is unmounted or hidden by another mount (%s): nothing is pinned until a bpffs is mounted there again", k.fs.root, k.dir, detail)
 	}
 	if err := k.relock(); err != nil {
 		return err
