@@ -624,3 +624,45 @@ func TestSecondKernelOnSameCgroupRefused(t *testing.T) {
 	e.restart(t)
 	e.enforcing(t, "restart", open, ok)
 }
+
+// A bpffs mounted over the pin directory's base hides the pins: reported
+// as bpffs_unmounted, and nothing is pinned on the mount over them; once
+// it is unmounted, the pins are there again.
+func TestPinsHiddenByAMountOver(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	fs := mountBPFFS(t, t.TempDir())
+	e := newEnv(t, Options{Dir: filepath.Join(fs, "breakerd")})
+	e.srv.ServeHold(t, 8224)
+	open, ok := e.dest(8225, false), e.dest(8224, false)
+	if err := e.k.PutVerdict(open, Verdict{State: ForcedOpen, CircuitID: 40}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("bpffs", e.opts.Dir, "bpf", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	over := true
+	t.Cleanup(func() {
+		if over {
+			_ = unix.Unmount(e.opts.Dir, unix.MNT_DETACH)
+		}
+	})
+	if p := e.k.Check(); len(p) != 1 || !strings.Contains(p[BPFFSUnmounted], "hidden by another mount") {
+		t.Fatalf("pins hidden by a mount over them: %v, want bpffs_unmounted alone", p)
+	}
+	if err := e.k.Repair(); err == nil {
+		t.Fatal("Repair with the pins hidden: nil error")
+	}
+	if _, err := os.Lstat(e.k.PinDir()); err == nil {
+		t.Fatal("pins made on the mount over the pins")
+	}
+	e.enforcing(t, "pins hidden", open, ok)
+	if err := unix.Unmount(e.opts.Dir, 0); err != nil {
+		t.Fatal(err)
+	}
+	over = false
+	if p := e.k.Check(); p != nil {
+		t.Fatalf("once the mount over them is gone: %v", p)
+	}
+	e.restart(t)
+	e.enforcing(t, "restart", open, ok)
+}
