@@ -550,9 +550,11 @@ func (d *Daemon) handler(exp exposure, token []byte) http.Handler {
 	route("/readyz", map[string]http.HandlerFunc{http.MethodGet: func(w http.ResponseWriter, r *http.Request) {
 		d.mu.Lock()
 		ready := d.ready && d.beat.last.Load() != 0
+		problems := d.problems // replaced, never changed in place
 		d.mu.Unlock()
 		if !ready {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
+			// What the ground check found, so a probe's log says why.
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "problems": problems})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

@@ -118,6 +118,7 @@ type Daemon struct {
 	ready        bool
 	admin        net.Addr      // the admin API's TCP address, once listening
 	problems     maps.Problems // what Check found last (nil: protection intact)
+	repairErr    string        // the last failed repair's error (watchGround's goroutine only)
 	servers      *adminServers // opened by New, served by Run
 
 	// rejections is the last sweep of the kernel's rejections map, with

@@ -280,9 +280,11 @@ func (d *Daemon) reconcileLimits() error {
 
 // watchGround checks, every CheckInterval, that protection still stands
 // where it was attached: the cgroup, the bpf filesystem, every pin. A
-// problem is logged at error level once, counted, and makes /readyz fail;
-// what can be repaired (pins removed, the cgroup made again) is, and the
-// daemon is ready again once nothing is missing.
+// problem is logged at error level once, counted, and makes /readyz fail
+// (its answer names the problems); what can be repaired (pins or the pin
+// directory removed, the cgroup made again, the bpffs mounted again where
+// it was) is, and the daemon is ready again once nothing is missing. A
+// failed repair is logged when its error changes, not at every check.
 func (d *Daemon) watchGround(ctx context.Context) {
 	if d.opts.CheckInterval < 0 {
 		return
@@ -314,7 +316,12 @@ func (d *Daemon) checkGround(ctx context.Context) {
 		d.metrics.protected.Set(0)
 		d.mu.Unlock()
 		if err := d.k.Repair(); err != nil {
-			d.log.Error("repairing protection", "err", err)
+			if err.Error() != d.repairErr {
+				d.log.Error("repairing protection", "err", err)
+			}
+			d.repairErr = err.Error()
+		} else {
+			d.repairErr = ""
 		}
 		if _, ok := p[maps.CgroupRecreated]; ok {
 			// A new directory: its children are new cgroups to watch.

@@ -1,9 +1,11 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"os"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
 
@@ -537,5 +540,168 @@ targets:
 	kill(holder)
 	if !kerneltest.WaitFor(3*time.Second, func() bool { b, _ := f.d.k.BulkCount(old.CircuitID); return b.Connections == 0 }) {
 		t.Fatal("a's old slot did not drain")
+	}
+}
+
+// mountBPFFS mounts a bpffs of the test's own at a new directory under
+// parent and unmounts it when the test ends (if it is still mounted).
+func mountBPFFS(t *testing.T, parent string) string {
+	t.Helper()
+	dir := filepath.Join(parent, "bpffs")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("bpffs", dir, "bpf", 0, ""); err != nil {
+		t.Fatalf("mounting a bpffs of the test's own: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	return dir
+}
+
+// enforcing asserts the lifecycle invariants of svcConfig with svc forced
+// open: its connects are rejected, those to the healthy port 8081 (served
+// by the test) get through.
+func (f *fixture) enforcing(step string) {
+	f.t.Helper()
+	if got := errnos(f.dial(8080, 2, 0)); got[unix.EHOSTUNREACH] != 2 {
+		f.t.Fatalf("%s: the forced-open circuit: %v, want every connect rejected", step, got)
+	}
+	if got := errnos(f.dial(8081, 2, time.Second)); got[0] != 2 {
+		f.t.Fatalf("%s: the healthy destination: %v, want every connect through", step, got)
+	}
+}
+
+// readyz returns /readyz's status code and body, from the admin socket.
+func (f *fixture) readyz() (int, string) {
+	f.t.Helper()
+	resp, err := unixClient(f.socket).Get("http://breakerd/readyz")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func (f *fixture) problemCount(p maps.Problem) float64 {
+	return testutil.ToFloat64(f.d.metrics.groundProblems.WithLabelValues(string(p)))
+}
+
+// The pin directory removed, then the whole --bpffs directory: each is
+// counted as pins removed (not as an unmounted bpffs), pinned again, and
+// the lock still keeps a second daemon off. A pin replaced by another map
+// makes /readyz fail with a log line that says it is not repaired and what
+// to do; once the operator removes it, the daemon pins its own again.
+func TestPinDirRemoved(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.srv.ServeHold(t, 8081)
+	f.checkEvery = -1 // checks run by hand below
+	f.start()
+	if _, err := f.d.Force("svc", "open"); err != nil {
+		t.Fatal(err)
+	}
+	f.enforcing("start")
+	for i, dir := range []string{f.d.k.PinDir(), f.bpffs} {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		f.d.checkGround(t.Context())
+		if got, unmounted := f.problemCount(maps.PinsRemoved), f.problemCount(maps.BPFFSUnmounted); got != float64(i+1) || unmounted != 0 {
+			t.Fatalf("%s removed: pins_removed counted %v times, bpffs_unmounted %v; want %d and 0", dir, got, unmounted, i+1)
+		}
+		if !f.ready() {
+			t.Fatalf("%s removed: not ready after the repair:\n%s", dir, f.logs.String())
+		}
+		if lock, err := maps.LockDir(f.bpffs); !errors.Is(err, maps.ErrLocked) {
+			lock.Close()
+			t.Fatalf("%s removed and made again: LockDir %v, want ErrLocked", dir, err)
+		}
+		f.enforcing(dir + " removed and repaired")
+	}
+	if !strings.Contains(f.logs.String(), "the pin directory "+f.d.k.PinDir()+" was removed") {
+		t.Fatalf("no log of the removed directory:\n%s", f.logs.String())
+	}
+
+	foreign, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreign.Close()
+	verdicts := filepath.Join(f.d.k.PinDir(), "verdicts")
+	if err := os.Remove(verdicts); err != nil {
+		t.Fatal(err)
+	}
+	if err := foreign.Pin(verdicts); err != nil {
+		t.Fatal(err)
+	}
+	f.d.checkGround(t.Context())
+	if code, body := f.readyz(); code != http.StatusServiceUnavailable || !strings.Contains(body, "pins_removed") {
+		t.Fatalf("readyz with a pin replaced: %d %s", code, body)
+	}
+	if line := grepLines(f.logs.String(), "replaced in"); !strings.Contains(line, "level=ERROR") || !strings.Contains(line, "never removes or repairs") || !strings.Contains(line, "rm "+verdicts) {
+		t.Fatalf("the log line of a replaced pin does not say it is left and what to do: %q", line)
+	}
+	f.enforcing("a pin replaced (the daemon's handles hold the verdicts)")
+	if err := os.Remove(verdicts); err != nil {
+		t.Fatal(err)
+	}
+	f.d.checkGround(t.Context())
+	if !f.ready() {
+		t.Fatalf("not ready once the other map's pin is removed:\n%s", f.logs.String())
+	}
+	f.restart()
+	f.enforcing("restart on the repaired pins")
+}
+
+// After an unmount of the bpffs holding the pins, over another bpffs, the
+// daemon pins nothing on the one underneath (a mount again would hide
+// those pins and their links): the unmount is logged once, counted as
+// bpffs_unmounted, and /readyz says so until a bpffs is mounted there
+// again, which gets the pins; a restart then adopts them.
+func TestBPFFSUnmountedOverAnother(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.srv.ServeHold(t, 8081)
+	inner := mountBPFFS(t, mountBPFFS(t, t.TempDir()))
+	f.bpffs = filepath.Join(inner, "breakerd")
+	f.checkEvery = -1 // checks run by hand below
+	f.start()
+	if _, err := f.d.Force("svc", "open"); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Unmount(inner, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		f.d.checkGround(t.Context())
+	}
+	if f.ready() {
+		t.Fatal("ready with the pins' bpffs unmounted")
+	}
+	if got, removed := f.problemCount(maps.BPFFSUnmounted), f.problemCount(maps.PinsRemoved); got != 1 || removed != 0 {
+		t.Fatalf("bpffs_unmounted counted %v times, pins_removed %v; want 1 and 0", got, removed)
+	}
+	if _, err := os.Lstat(f.bpffs); err == nil {
+		t.Fatalf("pins made on the bpffs underneath %s", inner)
+	}
+	if code, body := f.readyz(); code != http.StatusServiceUnavailable || !strings.Contains(body, "bpffs_unmounted") {
+		t.Fatalf("readyz with the bpffs unmounted: %d %s", code, body)
+	}
+	logs := f.logs.String()
+	if !strings.Contains(grepLines(logs, "bpffs_unmounted"), "mount bpffs at "+inner+" again") || strings.Count(logs, "repairing protection") != 1 {
+		t.Fatalf("want one problem line saying what to do and one repair error:\n%s", logs)
+	}
+	f.enforcing("unmounted (the daemon's handles hold the links)")
+
+	if err := unix.Mount("bpffs", inner, "bpf", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	f.d.checkGround(t.Context())
+	if !f.ready() {
+		t.Fatalf("not ready once a bpffs is mounted again where it was:\n%s", f.logs.String())
+	}
+	f.restart()
+	f.enforcing("restart on the bpffs mounted again")
+	if strings.Count(f.logs.String(), "adopted=true") != 1 {
+		t.Fatalf("the restart did not adopt the pins:\n%s", f.logs.String())
 	}
 }

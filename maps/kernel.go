@@ -26,10 +26,25 @@
 // # One daemon per pin directory
 //
 // Load takes an exclusive flock(2) on Dir (bpffs supports it on
-// directories) and holds it until Close, so a second breakerd on the same
-// pins is refused before it changes anything (two daemons would split the
-// ring buffer and overwrite each other's verdicts). Uninstall takes the same
-// lock, so it refuses to run under a live daemon.
+// directories), and a shared one on every bpffs directory above Dir, and
+// holds them until Close, so a second breakerd on the same pins, or on a
+// directory inside or around them, is refused before it changes anything
+// (two daemons would split the ring buffer and overwrite each other's
+// verdicts, or attach a second set of programs). Uninstall takes the same
+// lock, so it refuses to run under a live daemon. Load also flocks the
+// protected cgroup's directory, so a second daemon with pins elsewhere
+// (another --bpffs, another bpffs mount) is refused on the same cgroup.
+//
+// # Ground
+//
+// Check and Repair watch what the pins stand on. Removed pins, or the
+// whole pin directory, are pinned again from the daemon's handles. A pin
+// replaced by another object is reported and left alone (it may be
+// someone else's). The pins are never made again on another filesystem
+// than the bpffs they were made on: after an unmount, the filesystem
+// underneath (another bpffs, or none) would hold them only until the next
+// mount hid them, with the links they keep attached; only a bpffs mounted
+// again where the pins' was gets them.
 //
 // # Fail-open
 //
@@ -125,14 +140,20 @@ type Features struct {
 // Kernel is breakerd's loaded kernel side.
 type Kernel struct {
 	View
-	objs     bpf.BreakerObjects
-	dir      string
-	lock     *DirLock
-	fresh    bool // Load made the layout directory (nothing was pinned before)
+	objs bpf.BreakerObjects
+	dir  string
+	lock *DirLock // replaced by Repair (guarded by mu)
+	// cgroupLock is the protected cgroup directory, flocked exclusive
+	// while this Kernel protects it (guarded by mu).
+	cgroupLock *os.File
+	fresh      bool // Load made the layout directory (nothing was pinned before)
+	// The bpf filesystem the pins are on: its device, and the directory it
+	// is mounted on (Check and Repair tell it from the one underneath).
+	fs       pinFS
 	features Features
 	log      *slog.Logger
 
-	mu        sync.Mutex // guards links, cgroup, cgroupID, responses
+	mu        sync.Mutex // guards links, cgroup, cgroupID, responses, lock, cgroupLock, fs
 	links     map[string]link.Link
 	cgroup    string
 	cgroupID  uint64
@@ -294,13 +315,33 @@ func Load(opts Options) (_ *Kernel, err error) {
 			return nil, err
 		}
 	}
+	if opts.Dir == "" {
+		opts.Dir = DefaultDir
+	}
 	if lock == nil {
+		made := firstMissing(opts.Dir)
 		if lock, err = LockDir(opts.Dir); err != nil {
 			return nil, err
 		}
+		defer func() {
+			if err != nil && made != "" {
+				_ = os.RemoveAll(made) // made by LockDir: all in it is this Load's
+			}
+		}()
+	}
+	var cgroupLock *os.File
+	if opts.Cgroup != "" {
+		if cgroupLock, err = lockCgroup(opts.Cgroup); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				cgroupLock.Close()
+			}
+		}()
 	}
 	dir := PinDir(opts.Dir)
-	k := &Kernel{dir: dir, lock: lock, links: map[string]link.Link{}, features: ProbeFeatures(), log: log, responses: opts.Responses}
+	k := &Kernel{dir: dir, lock: lock, cgroupLock: cgroupLock, links: map[string]link.Link{}, features: ProbeFeatures(), log: log, responses: opts.Responses}
 	if opts.handoff {
 		k.features.SockOpsCurrent = false
 	}
@@ -316,6 +357,9 @@ func Load(opts Options) (_ *Kernel, err error) {
 		}
 	}()
 	if err := writeMarker(dir); err != nil {
+		return nil, err
+	}
+	if k.fs, err = fsOf(dir); err != nil {
 		return nil, err
 	}
 
@@ -747,8 +791,19 @@ func (k *Kernel) closeHandles() error {
 // heartbeat) until a new daemon adopts them.
 func (k *Kernel) Close() error {
 	err := k.closeHandles()
-	k.lock.Close()
+	k.unlock()
 	return err
+}
+
+// unlock releases the pin directory's and the cgroup's locks.
+func (k *Kernel) unlock() {
+	k.mu.Lock()
+	k.lock.Close()
+	if k.cgroupLock != nil {
+		k.cgroupLock.Close()
+		k.cgroupLock = nil
+	}
+	k.mu.Unlock()
 }
 
 // Abandon undoes a Load whose caller could not finish starting: a fresh
@@ -769,6 +824,6 @@ func (k *Kernel) Uninstall() error {
 		errs = append(errs, err)
 	}
 	_ = os.Remove(filepath.Dir(k.dir)) // the base, when empty
-	k.lock.Close()
+	k.unlock()
 	return errors.Join(errs...)
 }

@@ -369,3 +369,300 @@ func TestCheckAndRepairEveryMapPin(t *testing.T) {
 		t.Fatalf("resp_ports after repair and restart: %v (%v), want [8097] (the same map adopted)", ports, err)
 	}
 }
+
+// mountBPFFS mounts a bpffs of the test's own at a new directory under
+// parent (a temporary directory, or a directory of another such mount) and
+// unmounts it when the test ends (if it is still mounted).
+func mountBPFFS(t *testing.T, parent string) string {
+	t.Helper()
+	dir := filepath.Join(parent, "bpffs")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("bpffs", dir, "bpf", 0, ""); err != nil {
+		t.Fatalf("mounting a bpffs of the test's own: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	return dir
+}
+
+// enforcing asserts that the forced-open destination open is rejected and
+// the healthy one ok gets through, from e's cgroup.
+func (e *env) enforcing(t *testing.T, step string, open, ok Dest) {
+	t.Helper()
+	if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: open.Addr, Count: 2})); got[unix.ECONNREFUSED] != 2 {
+		t.Fatalf("%s: the open circuit: %v, want every connect rejected", step, got)
+	}
+	if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: ok.Addr, Count: 2, Hold: 10 * time.Millisecond})); got[0] != 2 {
+		t.Fatalf("%s: the healthy destination: %v, want every connect through", step, got)
+	}
+}
+
+// Pin directories never nest: a second Load or Uninstall on a directory
+// inside a running Kernel's (its layout directory, the same spelled through
+// a symbolic link, a bpffs mounted inside it) or around it is refused
+// before it changes anything; a sibling directory is free.
+func TestNestedPinDirsRefused(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	outer := mountBPFFS(t, t.TempDir())
+	e := newEnv(t, Options{Dir: filepath.Join(outer, "a")})
+	e.srv.ServeHold(t, 8216)
+	open, ok := e.dest(8217, false), e.dest(8216, false)
+	if err := e.k.PutVerdict(open, Verdict{State: ForcedOpen, CircuitID: 36}); err != nil {
+		t.Fatal(err)
+	}
+	before := linkID(t, filepath.Join(e.k.PinDir(), "link_connect4"))
+	if err := os.Symlink("a", filepath.Join(outer, "alias")); err != nil {
+		t.Fatal(err)
+	}
+	inner := mountBPFFS(t, e.k.PinDir())
+	for _, dir := range []string{
+		e.k.PinDir(),                         // inside: pins at a/v13/v13
+		filepath.Join(outer, "alias", "v13"), // the same, through a link
+		filepath.Join(inner, "x"),            // on a bpffs mounted inside
+		inner,                                // the mount itself
+		outer,                                // around
+	} {
+		if k, err := Load(Options{Dir: dir, Cgroup: e.cg.Path}); !errors.Is(err, ErrLocked) {
+			if err == nil {
+				k.Uninstall()
+			}
+			t.Fatalf("Load on %s beside a Kernel on %s: %v, want ErrLocked", dir, e.opts.Dir, err)
+		} else {
+			t.Logf("refused: %v", err)
+		}
+		if _, err := os.Stat(dir); err != nil {
+			continue // Uninstall has nothing to do there
+		}
+		if _, err := Uninstall(dir); !errors.Is(err, ErrLocked) {
+			t.Fatalf("Uninstall of %s beside a Kernel on %s: %v, want ErrLocked", dir, e.opts.Dir, err)
+		}
+	}
+	for _, name := range []string{"x", fmt.Sprintf("v%d", LayoutVersion)} {
+		if _, err := os.Lstat(filepath.Join(inner, name)); err == nil {
+			t.Fatalf("the refused Loads left %s in %s", name, inner)
+		}
+	}
+	if pinned(filepath.Join(e.k.PinDir(), fmt.Sprintf("v%d", LayoutVersion)), "verdicts") {
+		t.Fatal("a refused Load pinned maps inside the running Kernel's pin directory")
+	}
+	if after := linkID(t, filepath.Join(e.k.PinDir(), "link_connect4")); after != before {
+		t.Fatal("a refused Load replaced the pinned link")
+	}
+	e.enforcing(t, "after the refused Loads", open, ok)
+
+	// A sibling is another daemon's own directory.
+	other := kerneltest.NewCgroup(t)
+	k, err := Load(Options{Dir: filepath.Join(outer, "b"), Cgroup: other.Path})
+	if err != nil {
+		t.Fatalf("Load beside, on a sibling directory: %v", err)
+	}
+	if err := k.Uninstall(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Unmount(inner, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.restart(t)
+	e.enforcing(t, "after a restart", open, ok)
+}
+
+// The whole pin directory removed, then the whole --bpffs directory: both
+// are pins removed (the bpffs is there), pinned again, and the lock is
+// taken again on the directory made anew, so a second Load is still
+// refused. A pin replaced by another map is reported, with what the
+// operator must do, and left alone until removed.
+func TestPinDirRemovedAndPinReplaced(t *testing.T) {
+	e := newEnv(t, Options{})
+	e.srv.ServeHold(t, 8218)
+	open, ok := e.dest(8219, false), e.dest(8218, false)
+	if err := e.k.PutVerdict(open, Verdict{State: ForcedOpen, CircuitID: 37}); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{e.k.PinDir(), e.opts.Dir} {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		p := e.k.Check()
+		if _, ok := p[PinsRemoved]; !ok || len(p) != 1 || !strings.Contains(p[PinsRemoved], "pin directory") {
+			t.Fatalf("%s removed: %v, want pins_removed (the pin directory) alone", dir, p)
+		}
+		if err := e.k.Repair(); err != nil {
+			t.Fatalf("repairing with %s removed: %v", dir, err)
+		}
+		if p := e.k.Check(); p != nil {
+			t.Fatalf("after repairing %s: %v", dir, p)
+		}
+		if _, err := Load(Options{Dir: e.opts.Dir, Cgroup: e.cg.Path}); !errors.Is(err, ErrLocked) {
+			t.Fatalf("a second Load once %s was made again: %v, want ErrLocked", dir, err)
+		}
+		e.enforcing(t, dir+" removed and repaired", open, ok)
+	}
+
+	foreign, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreign.Close()
+	verdicts := filepath.Join(e.k.PinDir(), bpf.BreakerMapVerdicts)
+	if err := os.Remove(verdicts); err != nil {
+		t.Fatal(err)
+	}
+	if err := foreign.Pin(verdicts); err != nil {
+		t.Fatal(err)
+	}
+	p := e.k.Check()
+	if msg := p[PinsRemoved]; !strings.Contains(msg, "never removes or repairs") || !strings.Contains(msg, "rm "+verdicts) {
+		t.Fatalf("a pin replaced by another map: %v, want it named, with the operator's step", p)
+	}
+	if err := e.k.Repair(); err != nil {
+		t.Fatal(err)
+	}
+	if !samePinnedMap(verdicts, foreign) {
+		t.Fatal("Repair removed the other map's pin")
+	}
+	if err := os.Remove(verdicts); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.k.Repair(); err != nil {
+		t.Fatal(err)
+	}
+	if p := e.k.Check(); p != nil {
+		t.Fatalf("once the other map's pin is removed: %v", p)
+	}
+	e.restart(t)
+	e.enforcing(t, "restart on the repaired pins", open, ok)
+}
+
+// After an unmount of the bpffs holding the pins, where another bpffs is
+// underneath, nothing is pinned on the one underneath (a mount again would
+// hide those pins and the links they keep): Check reports the unmount and
+// Repair refuses. A bpffs mounted again where it was gets the pins, and a
+// restart adopts them.
+func TestNoPinsOnTheFilesystemUnderneath(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	outer := mountBPFFS(t, t.TempDir())
+	inner := mountBPFFS(t, outer)
+	e := newEnv(t, Options{Dir: filepath.Join(inner, "breakerd")})
+	e.srv.ServeHold(t, 8220)
+	open, ok := e.dest(8221, false), e.dest(8220, false)
+	if err := e.k.PutVerdict(open, Verdict{State: ForcedOpen, CircuitID: 38}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Unmount(inner, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		p := e.k.Check()
+		if _, ok := p[BPFFSUnmounted]; !ok || len(p) != 1 {
+			t.Fatalf("after the unmount: %v, want bpffs_unmounted alone", p)
+		}
+		if err := e.k.Repair(); err == nil {
+			t.Fatal("Repair with the pins' bpffs unmounted: nil error")
+		}
+		if _, err := os.Lstat(filepath.Join(inner, "breakerd")); err == nil {
+			t.Fatal("pins made on the bpffs underneath")
+		}
+	}
+	e.enforcing(t, "unmounted (the daemon's handles hold the links)", open, ok)
+
+	if err := unix.Mount("bpffs", inner, "bpf", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := e.k.Check()[BPFFSUnmounted]; !ok {
+		t.Fatal("a bpffs mounted again without the pins: not reported")
+	}
+	if err := e.k.Repair(); err != nil {
+		t.Fatalf("repairing on the bpffs mounted again: %v", err)
+	}
+	if p := e.k.Check(); p != nil {
+		t.Fatalf("after repairing on the bpffs mounted again: %v", p)
+	}
+	if _, err := Load(Options{Dir: e.opts.Dir, Cgroup: e.cg.Path}); !errors.Is(err, ErrLocked) {
+		t.Fatalf("a second Load on the bpffs mounted again: %v, want ErrLocked", err)
+	}
+	e.restart(t)
+	if e.k.Fresh() {
+		t.Fatal("the restart did not adopt the pins on the bpffs mounted again")
+	}
+	e.enforcing(t, "restart on the bpffs mounted again", open, ok)
+}
+
+// A second Kernel on the same cgroup with pins elsewhere (another bpffs
+// mount) is refused before it makes anything: the cgroup keeps one set of
+// programs. Once the first is closed, the cgroup is free.
+func TestSecondKernelOnSameCgroupRefused(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	other := mountBPFFS(t, t.TempDir())
+	e := newEnv(t, Options{})
+	e.srv.ServeHold(t, 8222)
+	open, ok := e.dest(8223, false), e.dest(8222, false)
+	if err := e.k.PutVerdict(open, Verdict{State: ForcedOpen, CircuitID: 39}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(other, "breakerd")
+	if k, err := Load(Options{Dir: dir, Cgroup: e.cg.Path}); !errors.Is(err, ErrCgroupLocked) {
+		if err == nil {
+			k.Uninstall()
+		}
+		t.Fatalf("a second Kernel on the same cgroup: %v, want ErrCgroupLocked", err)
+	}
+	if _, err := os.Lstat(dir); err == nil {
+		t.Fatalf("the refused Load left %s", dir)
+	}
+	e.enforcing(t, "after the refused Load", open, ok)
+	if err := e.k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	k, err := Load(Options{Dir: dir, Cgroup: e.cg.Path})
+	if err != nil {
+		t.Fatalf("a Kernel on the cgroup once the first is closed: %v", err)
+	}
+	if err := k.Uninstall(); err != nil {
+		t.Fatal(err)
+	}
+	e.restart(t)
+	e.enforcing(t, "restart", open, ok)
+}
+
+// A bpffs mounted over the pin directory's base hides the pins: reported
+// as bpffs_unmounted, and nothing is pinned on the mount over them; once
+// it is unmounted, the pins are there again.
+func TestPinsHiddenByAMountOver(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	fs := mountBPFFS(t, t.TempDir())
+	e := newEnv(t, Options{Dir: filepath.Join(fs, "breakerd")})
+	e.srv.ServeHold(t, 8224)
+	open, ok := e.dest(8225, false), e.dest(8224, false)
+	if err := e.k.PutVerdict(open, Verdict{State: ForcedOpen, CircuitID: 40}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("bpffs", e.opts.Dir, "bpf", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	over := true
+	t.Cleanup(func() {
+		if over {
+			_ = unix.Unmount(e.opts.Dir, unix.MNT_DETACH)
+		}
+	})
+	if p := e.k.Check(); len(p) != 1 || !strings.Contains(p[BPFFSUnmounted], "hidden by another mount") {
+		t.Fatalf("pins hidden by a mount over them: %v, want bpffs_unmounted alone", p)
+	}
+	if err := e.k.Repair(); err == nil {
+		t.Fatal("Repair with the pins hidden: nil error")
+	}
+	if _, err := os.Lstat(e.k.PinDir()); err == nil {
+		t.Fatal("pins made on the mount over the pins")
+	}
+	e.enforcing(t, "pins hidden", open, ok)
+	if err := unix.Unmount(e.opts.Dir, 0); err != nil {
+		t.Fatal(err)
+	}
+	over = false
+	if p := e.k.Check(); p != nil {
+		t.Fatalf("once the mount over them is gone: %v", p)
+	}
+	e.restart(t)
+	e.enforcing(t, "restart", open, ok)
+}

@@ -18,45 +18,143 @@ import (
 // the directory's layout version.
 const markerName = "breakerd-layout"
 
-// DirLock is the exclusive lock on a pin directory (flock on the directory
-// itself), held by the one breakerd that uses those pins.
-type DirLock struct{ f *os.File }
+// DirLock is the lock on a pin directory, held by the one breakerd that
+// uses those pins: an exclusive flock on the directory itself, and a shared
+// one on every directory above it on a bpf filesystem. So a second daemon is
+// refused on the same directory, on one inside it (its shared lock meets the
+// exclusive one) and on one around it (its exclusive lock meets the shared
+// ones): pin directories never nest, on one bpffs or on bpffs mounted inside
+// another, however the path is spelled.
+type DirLock struct {
+	dir   string     // the locked directory, absolute, symbolic links resolved
+	f     *os.File   // dir, locked exclusive
+	above []*os.File // the bpffs directories above dir, locked shared
+}
 
 // ErrLocked is returned by LockDir when another process holds the lock.
 var ErrLocked = errors.New("another breakerd is running on these pins")
 
 // LockDir checks that dir (default DefaultDir) is on a bpf filesystem,
-// makes it if needed, and takes its lock without waiting.
-func LockDir(dir string) (*DirLock, error) {
+// makes it if needed, and takes its lock without waiting. Refused, it
+// removes the directories it made.
+func LockDir(dir string) (_ *DirLock, err error) {
 	if dir == "" {
 		dir = DefaultDir
 	}
 	if err := onBPFFS(dir); err != nil {
 		return nil, err
 	}
+	made := firstMissing(dir)
+	defer func() {
+		if err != nil && made != "" {
+			for p := filepath.Clean(dir); os.Remove(p) == nil && p != made; p = filepath.Dir(p) {
+			}
+		}
+	}()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("making pin directory: %w", err)
 	}
-	f, err := os.Open(dir)
+	real, err := filepath.Abs(dir)
+	if err == nil {
+		real, err = filepath.EvalSymlinks(real)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("opening pin directory: %w", err)
+		return nil, fmt.Errorf("resolving pin directory %s: %w", dir, err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
+	l := &DirLock{dir: real}
+	if l.f, err = flockDir(real, unix.LOCK_EX); err != nil {
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w (%s is locked; stop it first, or give this one another --bpffs)", ErrLocked, dir)
+			return nil, fmt.Errorf("%w (%s is locked by a breakerd using it or a directory inside it; stop that one first, or give this one a --bpffs outside every other breakerd's)", ErrLocked, real)
 		}
-		return nil, fmt.Errorf("locking pin directory %s: %w", dir, err)
+		return nil, err
 	}
-	return &DirLock{f: f}, nil
+	for p := filepath.Dir(real); ; p = filepath.Dir(p) {
+		var st unix.Statfs_t
+		if err := unix.Statfs(p, &st); err != nil || st.Type != unix.BPF_FS_MAGIC {
+			break
+		}
+		f, err := flockDir(p, unix.LOCK_SH)
+		if err != nil {
+			l.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, fmt.Errorf("%w (%s, which holds %s, is another breakerd's pin directory; stop that one first, or give this one a --bpffs outside it)", ErrLocked, p, real)
+			}
+			return nil, err
+		}
+		l.above = append(l.above, f)
+		if p == filepath.Dir(p) {
+			break
+		}
+	}
+	return l, nil
+}
+
+// firstMissing returns the topmost directory of path (path itself, or one
+// above it) that does not exist, or "" when path exists.
+func firstMissing(path string) string {
+	missing := ""
+	for p := filepath.Clean(path); ; p = filepath.Dir(p) {
+		if _, err := os.Lstat(p); err == nil || p == filepath.Dir(p) {
+			return missing
+		}
+		missing = p
+	}
+}
+
+// ErrCgroupLocked is returned by Load when another breakerd, with other
+// pins, protects the cgroup (on the same pins, ErrLocked comes first).
+var ErrCgroupLocked = errors.New("another breakerd protects this cgroup")
+
+// lockCgroup takes an exclusive flock on the cgroup directory path without
+// waiting. Two daemons on one cgroup, each with its own pins (another
+// --bpffs, another bpffs mount), would each attach a full set of programs
+// and enforce two sets of verdicts and bulkheads on the same connects.
+func lockCgroup(path string) (*os.File, error) {
+	f, err := flockDir(path, unix.LOCK_EX)
+	if errors.Is(err, unix.EWOULDBLOCK) {
+		return nil, fmt.Errorf("%w (%s is locked by a breakerd with other pins; stop that one first, or protect another cgroup)", ErrCgroupLocked, path)
+	}
+	return f, err
+}
+
+// flockDir opens directory path and locks it (how: LOCK_EX or LOCK_SH)
+// without waiting.
+func flockDir(path string, how int) (*os.File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("opening %s to lock it: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// moved reports whether the locked directory's path now names another
+// directory, or none (it was removed, or a filesystem was mounted or
+// unmounted there): the lock then no longer keeps a second daemon off it.
+func (l *DirLock) moved() bool {
+	var held, now unix.Stat_t
+	if unix.Fstat(int(l.f.Fd()), &held) != nil || unix.Stat(l.dir, &now) != nil {
+		return true
+	}
+	return held.Dev != now.Dev || held.Ino != now.Ino
 }
 
 // Close releases the lock; a nil lock is fine.
 func (l *DirLock) Close() {
-	if l != nil && l.f != nil {
+	if l == nil {
+		return
+	}
+	if l.f != nil {
 		l.f.Close()
 		l.f = nil
 	}
+	for _, f := range l.above {
+		f.Close()
+	}
+	l.above = nil
 }
 
 // onBPFFS reports an error unless dir, or the nearest directory above it

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -200,9 +201,14 @@ func (l *lifecycle) sigterm(p *proc) {
 	}
 }
 
-// run runs breakerd with args (not as a daemon: a command expected to end).
+// run runs breakerd with args (not as a daemon: a command expected to end;
+// one still running after 10 s, a daemon that started, is killed).
 func (l *lifecycle) run(args ...string) (string, error) {
-	out, err := exec.Command(l.bin, args...).CombinedOutput()
+	ctx, cancel := context.WithTimeout(l.t.Context(), 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, l.bin, args...)
+	cmd.WaitDelay = time.Second
+	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
 
@@ -287,11 +293,23 @@ func TestLifecycle(t *testing.T) {
 	p = l.start()
 	l.check("SIGKILL and restart", map[maps.Dest]int64{l.pool: 2})
 
-	// A wrong second start (not a cgroup v2 path) and a second daemon on
-	// the same pins: both refused, nothing changes.
+	// A wrong second start (not a cgroup v2 path), a second daemon on
+	// the same pins, on directories inside them and on the same cgroup
+	// with pins on another bpffs: all refused, nothing changes.
+	otherFS := filepath.Join(t.TempDir(), "bpffs")
+	if err := os.Mkdir(otherFS, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("bpffs", otherFS, "bpf", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(otherFS, unix.MNT_DETACH) })
 	for _, args := range [][]string{
+		{"--config", l.cfg, "--cgroup", l.cg.Path, "--bpffs", filepath.Join(otherFS, "breakerd"), "--admin-addr", "", "--admin-socket", ""},
 		{"--config", l.cfg, "--cgroup", t.TempDir(), "--bpffs", l.bpffs, "--admin-addr", "", "--admin-socket", ""},
 		{"--config", l.cfg, "--cgroup", l.cg.Path, "--bpffs", l.bpffs, "--admin-addr", "", "--admin-socket", ""},
+		{"--config", l.cfg, "--cgroup", l.cg.Path, "--bpffs", maps.PinDir(l.bpffs), "--admin-addr", "", "--admin-socket", ""},
+		{"--config", l.cfg, "--cgroup", l.cg.Path, "--bpffs", filepath.Join(maps.PinDir(l.bpffs), "x"), "--admin-addr", "", "--admin-socket", ""},
 	} {
 		if out, err := l.run(args...); err == nil {
 			t.Fatalf("a second breakerd %v started:\n%s", args, out)
@@ -299,11 +317,19 @@ func TestLifecycle(t *testing.T) {
 			t.Fatalf("second start: %s", out)
 		}
 	}
-	l.check("wrong second start, second daemon", map[maps.Dest]int64{l.pool: 2})
+	for _, name := range []string{filepath.Base(maps.PinDir(l.bpffs)), "x"} {
+		if _, err := os.Lstat(filepath.Join(maps.PinDir(l.bpffs), name)); err == nil {
+			t.Fatalf("a refused start left %s in the running daemon's pin directory", name)
+		}
+	}
+	l.check("wrong second start, second daemons", map[maps.Dest]int64{l.pool: 2})
 
-	// Uninstall while the daemon runs: refused.
-	if out, err := l.run("uninstall", "--bpffs", l.bpffs); err == nil || !strings.Contains(out, "another breakerd") {
-		t.Fatalf("uninstall under a running daemon: %v\n%s", err, out)
+	// Uninstall while the daemon runs, of its pins or of a directory
+	// inside them: refused.
+	for _, dir := range []string{l.bpffs, maps.PinDir(l.bpffs)} {
+		if out, err := l.run("uninstall", "--bpffs", dir); err == nil || !strings.Contains(out, "another breakerd") {
+			t.Fatalf("uninstall of %s under a running daemon: %v\n%s", dir, err, out)
+		}
 	}
 	l.check("uninstall refused", map[maps.Dest]int64{l.pool: 2})
 
