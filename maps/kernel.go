@@ -8,7 +8,7 @@
 // # Pins and adoption
 //
 // Everything lives under Dir/v<LayoutVersion> (default
-// /sys/fs/bpf/breakerd/v3): every map by name (verdicts, probe_budgets,
+// /sys/fs/bpf/breakerd/v<LayoutVersion>): every map by name (verdicts, probe_budgets,
 // config, counters, limits, bulk, stats, events and socks, the per-socket storage that
 // remembers which bulkhead slot a socket holds), one link per hook
 // (link_connect4, …) and a marker symlink (breakerd-layout) that says the
