@@ -139,9 +139,7 @@ func (l *connLimit) track(c net.Conn, s http.ConnState) {
 	defer l.mu.Unlock()
 	switch s {
 	case http.StateNew:
-		if _, ok := l.conns[c]; !ok {
-			l.conns[c] = connPhase{since: time.Now()}
-		}
+		// Accept has added it (unless evict has closed it since).
 	case http.StateIdle:
 		l.conns[c] = connPhase{idle: true, since: time.Now()}
 	default:
