@@ -269,18 +269,22 @@ func TestLeastPrivilege(t *testing.T) {
 	run := func(caps []string) (*exec.Cmd, *kerneltest.LogBuffer, string, string) {
 		bpffs := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
 		t.Cleanup(func() { os.RemoveAll(bpffs) })
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+		free := func() string {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			return l.Addr().String()
 		}
-		addr := l.Addr().String()
-		l.Close()
+		// The probes on their own listener, as the DaemonSet has them.
+		addr := free()
 		bounding := "-all"
 		for _, c := range caps {
 			bounding += ",+" + strings.ToLower(c)
 		}
 		cmd := exec.Command("setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set="+bounding, "--",
-			bin, "--config", cfg, "--cgroup", cg.Path, "--bpffs", bpffs, "--admin-addr", addr, "--admin-socket", filepath.Join(dir, kerneltest.UniqueName()+".sock"))
+			bin, "--config", cfg, "--cgroup", cg.Path, "--bpffs", bpffs, "--admin-addr", free(), "--probe-addr", addr, "--admin-socket", filepath.Join(dir, kerneltest.UniqueName()+".sock"))
 		logs := &kerneltest.LogBuffer{}
 		cmd.Stderr = logs
 		if err := cmd.Start(); err != nil {
