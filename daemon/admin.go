@@ -40,8 +40,15 @@ const (
 	// maxBody is the largest request body accepted.
 	maxBody = 4096
 	// heavyRequests is how many requests for circuits, events or metrics
-	// each server handles at once; more get 503 at once.
-	heavyRequests = 4
+	// each server handles at once, and clientHeavyRequests how many of
+	// them one client may have (clientKey: a local user, a remote address,
+	// a process on the unix socket); more get 503 at once. A client that
+	// never reads its responses holds at most clientHeavyRequests, each
+	// for at most writeStall after its socket buffers fill, so other
+	// clients' scrapes and pages are served meanwhile. Two, because the
+	// status page asks for circuits and events together.
+	heavyRequests       = 8
+	clientHeavyRequests = 2
 	// tcpConns and socketConns cap open connections per server (the two
 	// servers count apart, so TCP clients never use up the socket's).
 	tcpConns    = 128
@@ -486,17 +493,22 @@ const (
 // handler builds the admin API of one server.
 func (d *Daemon) handler(exp exposure, token []byte) http.Handler {
 	mux := http.NewServeMux()
-	heavy := make(chan struct{}, heavyRequests)
+	heavy := newRequestLimit(heavyRequests, clientHeavyRequests)
 	limited := func(h http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
-			select {
-			case heavy <- struct{}{}:
-				defer func() { <-heavy }()
-				h(w, r)
-			default:
+			if phase := d.startPhase(); phase != "" {
 				w.Header().Set("Retry-After", "1")
-				writeError(w, http.StatusServiceUnavailable, "too many admin requests at once; retry")
+				writeError(w, http.StatusServiceUnavailable, "breakerd is starting (%s); retry", phase)
+				return
 			}
+			release, err := heavy.take(clientOf(r))
+			if err != nil {
+				w.Header().Set("Retry-After", "1")
+				writeError(w, http.StatusServiceUnavailable, "%s; retry", err)
+				return
+			}
+			defer release()
+			h(w, r)
 		}
 	}
 	authorized := func(r *http.Request) bool {
@@ -539,26 +551,8 @@ func (d *Daemon) handler(exp exposure, token []byte) http.Handler {
 	}
 	metrics := promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{})
 	route("/metrics", map[string]http.HandlerFunc{http.MethodGet: limited(metrics.ServeHTTP)})
-	route("/healthz", map[string]http.HandlerFunc{http.MethodGet: func(w http.ResponseWriter, r *http.Request) {
-		// Healthy while the heartbeat is fresh (heartbeat.go).
-		if ok, age := d.healthy(); !ok {
-			writeJSON(w, http.StatusInternalServerError, map[string]string{"status": "heartbeat stale", "heartbeat_age": age.Round(time.Millisecond).String()})
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	}})
-	route("/readyz", map[string]http.HandlerFunc{http.MethodGet: func(w http.ResponseWriter, r *http.Request) {
-		d.mu.Lock()
-		ready := d.ready && d.beat.last.Load() != 0
-		problems := d.problems // replaced, never changed in place
-		d.mu.Unlock()
-		if !ready {
-			// What the ground check found, so a probe's log says why.
-			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "problems": problems})
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
-	}})
+	route("/healthz", map[string]http.HandlerFunc{http.MethodGet: d.serveHealthz})
+	route("/readyz", map[string]http.HandlerFunc{http.MethodGet: d.serveReadyz})
 	route("/v1/circuits", map[string]http.HandlerFunc{http.MethodGet: details(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		limit := PageSize
@@ -644,6 +638,7 @@ type adminServers struct {
 	listeners []net.Listener // listeners[i] is served by servers[i], once serve runs
 	socket    *adminSocket
 	tcp       net.Addr // the TCP listener's address, once listening
+	probe     net.Addr // the probe listener's address, once listening
 }
 
 // serve starts serving on the listeners startAdmin opened.
@@ -678,14 +673,16 @@ func newServer(h http.Handler, conns *connLimit) *http.Server {
 		IdleTimeout:       30 * time.Second,
 		MaxHeaderBytes:    16 << 10,
 		ConnState:         conns.track,
+		ConnContext:       withConn,
 	}
 }
 
-// startAdmin opens the admin API on the TCP address and on the unix
-// socket, each with its own server, connection limit and request limit.
-// It runs before the kernel side is touched, so a bad address, socket path
-// or token file stops the start-up with nothing loaded; serve starts
-// serving.
+// startAdmin opens the probe listener, and the admin API on the TCP
+// address and on the unix socket, each with its own server, connection
+// limit and request limit. It runs before the kernel side is touched, so a
+// bad address, socket path or token file stops the start-up with nothing
+// loaded; serve starts serving (at once: the probes answer while the
+// start-up goes on, probes.go).
 func (d *Daemon) startAdmin() (*adminServers, error) {
 	a := &adminServers{}
 	var token []byte
@@ -699,12 +696,25 @@ func (d *Daemon) startAdmin() (*adminServers, error) {
 			return nil, fmt.Errorf("admin token file %s is empty", d.opts.TokenFile)
 		}
 	}
+	if d.opts.ProbeAddr != "" {
+		l, err := net.Listen("tcp", d.opts.ProbeAddr)
+		if err != nil {
+			return nil, fmt.Errorf("probe address: %w", err)
+		}
+		a.probe = l.Addr()
+		conns := newConnLimit(l, probeConns, nil)
+		a.servers = append(a.servers, newProbeServer(d.probeHandler(), conns))
+		a.listeners = append(a.listeners, conns)
+		d.log.Info("probes listening", "addr", l.Addr().String())
+	}
 	if d.opts.AdminAddr != "" {
 		l, err := net.Listen("tcp", d.opts.AdminAddr)
 		if err != nil {
+			a.shutdown()
 			return nil, fmt.Errorf("admin address: %w", err)
 		}
 		a.tcp = l.Addr()
+		d.log.Info("admin API listening", "addr", l.Addr().String())
 		conns := newConnLimit(l, tcpConns, func(c net.Conn) bool {
 			if tc, ok := c.(*net.TCPConn); ok {
 				_ = tc.SetWriteBuffer(tcpSendBuffer)

@@ -202,6 +202,12 @@ type hostileSpec struct {
 	// and never read.
 	Unread, Requests int
 	Path             string
+	// Silent connections are opened and never sent a byte.
+	Silent int
+	// ChurnEvery > 0: after "ready", another Unread connection every
+	// ChurnEvery until stdin closes (an attacker that reconnects as its
+	// stalled connections are cut).
+	ChurnEvery time.Duration
 }
 
 // runHostile opens the connections, prints how many it holds and
@@ -237,10 +243,10 @@ func runHostile(js string) int {
 		}
 		c.SetDeadline(time.Time{})
 	}
-	for range spec.Unread {
+	unread := func() {
 		c := open()
 		if c == nil {
-			continue
+			return
 		}
 		c.SetWriteDeadline(time.Now().Add(time.Second))
 		for range spec.Requests {
@@ -249,8 +255,28 @@ func runHostile(js string) int {
 			}
 		}
 	}
+	for range spec.Unread {
+		unread()
+	}
+	for range spec.Silent {
+		open()
+	}
 	fmt.Printf("%d %d\nready\n", len(held), idle)
-	io.Copy(io.Discard, os.Stdin)
+	done := make(chan struct{})
+	go func() { io.Copy(io.Discard, os.Stdin); close(done) }()
+	if spec.ChurnEvery > 0 {
+		t := time.NewTicker(spec.ChurnEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return 0
+			case <-t.C:
+				unread()
+			}
+		}
+	}
+	<-done
 	return 0
 }
 

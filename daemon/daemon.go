@@ -56,6 +56,10 @@ type Options struct {
 	// AdminSocket is the unix socket of the admin API (mode 0600, root
 	// peers only, all calls); empty disables it.
 	AdminSocket string
+	// ProbeAddr is the TCP address of a listener that answers only
+	// /healthz and /readyz, for the kubelet's probes (probes.go); empty
+	// disables it.
+	ProbeAddr string
 	// TokenFile holds a bearer token that allows mutating calls over TCP.
 	TokenFile string
 	// Logger receives the transition and reload log (default
@@ -115,11 +119,17 @@ type Daemon struct {
 	recent       recentConns              // established connections by cookie, to date their resets
 	warmSum      uintptr                  // see warm
 	retired      map[string]maps.Counters // kernel counts of dropped circuits, by target
-	ready        bool
-	admin        net.Addr      // the admin API's TCP address, once listening
-	problems     maps.Problems // what Check found last (nil: protection intact)
-	repairErr    string        // the last failed repair's error (watchGround's goroutine only)
-	servers      *adminServers // opened by New, served by Run
+	// ready: running with protection in place (written under mu, read
+	// by /readyz without it); phase: what the start-up is doing, nil
+	// once Run has begun (probes.go).
+	ready    atomic.Bool
+	phase    atomic.Pointer[string]
+	admin    net.Addr      // the admin API's TCP address, once listening
+	problems maps.Problems // what Check found last (nil: protection intact)
+	// shownProblems is problems for /readyz, which takes no lock.
+	shownProblems atomic.Pointer[maps.Problems]
+	repairErr     string        // the last failed repair's error (watchGround's goroutine only)
+	servers       *adminServers // opened and served from New on
 
 	// rejections is the last sweep of the kernel's rejections map, with
 	// its own lock (rejections.go).
@@ -253,11 +263,13 @@ func New(opts Options) (*Daemon, error) {
 		endpointIdle: endpointIdle, closeJobs: make(chan closeJob, closeQueue),
 	}
 	d.metrics = newMetrics(d)
+	d.setPhase("loading the kernel side")
 	srv, err := d.startAdmin()
 	if err != nil {
 		lock.Close()
 		return nil, err
 	}
+	srv.serve()
 	d.respSince = maps.Now()
 	k, err := maps.Load(maps.Options{Dir: opts.BPFFS, Cgroup: opts.Cgroup, Lock: lock, Logger: opts.Logger, MaxWorkloadCgroups: opts.MaxWorkloadCgroups,
 		Responses: followsResponses(cfg)})
@@ -283,6 +295,7 @@ func New(opts Options) (*Daemon, error) {
 	d.metrics.reloadOK.Set(1)
 	d.metrics.reloadTime.SetToCurrentTime()
 	d.metrics.protected.Set(1)
+	d.setPhase("starting the event loop")
 	return d, nil
 }
 
@@ -309,7 +322,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	srv.serve()
 	d.mu.Lock()
 	d.runCtx = ctx
 	d.mu.Unlock()
@@ -329,14 +341,15 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.closeLoop(ctx) })
 	wg.Go(func() { d.rejectionsLoop(ctx) })
 	d.mu.Lock()
-	d.ready = d.problems == nil
+	d.ready.Store(d.problems == nil)
 	d.admin = srv.tcp
 	d.mu.Unlock()
+	d.setPhase("")
 	d.log.Info("breakerd ready", "cgroup", d.opts.Cgroup, "pins", d.k.PinDir(), "admin", d.opts.AdminAddr, "socket", d.opts.AdminSocket)
 
 	<-ctx.Done()
 	d.mu.Lock()
-	d.ready = false
+	d.ready.Store(false)
 	failsafe := d.cfg.FailsafeTimeout
 	d.mu.Unlock()
 	if p := d.k.Check(); p != nil {

@@ -44,6 +44,7 @@ type fixture struct {
 	stop   func()
 	tick   time.Duration // the daemon's tick (default 20ms; 0 in benchmarks that want the product's default)
 	admin  string        // the admin API's TCP address (default none)
+	probe  string        // the probe listener's address (default none)
 	// resolver and resolveEvery replace the daemon's resolver and
 	// resolve interval when set.
 	resolver     Resolver
@@ -90,16 +91,27 @@ func (f *fixture) writeConfig(yaml string) {
 // start runs a daemon in this process until the test ends (or stop).
 func (f *fixture) start() *Daemon {
 	f.t.Helper()
-	d, err := New(Options{
-		ConfigPath: f.config, Cgroup: f.cg.Path, BPFFS: f.bpffs, AdminSocket: f.socket, AdminAddr: f.admin,
+	d, err := New(f.options())
+	if err != nil {
+		f.t.Fatalf("New: %v", err)
+	}
+	return f.run(d)
+}
+
+// options are the daemon's options for the fixture.
+func (f *fixture) options() Options {
+	return Options{
+		ConfigPath: f.config, Cgroup: f.cg.Path, BPFFS: f.bpffs, AdminSocket: f.socket, AdminAddr: f.admin, ProbeAddr: f.probe,
 		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(f.logs), nil)), TickInterval: f.tick,
 		Resolver: f.resolver, ResolveInterval: f.resolveEvery, CheckInterval: f.checkEvery, Cluster: f.cluster,
 		CloseMechanisms:    f.closeMechs,
 		MaxWorkloadCgroups: f.maxWorkloadCgroups,
-	})
-	if err != nil {
-		f.t.Fatalf("New: %v", err)
 	}
+}
+
+// run runs d until the test ends (or stop), once it is ready.
+func (f *fixture) run(d *Daemon) *Daemon {
+	f.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
@@ -114,7 +126,7 @@ func (f *fixture) start() *Daemon {
 	}
 	f.t.Cleanup(f.stop)
 	f.d = d
-	if !kerneltest.WaitFor(2*time.Second, func() bool { d.mu.Lock(); defer d.mu.Unlock(); return d.ready }) {
+	if !kerneltest.WaitFor(2*time.Second, func() bool { d.mu.Lock(); defer d.mu.Unlock(); return d.ready.Load() }) {
 		f.t.Fatal("daemon not ready")
 	}
 	return d

@@ -30,6 +30,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 			return fmt.Errorf("refreshing the previous heartbeat: %w", err)
 		}
 	}
+	d.setPhase("reading the pinned maps")
 	verdicts, err := d.k.AllVerdicts()
 	if err != nil {
 		return fmt.Errorf("reading pinned verdicts: %w", err)
@@ -45,9 +46,20 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	d.reg.ids.loadPinned(verdicts, limits, busy)
 	// Host names are looked up first, in parallel and each bounded,
 	// keeping a fresh previous heartbeat fresh meanwhile.
-	resolved := d.lookupHostsKeepingAlive(hostNamesOf(cfg))
+	hosts := hostNamesOf(cfg)
+	if len(hosts) > 0 {
+		d.setPhase(fmt.Sprintf("waiting on DNS: resolving %d host names", len(hosts)))
+	}
+	resolved := d.lookupHostsKeepingAlive(hosts)
+	if len(serviceTargets(cfg)) > 0 && d.opts.Cluster != nil {
+		d.setPhase("waiting on the Kubernetes API: listing Services and EndpointSlices")
+	}
 	services := d.lookupServicesKeepingAlive(cfg)
+	if len(podWorkloads(cfg)) > 0 && d.opts.Cluster != nil {
+		d.setPhase("waiting on the Kubernetes API: listing this node's pods")
+	}
 	pods := d.lookupPodsKeepingAlive(cfg)
+	d.setPhase("applying the configuration and adopting pinned circuits")
 
 	pinnedClasses, err := d.k.Workloads()
 	if err != nil {
@@ -311,8 +323,8 @@ func (d *Daemon) checkGround(ctx context.Context) {
 				d.log.Error("protection is not in place", "problem", string(prob), "detail", msg)
 			}
 		}
-		d.problems = p
-		d.ready = false
+		d.setProblems(p)
+		d.ready.Store(false)
 		d.metrics.protected.Set(0)
 		d.mu.Unlock()
 		if err := d.k.Repair(); err != nil {
@@ -333,12 +345,23 @@ func (d *Daemon) checkGround(ctx context.Context) {
 	defer d.mu.Unlock()
 	if p == nil && d.problems != nil {
 		d.log.Info("protection in place again", "cgroup", d.opts.Cgroup, "pins", d.k.PinDir())
-		d.problems = nil
-		d.ready = ctx.Err() == nil
+		d.setProblems(nil)
+		d.ready.Store(ctx.Err() == nil)
 		d.metrics.protected.Set(1)
 	}
 	if p != nil {
-		d.problems = p
+		d.setProblems(p)
+	}
+}
+
+// setProblems records what the ground check found, for the daemon and
+// for /readyz. The caller holds d.mu.
+func (d *Daemon) setProblems(p maps.Problems) {
+	d.problems = p
+	if p == nil {
+		d.shownProblems.Store(nil)
+	} else {
+		d.shownProblems.Store(&p)
 	}
 }
 

@@ -362,7 +362,7 @@ func TestGroundMoving(t *testing.T) {
 func (f *fixture) ready() bool {
 	f.d.mu.Lock()
 	defer f.d.mu.Unlock()
-	return f.d.ready
+	return f.d.ready.Load()
 }
 
 // 70,000 distinct destinations with all.max_connections set: each gets its

@@ -148,18 +148,26 @@ func TestDaemonSetInvariants(t *testing.T) {
 	if len(pod.Tolerations) != 1 || pod.Tolerations[0].Operator != corev1.TolerationOpExists {
 		t.Errorf("tolerations %+v: want one that tolerates every taint", pod.Tolerations)
 	}
-	port := -1
+	port, probePort := -1, -1
 	for _, p := range c.Ports {
-		if p.Name == "admin" {
+		switch p.Name {
+		case "admin":
 			port = int(p.ContainerPort)
+		case "probes":
+			probePort = int(p.ContainerPort)
 		}
 	}
 	if !slices.Contains(c.Args, fmt.Sprintf("--admin-addr=0.0.0.0:%d", port)) {
 		t.Errorf("admin port %d is not what breakerd listens on: %v", port, c.Args)
 	}
+	// The probes use their own listener, which no other client can hold
+	// up (daemon/probes.go).
+	if probePort == port || !slices.Contains(c.Args, fmt.Sprintf("--probe-addr=0.0.0.0:%d", probePort)) {
+		t.Errorf("probe port %d is not a port of its own that breakerd listens on: %v", probePort, c.Args)
+	}
 	for probe, path := range map[*corev1.Probe]string{c.LivenessProbe: "/healthz", c.ReadinessProbe: "/readyz"} {
-		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != path || probe.HTTPGet.Port.String() != "admin" {
-			t.Errorf("probe %+v, want GET %s on the admin port", probe, path)
+		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != path || probe.HTTPGet.Port.String() != "probes" {
+			t.Errorf("probe %+v, want GET %s on the probes port", probe, path)
 		}
 	}
 	mounts := map[string]string{}
@@ -261,18 +269,22 @@ func TestLeastPrivilege(t *testing.T) {
 	run := func(caps []string) (*exec.Cmd, *kerneltest.LogBuffer, string, string) {
 		bpffs := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
 		t.Cleanup(func() { os.RemoveAll(bpffs) })
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+		free := func() string {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			return l.Addr().String()
 		}
-		addr := l.Addr().String()
-		l.Close()
+		// The probes on their own listener, as the DaemonSet has them.
+		addr := free()
 		bounding := "-all"
 		for _, c := range caps {
 			bounding += ",+" + strings.ToLower(c)
 		}
 		cmd := exec.Command("setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set="+bounding, "--",
-			bin, "--config", cfg, "--cgroup", cg.Path, "--bpffs", bpffs, "--admin-addr", addr, "--admin-socket", filepath.Join(dir, kerneltest.UniqueName()+".sock"))
+			bin, "--config", cfg, "--cgroup", cg.Path, "--bpffs", bpffs, "--admin-addr", free(), "--probe-addr", addr, "--admin-socket", filepath.Join(dir, kerneltest.UniqueName()+".sock"))
 		logs := &kerneltest.LogBuffer{}
 		cmd.Stderr = logs
 		if err := cmd.Start(); err != nil {

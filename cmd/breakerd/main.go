@@ -78,6 +78,7 @@ func run(args []string, stdout io.Writer) error {
 	fs.String("cgroup", "", "cgroup v2 directory whose processes are protected (default: the cgroup v2 root, from /proc/mounts)")
 	fs.String("bpffs", maps.DefaultDir, "bpffs directory for pins")
 	fs.String("admin-addr", "127.0.0.1:9677", "address of the admin HTTP API: metrics and health for anyone, circuits and events for loopback clients or with the token (empty: off)")
+	fs.String("probe-addr", "", "address of a listener that answers only /healthz and /readyz, for the kubelet's probes: no other client can hold them up (empty: off; the admin address answers them too)")
 	fs.String("admin-socket", "/run/breakerd/admin.sock", "unix socket of the admin API (mode 0600, root only), where changes by hand are allowed (empty: off)")
 	fs.String("admin-token-file", "", "file with a bearer token that allows changes over the TCP admin API")
 	fs.String("kubeconfig", "", "kubeconfig file for the Kubernetes API (default: the pod's service account when in a cluster; neither: no API, Service targets match nothing)")
@@ -202,7 +203,7 @@ func run(args []string, stdout io.Writer) error {
 	}
 	opts := daemon.Options{
 		ConfigPath: v.GetString("config"), Cgroup: cg, BPFFS: v.GetString("bpffs"),
-		AdminAddr: v.GetString("admin-addr"), AdminSocket: v.GetString("admin-socket"),
+		AdminAddr: v.GetString("admin-addr"), AdminSocket: v.GetString("admin-socket"), ProbeAddr: v.GetString("probe-addr"),
 		TokenFile: v.GetString("admin-token-file"), Logger: log, Cluster: cluster,
 		CloseMechanisms: closeMechs,
 	}
