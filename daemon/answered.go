@@ -177,9 +177,7 @@ func (d *Daemon) creditAnswered(ev *maps.Event, now time.Time) {
 	}
 	n := ev.AnsweredCount()
 	c.metrics.responseCounter(respAnswered).Add(float64(n))
-	for range n {
-		d.record(c, policy.Result{Kind: policy.Answered}, now)
-	}
+	d.record(c, policy.Result{Kind: policy.Answered}, int(n), now)
 }
 
 // flushAnswered has the kernel write out the successes counted for every

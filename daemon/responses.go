@@ -148,12 +148,12 @@ func (d *Daemon) handleResponse(c *circuit, ev *maps.Event, now time.Time) {
 		r.Kind = policy.Failure
 		c.noteFailedCgroup(ev.CgroupID)
 	}
-	d.record(c, r, now)
+	d.record(c, r, 1, now)
 }
 
-// record feeds r to c and applies what it changes.
-func (d *Daemon) record(c *circuit, r policy.Result, now time.Time) {
-	if t, moved := c.machine.Record(now, r); moved {
+// record feeds n calls with result r to c and applies what they change.
+func (d *Daemon) record(c *circuit, r policy.Result, n int, now time.Time) {
+	if t, moved := c.machine.RecordN(now, r, n); moved {
 		d.apply(c, t)
 	} else if c.inIdle {
 		c.referenced = true // see evictIdle
@@ -198,7 +198,7 @@ func (d *Daemon) scanResponseTimeouts(now time.Time) {
 		d.timedOut[a.Cookie] = timedOut{start: a.Since}
 		c.metrics.responseCounter(respTimeout).Inc()
 		c.noteFailedCgroup(a.CgroupID)
-		d.record(c, policy.Result{Kind: policy.Failure, Duration: waited, Probe: a.Probe, Round: a.Round}, now)
+		d.record(c, policy.Result{Kind: policy.Failure, Duration: waited, Probe: a.Probe, Round: a.Round}, 1, now)
 	}
 	for cookie, m := range d.timedOut {
 		if seen[cookie] {

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"math"
-	"syscall"
 	"time"
 )
 
@@ -106,9 +105,6 @@ type Transition struct {
 	// Round is the half-open round the verdict admits probes of (To Open,
 	// or a new round).
 	Round uint32
-	// Probes and Errno are the verdict's settings.
-	Probes int
-	Errno  syscall.Errno
 }
 
 // Circuit is one circuit's state machine. It is not safe for concurrent
@@ -217,6 +213,31 @@ func (c *Circuit) Options() *Options { return c.opts }
 // LastActivity is when the circuit last recorded a call or changed state.
 func (c *Circuit) LastActivity() time.Time { return c.last.time() }
 
+// RecordN feeds n calls with the same result, as n Records would, and
+// returns the transition they caused: the successes the kernel counted
+// for a circuit arrive as one record of their number. A probe's result is
+// one call whatever n is. A batch causes at most one change of state:
+// once the circuit leaves Closed the other calls are ignored, as Record
+// would; an ejection-limit notice keeps it Closed, the group's counts do
+// not change within the batch, and so no open follows it.
+func (c *Circuit) RecordN(now time.Time, r Result, n int) (Transition, bool) {
+	if r.Probe {
+		n = min(n, 1)
+	}
+	var first Transition
+	var moved bool
+	for range n {
+		t, ok := c.Record(now, r)
+		if ok && !moved {
+			first, moved = t, true
+		}
+		if moved && c.state != Closed {
+			break
+		}
+	}
+	return first, moved
+}
+
 // Record feeds one call's result and returns the transition it caused.
 func (c *Circuit) Record(now time.Time, r Result) (Transition, bool) {
 	c.last = stampOf(now)
@@ -314,7 +335,7 @@ func (c *Circuit) transition(now time.Time, to State, reason Reason) Transition 
 	calls, failures, slow := c.win.counts(now)
 	t := Transition{
 		From: c.state, To: to, Reason: reason, At: now, Calls: calls, Trip: int(c.trips),
-		Round: c.round, Probes: c.opts.HalfOpenProbes, Errno: c.opts.RejectErrno,
+		Round: c.round,
 	}
 	if calls > 0 {
 		t.FailureRate = float64(failures) / float64(calls)
