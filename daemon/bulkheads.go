@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"github.com/breakerd/breakerd/api"
 	"sort"
 
 	"github.com/breakerd/breakerd/maps"
@@ -200,13 +201,8 @@ func (c *circuit) bulkSlots() []bulkSlot {
 	return out
 }
 
-// BulkheadCount is one workload's bulkhead of a shared circuit, as
-// /v1/circuits reports it.
-type BulkheadCount struct {
-	Connections      int64  `json:"connections"`
-	Connecting       int64  `json:"connecting"`
-	BulkheadRejected uint64 `json:"bulkhead_rejected"`
-}
+// BulkheadCount is api.BulkheadCount.
+type BulkheadCount = api.BulkheadCount
 
 // completeBulkheads adds the sharing workloads' bulkheads to ci: each by
 // workload name, and into the circuit's totals.

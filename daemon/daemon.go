@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/breakerd/breakerd/api"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -173,25 +174,8 @@ type pendingConn struct {
 	round uint32
 }
 
-// TransitionEvent is one transition as the admin API reports it.
-type TransitionEvent struct {
-	Time        time.Time `json:"time"`
-	Circuit     string    `json:"circuit"`
-	Target      string    `json:"target"`
-	Workload    string    `json:"workload"`
-	From        string    `json:"from"`
-	To          string    `json:"to"`
-	Reason      string    `json:"reason"`
-	FailureRate float64   `json:"failure_rate"`
-	SlowRate    float64   `json:"slow_rate"`
-	Calls       int       `json:"calls"`
-	OpenUntil   time.Time `json:"open_until,omitzero"`
-	Trip        int       `json:"trip"`
-	// ClosedEstablished is how many established connections the
-	// transition's close pass closed (close_established), filled in when
-	// the pass is over.
-	ClosedEstablished uint64 `json:"closed_established,omitempty"`
-}
+// TransitionEvent is api.TransitionEvent.
+type TransitionEvent = api.TransitionEvent
 
 const maxEvents = 1000
 
