@@ -512,49 +512,33 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 		delete(d.counted, ev.Cookie)
 		return
 	}
-	var r policy.Result
+	r := policy.Result{Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
 	switch ev.Outcome {
 	case maps.Established:
-		r = policy.Result{Kind: policy.Success, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
+		r.Kind = policy.Success
 		tm.handshake.Observe(ev.Duration.Seconds())
 		if c.machine.Options().ResetFailureWindow > 0 {
 			d.recent.add(ev.Cookie, ev.Time)
 		}
-		if c.machine.Options().Responses.Followed() {
-			return // its requests are the calls (and a probe's first response its result)
-		}
 	case maps.Abandoned:
-		r = policy.Result{Kind: policy.Abandoned, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
-		if ev.Duration >= c.machine.Options().ConnectTimeout {
-			// The client gave up no earlier than connect_timeout: the
-			// destination did not answer in time, which is a timeout
-			// whoever noticed first (clients often give up at about
-			// the same second as the kernel's first SYN retransmission).
-			r.Kind = policy.Failure
-		}
+		r.Kind = policy.Abandoned
 	case maps.Reset:
-		// A reset counts only soon after connect: later ones are most
-		// often idle timeouts of pooled connections (NATs, load
-		// balancers), not a failing service.
-		age := ev.Duration
+		r.Kind = policy.Reset
 		if ev.NoAge {
 			// Dated by its established record, above (the handshake
 			// time is within the window's precision).
-			age = ev.Time - resetAt
+			r.Duration = ev.Time - resetAt
 		}
-		if w := c.machine.Options().ResetFailureWindow; age > w || w == 0 {
-			return
-		}
-		r = policy.Result{Kind: policy.Failure, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
 	case maps.Refused, maps.TimedOut, maps.Unreachable, maps.Stalled, maps.Error:
-		r = policy.Result{Kind: policy.Failure, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
+		r.Kind = policy.Failure
 	default:
 		return
 	}
-	if r.Kind == policy.Failure {
+	call := policy.Classify(c.machine.Options(), r)
+	if call.Failed {
 		c.noteFailedCgroup(ev.CgroupID) // kube.go: the pods that saw failures
 	}
-	if t, moved := c.machine.Record(now, r); moved {
+	if t, moved := c.machine.RecordCall(now, r, call); moved {
 		d.apply(c, t)
 	} else if c.inIdle && known {
 		c.referenced = true // see evictIdle

@@ -40,8 +40,8 @@ type targetMetrics struct {
 	target    string
 	workload  string
 	vec       *prometheus.CounterVec
-	outcomes  [16]prometheus.Counter        // by maps.Outcome, made on first use
-	responses [respKinds]prometheus.Counter // by responseKind, made on first use
+	outcomes  [16]prometheus.Counter                   // by maps.Outcome, made on first use
+	responses [policy.ResponseKinds]prometheus.Counter // by responseKind, made on first use
 	handshake prometheus.Observer
 }
 

@@ -105,6 +105,7 @@ func TestAbandoned(t *testing.T) {
 		o.MinRequests = 2
 		o.SlowCallRateThreshold = 1
 		o.FailureRateThreshold = 1
+		o.ConnectTimeout = 10 * time.Second
 	})
 	c := NewCircuit(o, NoOverride, nil, clk.now(), nil)
 	quick := Result{Kind: Abandoned, Duration: 10 * time.Millisecond}
