@@ -105,7 +105,7 @@ func (d *Daemon) syncBulkSlots(c *circuit) {
 		}
 		dst.Class = k
 		name := bulkSlotName(c, w)
-		id, inherited, ok := d.reg.ids.alloc(name, dst)
+		id, inherited, ok := d.reg.ids.Alloc(name, dst)
 		if !ok {
 			d.metrics.circuitsRefused.WithLabelValues(c.target()).Inc()
 			d.log.Error("no circuit id free for a workload's bulkhead; its connections are not limited", "circuit", c.name(), "workload", w)
@@ -113,7 +113,7 @@ func (d *Daemon) syncBulkSlots(c *circuit) {
 		}
 		var epoch uint32
 		if inherited {
-			epoch = d.reg.ids.pinnedEpoch(id) // its rejected cgroups carry on
+			epoch = d.reg.ids.PinnedEpoch(id) // its rejected cgroups carry on
 		} else if err := d.k.ResetCounters(id); err != nil {
 			d.log.Warn("resetting counters", "circuit", name, "err", err)
 		}
@@ -133,7 +133,7 @@ func (d *Daemon) releaseBulkSlot(c *circuit, s bulkSlot) {
 	if d.reg.recording[s.id] == c {
 		delete(d.reg.recording, s.id)
 	}
-	d.reg.ids.release(s.id, bulkSlotName(c, s.workload))
+	d.reg.ids.Release(s.id, bulkSlotName(c, s.workload))
 }
 
 // retire adds the kernel counts of slot id to target's retired counters,

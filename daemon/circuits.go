@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/breakerd/breakerd/engine"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
@@ -151,13 +152,13 @@ func (d *Daemon) sweepDepartedEndpoints(now time.Time) {
 // queued, from whose front eviction takes its victim (second chance, see
 // evictIdle).
 type registry struct {
-	byName    map[string]*circuit // named circuits only: use get and all
-	byDest    destIndex           // use at() to look up
+	byName    map[string]*circuit       // named circuits only: use get and all
+	byDest    engine.DestIndex[circuit] // use at() to look up
 	active    map[*circuit]struct{}
 	endpoints map[*circuit]struct{}
 	idle      idleList
 	groups    map[string]*policy.Group
-	ids       *ids
+	ids       *engine.IDs
 	classes   *policy.Classes // the daemon's, for the names of isolated workloads' circuits
 	version   uint64          // counts the changes of byDest and byName
 	dynamic   int
@@ -173,9 +174,17 @@ type registry struct {
 	nextEpoch uint32
 }
 
-func newRegistry(k *maps.Kernel) *registry {
+// idLimitForTest, when not 0, is the number of ids a new daemon has
+// (tests that run out of ids at start-up).
+var idLimitForTest uint32
+
+func newRegistry(k engine.Kernel) *registry {
+	limit := uint32(maps.MaxCircuitIDs)
+	if idLimitForTest != 0 {
+		limit = idLimitForTest
+	}
 	return &registry{byName: map[string]*circuit{}, groups: map[string]*policy.Group{},
-		active: map[*circuit]struct{}{}, endpoints: map[*circuit]struct{}{}, ids: newIDs(k), recording: map[uint32]*circuit{}}
+		active: map[*circuit]struct{}{}, endpoints: map[*circuit]struct{}{}, ids: engine.NewIDs(k, limit), recording: map[uint32]*circuit{}}
 }
 
 // get returns the circuit named name.
@@ -211,7 +220,7 @@ func (r *registry) all() iter.Seq[*circuit] {
 				return
 			}
 		}
-		for _, c := range r.byDest.all() {
+		for _, c := range r.byDest.All() {
 			if !c.isNamed() && !yield(c) {
 				return
 			}
@@ -224,7 +233,7 @@ func (r *registry) count() int { return len(r.byName) + r.dynamic }
 
 // at returns the circuit of destination dst.
 func (r *registry) at(dst maps.Dest) (*circuit, bool) {
-	c := r.byDest.get(dst.Compact())
+	c := r.byDest.Get(dst.Compact())
 	return c, c != nil
 }
 
@@ -372,7 +381,7 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) (c *circuit, made bool) {
 	if label == "" {
 		label = allTarget
 	}
-	if !d.reg.adopting && d.reg.byDest.len() >= cfg.MaxCircuits && !d.evictIdle() {
+	if !d.reg.adopting && d.reg.byDest.Len() >= cfg.MaxCircuits && !d.evictIdle() {
 		d.metrics.circuitsRefused.WithLabelValues(label).Inc()
 		return nil, false
 	}
@@ -433,9 +442,9 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 	// first rejects (ensureID), unless it inherits one now.
 	var id uint32
 	var inherited bool
-	if !dynamic || needsLimitEntry(o) || d.reg.ids.pinnedFor(dst) {
+	if !dynamic || needsLimitEntry(o) || d.reg.ids.PinnedFor(dst) {
 		var ok bool
-		id, inherited, ok = d.reg.ids.alloc(name, dst)
+		id, inherited, ok = d.reg.ids.Alloc(name, dst)
 		if !ok {
 			d.metrics.circuitsRefused.WithLabelValues(target).Inc()
 			// At most a line a second a target: every new destination
@@ -486,7 +495,7 @@ func (d *Daemon) seat(c *circuit, id uint32, inherited bool) {
 		if err := d.k.ResetCounters(id); err != nil {
 			d.log.Warn("resetting counters", "circuit", c.name(), "err", err)
 		}
-	} else if e := d.reg.ids.pinnedEpoch(id); e != 0 {
+	} else if e := d.reg.ids.PinnedEpoch(id); e != 0 {
 		d.setEpoch(c, e) // its rejections carry on with its counters
 	}
 	if b, err := d.k.Budget(id); err == nil {
@@ -506,7 +515,7 @@ func (d *Daemon) ensureID(c *circuit) bool {
 	if c.id != 0 {
 		return true
 	}
-	id, inherited, ok := d.reg.ids.alloc(c.name(), c.first[0])
+	id, inherited, ok := d.reg.ids.Alloc(c.name(), c.first[0])
 	if !ok {
 		return false
 	}
@@ -524,7 +533,7 @@ func (d *Daemon) ensureID(c *circuit) bool {
 // count of rejections, and whom it rejected, start again if it opens
 // again.
 func (d *Daemon) releaseID(c *circuit) {
-	if c.id == 0 || c.isNamed() || needsLimitEntry(c.machine.Options()) || c.machine.State() != policy.Closed || !d.reg.ids.scarce() {
+	if c.id == 0 || c.isNamed() || needsLimitEntry(c.machine.Options()) || c.machine.State() != policy.Closed || !d.reg.ids.Scarce() {
 		return
 	}
 	d.retire(c.target(), c.id)
@@ -533,7 +542,7 @@ func (d *Daemon) releaseID(c *circuit) {
 	if c.extra != nil {
 		c.extra.epoch = 0
 	}
-	d.reg.ids.release(c.id, c.name())
+	d.reg.ids.Release(c.id, c.name())
 	c.id = 0
 }
 
@@ -683,7 +692,7 @@ func (d *Daemon) attach(c *circuit, dst maps.Dest) {
 	if c.isNamed() {
 		c.extra.dests = append(c.extra.dests, dst)
 	}
-	d.reg.byDest.put(dst.Compact(), c)
+	d.reg.byDest.Put(dst.Compact(), c)
 	d.reg.version++
 	if o := c.machine.Options(); needsLimitEntry(o) {
 		d.writeLimit(c, dst)
@@ -796,7 +805,7 @@ func (d *Daemon) drop(c *circuit) {
 			d.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
 		d.deleteLimits(c, dst)
-		d.reg.byDest.del(dst.Compact())
+		d.reg.byDest.Del(dst.Compact())
 		d.reg.version++
 	}
 	// Keep its kernel counts so the per-target counters never go down.
@@ -821,7 +830,7 @@ func (d *Daemon) drop(c *circuit) {
 	}
 	d.forgetEpoch(c)
 	d.unbatch(c)
-	d.reg.ids.release(c.id, c.name())
+	d.reg.ids.Release(c.id, c.name())
 	d.reg.version++ // also for a named circuit left with no destination
 }
 
@@ -928,7 +937,7 @@ func (d *Daemon) orderedCircuits() []*circuit {
 	for _, n := range byName {
 		out = append(out, n.c)
 	}
-	for _, c := range d.reg.byDest.all() {
+	for _, c := range d.reg.byDest.All() {
 		if !c.isNamed() {
 			out = append(out, c)
 		}

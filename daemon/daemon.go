@@ -386,7 +386,7 @@ const prefetchChunk = 256
 // each chunk is first walked with loads that do not depend on one
 // another, which the CPU overlaps, and then handled from warm caches.
 func (d *Daemon) handleBatch(evs []maps.Event, now time.Time) {
-	if len(evs) < 2 || d.reg.byDest.len() < prefetchFrom {
+	if len(evs) < 2 || d.reg.byDest.Len() < prefetchFrom {
 		for i := range evs {
 			d.handle(&evs[i], now, nil)
 		}
@@ -427,22 +427,22 @@ func (d *Daemon) warm(evs []maps.Event, found []*circuit) {
 	var keys [prefetchChunk]maps.DestKey
 	var hs [prefetchChunk]uint32
 	x := &d.reg.byDest
-	if x.len() == 0 {
+	if x.Len() == 0 {
 		clear(found)
 		return
 	}
 	var sum uintptr
 	for i := range evs {
 		keys[i] = evs[i].Dest.Compact()
-		hs[i] = x.hash(&keys[i])
+		hs[i] = x.Hash(&keys[i])
 	}
 	// Loops of loads alone: the CPU has as many of them in flight as
 	// it can keep misses outstanding.
 	for _, h := range hs[:len(evs)] {
-		sum += x.touch(h)
+		sum += x.Touch(h)
 	}
 	for i := range evs {
-		found[i] = x.getHashed(&keys[i], hs[i])
+		found[i] = x.GetHashed(&keys[i], hs[i])
 	}
 	for i, c := range found {
 		if c != nil {
@@ -681,7 +681,7 @@ func (d *Daemon) reconcileRounds(now time.Time) {
 func (d *Daemon) applyConfig(cfg *policy.Config) {
 	old, oldClasses := d.cfg, d.classes
 	d.cfg = cfg
-	d.reg.byDest.reserve(cfg.MaxCircuits)
+	d.reg.byDest.Reserve(cfg.MaxCircuits)
 	if cfg.MaxCircuits > policy.GuaranteedCircuits && (old == nil || old.MaxCircuits <= policy.GuaranteedCircuits) {
 		d.log.Warn("max_circuits is above the number of circuits that can all reject at once; a circuit that opens when the kernel has no circuit id or verdict entry left is not enforced, logged and counted in breakerd_verdict_write_errors_total",
 			"max_circuits", cfg.MaxCircuits, "guaranteed", policy.GuaranteedCircuits)
