@@ -111,16 +111,16 @@ func (d *Daemon) complete(s circuitSnap, names *cgroupNamer) CircuitInfo {
 		// One budget per circuit: the tokens left in its current round,
 		// all of them when the round has not begun.
 		left := int32(s.opts.HalfOpenProbes)
-		if b, err := d.k.Budget(ci.CircuitID); err == nil && b.Round == s.round {
+		if b, err := d.kernel.Budget(ci.CircuitID); err == nil && b.Round == s.round {
 			left = int32(b.Tokens)
 		}
 		ci.ProbesLeft = &left
 	}
 	if ci.CircuitID != 0 { // 0: a dynamic circuit that never rejected has nothing in the kernel
-		if cnt, err := d.k.Counters(ci.CircuitID); err == nil {
+		if cnt, err := d.kernel.Counters(ci.CircuitID); err == nil {
 			ci.Rejected, ci.ShadowRejected, ci.BulkheadRejected = cnt.Rejected, cnt.ShadowRejected, cnt.BulkheadRejected
 		}
-		if b, err := d.k.BulkCount(ci.CircuitID); err == nil {
+		if b, err := d.kernel.BulkCount(ci.CircuitID); err == nil {
 			ci.Connections, ci.Connecting = b.Connections, b.Connecting
 		}
 	}

@@ -114,7 +114,7 @@ func (d *Daemon) syncBulkSlots(c *circuit) {
 		var epoch uint32
 		if inherited {
 			epoch = d.reg.ids.PinnedEpoch(id) // its rejected cgroups carry on
-		} else if err := d.k.ResetCounters(id); err != nil {
+		} else if err := d.kernel.ResetCounters(id); err != nil {
 			d.log.Warn("resetting counters", "circuit", name, "err", err)
 		}
 		if epoch == 0 {
@@ -139,7 +139,7 @@ func (d *Daemon) releaseBulkSlot(c *circuit, s bulkSlot) {
 // retire adds the kernel counts of slot id to target's retired counters,
 // so the per-target counters never go down when a circuit goes.
 func (d *Daemon) retire(target string, id uint32) {
-	if cnt, err := d.k.Counters(id); err == nil {
+	if cnt, err := d.kernel.Counters(id); err == nil {
 		r := d.retired[target]
 		r.Rejected += cnt.Rejected
 		r.ShadowRejected += cnt.ShadowRejected
@@ -182,7 +182,7 @@ func (d *Daemon) deleteLimits(c *circuit, dst maps.Dest) {
 		}
 	}
 	for _, k := range keys {
-		if err := d.k.DeleteLimit(k); err != nil {
+		if err := d.kernel.DeleteLimit(k); err != nil {
 			d.log.Warn("deleting bulkhead limits", "circuit", c.name(), "dest", k, "err", err)
 		}
 	}
@@ -213,10 +213,10 @@ func (d *Daemon) completeBulkheads(ci *CircuitInfo, slots []bulkSlot) {
 	ci.Bulkheads = map[string]BulkheadCount{}
 	for _, s := range slots {
 		var b BulkheadCount
-		if cnt, err := d.k.Counters(s.id); err == nil {
+		if cnt, err := d.kernel.Counters(s.id); err == nil {
 			b.BulkheadRejected = cnt.BulkheadRejected
 		}
-		if n, err := d.k.BulkCount(s.id); err == nil {
+		if n, err := d.kernel.BulkCount(s.id); err == nil {
 			b.Connections, b.Connecting = n.Connections, n.Connecting
 		}
 		ci.Bulkheads[s.workload] = b

@@ -492,13 +492,13 @@ func (d *Daemon) seat(c *circuit, id uint32, inherited bool) {
 		d.reg.recording[id] = c // its rejections are recorded under its id
 	}
 	if !inherited {
-		if err := d.k.ResetCounters(id); err != nil {
+		if err := d.kernel.ResetCounters(id); err != nil {
 			d.log.Warn("resetting counters", "circuit", c.name(), "err", err)
 		}
 	} else if e := d.reg.ids.PinnedEpoch(id); e != 0 {
 		d.setEpoch(c, e) // its rejections carry on with its counters
 	}
-	if b, err := d.k.Budget(id); err == nil {
+	if b, err := d.kernel.Budget(id); err == nil {
 		if c.machine.State().Rejects() {
 			c.machine.RoundAfter(b.Round)
 		} else {
@@ -662,10 +662,10 @@ func policyOverride(s maps.OverrideState) policy.Override {
 func (d *Daemon) keepOverride(c *circuit, o policy.Override) {
 	var err error
 	if k, ok := keptOverrides[o]; ok {
-		if err = d.k.PutOverride(c.name(), k); err == nil {
+		if err = d.kernel.PutOverride(c.name(), k); err == nil {
 			d.kept[c.name()] = k
 		}
-	} else if err = d.k.DeleteOverride(c.name()); err == nil {
+	} else if err = d.kernel.DeleteOverride(c.name()); err == nil {
 		delete(d.kept, c.name())
 	}
 	if err != nil {
@@ -678,7 +678,7 @@ func (d *Daemon) keepOverride(c *circuit, o policy.Override) {
 // circuit finds its own without a system call.
 func (d *Daemon) loadKept() {
 	d.kept = map[string]maps.OverrideState{}
-	for name, s := range d.k.Overrides() {
+	for name, s := range d.kernel.Overrides() {
 		d.kept[name] = s
 	}
 }
@@ -725,7 +725,7 @@ func (d *Daemon) writeLimit(c *circuit, dst maps.Dest) {
 	}
 	d.syncBulkSlots(c)
 	for _, e := range d.limitEntries(c, dst) {
-		if err := d.k.PutLimit(e.dst, d.limitFor(c, o, e)); err != nil {
+		if err := d.kernel.PutLimit(e.dst, d.limitFor(c, o, e)); err != nil {
 			d.metrics.verdictWriteErrors.Inc()
 			d.log.Error("writing bulkhead limits (not enforced for this destination)", "circuit", c.name(), "dest", e.dst, "err", err)
 		}
@@ -801,7 +801,7 @@ func (d *Daemon) evictIdle() bool {
 // drop forgets a circuit and removes its verdicts.
 func (d *Daemon) drop(c *circuit) {
 	for _, dst := range c.dests() {
-		if err := d.k.DeleteVerdict(dst); err != nil {
+		if err := d.kernel.DeleteVerdict(dst); err != nil {
 			d.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
 		d.deleteLimits(c, dst)
@@ -884,7 +884,7 @@ func (d *Daemon) partlyEnforced(c *circuit) bool {
 		return false
 	}
 	for _, dst := range c.dests() {
-		if v, ok, err := d.k.Verdict(dst); err == nil && ok && v.CircuitID == c.id {
+		if v, ok, err := d.kernel.Verdict(dst); err == nil && ok && v.CircuitID == c.id {
 			return true
 		}
 	}
@@ -912,11 +912,11 @@ func (d *Daemon) putVerdict(c *circuit, dst maps.Dest, s policy.State, openUntil
 		}
 		v := maps.OpenVerdict(due, round, uint32(o.HalfOpenProbes), o.RejectErrno, c.id)
 		v.Epoch = d.epochOf(c)
-		return d.k.PutVerdict(dst, v)
+		return d.kernel.PutVerdict(dst, v)
 	case policy.ForcedOpen:
-		return d.k.PutVerdict(dst, maps.Verdict{State: maps.ForcedOpen, Errno: o.RejectErrno, CircuitID: c.id, Epoch: d.epochOf(c)})
+		return d.kernel.PutVerdict(dst, maps.Verdict{State: maps.ForcedOpen, Errno: o.RejectErrno, CircuitID: c.id, Epoch: d.epochOf(c)})
 	default:
-		return d.k.DeleteVerdict(dst)
+		return d.kernel.DeleteVerdict(dst)
 	}
 }
 

@@ -36,6 +36,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/breakerd/breakerd/engine"
 	"github.com/breakerd/breakerd/kube"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
@@ -88,9 +89,14 @@ type Options struct {
 
 // Daemon is a running breakerd.
 type Daemon struct {
-	opts    Options
-	log     *slog.Logger
-	k       *maps.Kernel
+	opts Options
+	log  *slog.Logger
+	k    *maps.Kernel
+	// kernel is k as the core sees it (circuits, ids, verdicts, limits,
+	// answered words, overrides), and clock its time: fakes in the tests
+	// of its decisions (engine/enginetest).
+	kernel  engine.Kernel
+	clock   engine.Clock
 	metrics *metrics
 	rand    func() float64
 	beat    beat // the heartbeat's own state and lock, apart from mu
@@ -230,7 +236,7 @@ func New(opts Options) (*Daemon, error) {
 	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	d := &Daemon{
-		opts: opts, log: opts.Logger, rand: rng.Float64,
+		opts: opts, log: opts.Logger, rand: rng.Float64, clock: engine.SystemClock{},
 		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, unenforced: map[*circuit]struct{}{}, unlimited: map[*circuit]struct{}{}, batched: map[*circuit]batch{}, batchedIDs: map[uint32]*circuit{}, errorsLogged: map[string]time.Time{},
 		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{}, retired: map[string]maps.Counters{},
 		endpointIdle: endpointIdle, closeJobs: make(chan closeJob, closeQueue),
@@ -248,7 +254,7 @@ func New(opts Options) (*Daemon, error) {
 		srv.shutdown()
 		return nil, fmt.Errorf("loading the kernel side: %w", err)
 	}
-	d.k, d.reg, d.servers = k, newRegistry(k), srv
+	d.k, d.kernel, d.reg, d.servers = k, k, newRegistry(k), srv
 	d.reg.classes = &d.classes
 	if d.scope, err = newCgroupWatch(k, opts.Logger, opts.Cgroup); err == nil {
 		err = d.start(cfg)
@@ -276,7 +282,7 @@ func configName(p string) string {
 	return p
 }
 
-func (d *Daemon) now() time.Time { return time.Now() }
+func (d *Daemon) now() time.Time { return d.clock.Now() }
 
 // Kernel returns the daemon's kernel side (for tests and breakerctl).
 func (d *Daemon) Kernel() *maps.Kernel { return d.k }
@@ -637,7 +643,7 @@ func (d *Daemon) tick(now time.Time) {
 		d.lastLostCheck = now
 		d.retryUnenforced()
 		d.dropIdlePages()
-		if st, err := d.k.Stats(); err == nil && st.EventsLost != d.lostSeen {
+		if st, err := d.kernel.Stats(); err == nil && st.EventsLost != d.lostSeen {
 			d.lostSeen = st.EventsLost
 			d.reconcileRounds(now)
 		}
@@ -658,7 +664,7 @@ func (d *Daemon) reconcileRounds(now time.Time) {
 		if c.id == 0 {
 			continue // no verdict: nothing of it in the kernel
 		}
-		b, err := d.k.Budget(c.id)
+		b, err := d.kernel.Budget(c.id)
 		if err != nil || b.Round != c.machine.Round() {
 			continue
 		}
