@@ -459,3 +459,141 @@ targets:
 	e.fail(8102, 1)
 	e.wantState(8102, policy.Open)
 }
+
+// status is port's circuit's status at the clock's time.
+func (e *core) status(port uint16) policy.Status {
+	e.t.Helper()
+	c := e.at(port)
+	if c == nil {
+		e.t.Fatalf("no circuit for port %d", port)
+	}
+	e.d.mu.Lock()
+	defer e.d.mu.Unlock()
+	return c.machine.Status(e.d.now())
+}
+
+// A circuit whose ordinary successes the kernel counts gets an answered
+// word under a fresh epoch in its limits entry; an Answered record of
+// that epoch credits its successes in the record's place among the
+// circuit's failures (they end a run of consecutive failures), and one
+// of another epoch credits nothing.
+func TestCoreAnsweredCreditsInOrder(t *testing.T) {
+	e := newCore(t, `
+targets:
+  web:
+    match: {cidrs: [SRV], ports: ["8090"]}
+    protocol: http
+    consecutive_failures: 2
+    window_size: 100
+    min_requests: 100
+    open_duration: 4m
+`, nil)
+	l, ok := e.k.Limits()[coreDest(8090)]
+	if !ok || l.Responses&maps.RespBatch == 0 || l.BatchID == 0 || l.BatchEpoch == 0 {
+		t.Fatalf("limits entry %+v (%v), want one counting successes in an answered word", l, ok)
+	}
+	if epoch, _, _ := e.k.Answered(l.BatchID); epoch != l.BatchEpoch {
+		t.Fatalf("answered word's epoch %d, the limits entry's %d", epoch, l.BatchEpoch)
+	}
+	credit := func(epoch uint32, n int) {
+		e.record(maps.Event{Outcome: maps.Answered, Round: l.BatchID, Count: epoch, Duration: time.Duration(n)})
+	}
+	e.fail(8090, 1)
+	credit(l.BatchEpoch+1, 7) // another epoch: not this circuit's
+	credit(l.BatchEpoch, 3)
+	if s := e.status(8090); s.Calls != 4 || s.ConsecutiveFailures != 0 {
+		t.Fatalf("a failure and 3 credited successes: %+v, want 4 calls and the run of failures ended", s)
+	}
+	e.fail(8090, 1)
+	e.wantState(8090, policy.Closed)
+	e.fail(8090, 1)
+	e.wantState(8090, policy.Open)
+}
+
+// The state machine through the core: the kernel's round record makes an
+// open circuit half-open; a failed probe reopens it for a longer trip
+// with a new round in its verdict; a probe that never reports is timed
+// out by the tick (probe_timeout); a connect seen retransmitting SYNs and
+// never finished counts as a failure at connect_timeout, once, and its
+// late final record is not counted again.
+func TestCoreStateMachineThroughTheCore(t *testing.T) {
+	e := newCore(t, `
+all:
+  consecutive_failures: 2
+  open_duration: 1s
+  open_duration_multiplier: 2
+  jitter: 0
+  half_open_probes: 1
+  connect_timeout: 1s
+  probe_timeout: 2s
+`, nil)
+	e.fail(9461, 2)
+	e.wantState(9461, policy.Open)
+	first, trip := e.verdict(9461), e.status(9461).Trip
+	e.clk.Advance(time.Second)
+	e.probe(9461, false)
+	e.wantState(9461, policy.Open)
+	if v := e.verdict(9461); v.Round <= first.Round || e.status(9461).Trip != trip+1 {
+		t.Fatalf("reopened: verdict %+v (first %+v), trip %d (first %d)", v, first, e.status(9461).Trip, trip)
+	}
+	if got := e.status(9461).OpenUntil.Sub(e.clk.Now()); got != 2*time.Second {
+		t.Fatalf("second trip open for %v, want 2s", got)
+	}
+	e.clk.Advance(2 * time.Second)
+	v := e.verdict(9461)
+	e.k.SetBudget(v.CircuitID, maps.Budget{Round: v.Round})
+	e.record(maps.Event{Outcome: maps.ProbeRound, Dest: coreDest(9461), Round: v.Round})
+	e.wantState(9461, policy.HalfOpen)
+	e.clk.Advance(time.Second)
+	e.tick()
+	e.wantState(9461, policy.HalfOpen) // within probe_timeout
+	e.clk.Advance(time.Second)
+	e.tick()
+	e.wantState(9461, policy.Open)
+	if got := e.transitions(coreName(9461)); !strings.HasSuffix(got, "half_open>open:probe_timeout") {
+		t.Fatalf("transitions %q, want a probe timeout last", got)
+	}
+
+	// connect_timeout: a SYN retransmitted, then nothing.
+	e.ok(9462, 1)
+	e.record(maps.Event{Outcome: maps.SYNRetrans, Dest: coreDest(9462), Cookie: 1 << 40, Duration: 200 * time.Millisecond})
+	e.clk.Advance(700 * time.Millisecond)
+	e.tick()
+	if s := e.status(9462); s.Calls != 1 {
+		t.Fatalf("before connect_timeout: %+v", s)
+	}
+	e.clk.Advance(100 * time.Millisecond)
+	e.tick()
+	if s := e.status(9462); s.Calls != 2 || s.ConsecutiveFailures != 1 {
+		t.Fatalf("at connect_timeout: %+v, want the connect counted as a failure", s)
+	}
+	e.record(maps.Event{Outcome: maps.TimedOut, Dest: coreDest(9462), Cookie: 1 << 40, Duration: 3 * time.Second})
+	e.ok(9462, 1) // a later record: the one before it was handled
+	if s := e.status(9462); s.Calls != 3 || s.Failures != 1 {
+		t.Fatalf("the late final record counted again: %+v", s)
+	}
+}
+
+// After the kernel lost records, every open circuit whose probe budget
+// has reached its round begins that round (its first-probe record may be
+// among those lost), so probe_timeout applies to it; one whose budget has
+// not is left open.
+func TestCoreLostRoundRecordsAreReconciled(t *testing.T) {
+	e := newCore(t, lazyConfig, nil)
+	e.fail(9471, 2)
+	e.fail(9472, 2)
+	e.clk.Advance(time.Second)
+	v := e.verdict(9471)
+	e.k.SetBudget(v.CircuitID, maps.Budget{Round: v.Round}) // its round began in the kernel
+	e.tick()                                                // no records lost yet
+	e.wantState(9471, policy.Open)
+	stats := e.k.Calls("Stats")
+	e.k.LoseEvents(3)
+	e.clk.Advance(time.Second)
+	e.tick()
+	if e.k.Calls("Stats") != stats+1 {
+		t.Fatalf("the tick read the kernel's statistics %d times, want once", e.k.Calls("Stats")-stats)
+	}
+	e.wantState(9471, policy.HalfOpen)
+	e.wantState(9472, policy.Open)
+}
