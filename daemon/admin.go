@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/breakerd/breakerd/api"
+	"github.com/breakerd/breakerd/engine"
 	"io"
 	"net"
 	"net/http"
@@ -220,7 +221,7 @@ func (d *Daemon) sortedNames(stale bool) []string {
 	names := make([]string, 0, len(named)+len(dynamic))
 	names = append(names, named...)
 	for _, x := range dynamic {
-		names = append(names, classed(dynamicName(x.dst), x.workload))
+		names = append(names, engine.Classed(engine.DynamicName(x.dst), x.workload))
 	}
 	slices.Sort(names)
 	d.pages.mu.Lock()

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"net/netip"
 	"slices"
 	"sort"
 	"strings"
@@ -103,7 +102,7 @@ func (c *circuit) name() string {
 	if c.isNamed() {
 		return c.extra.name
 	}
-	return classed(dynamicName(c.first[0]), c.workload())
+	return engine.Classed(engine.DynamicName(c.first[0]), c.workload())
 }
 
 // workload is policy.SharedWorkload, or the isolated workload whose
@@ -193,7 +192,7 @@ func (r *registry) get(name string) (*circuit, bool) {
 		return c, true
 	}
 	// A dynamic circuit: its destination's name, and @workload for an
-	// isolated workload's (see classed).
+	// isolated workload's (see engine.Classed).
 	base, class := name, policy.Class(0)
 	if i := strings.LastIndexByte(name, '@'); i >= 0 && r.classes != nil {
 		w := name[i+1:]
@@ -203,7 +202,7 @@ func (r *registry) get(name string) (*circuit, bool) {
 		}
 		base = name[:i]
 	}
-	if dst, ok := parseDynamicName(base); ok {
+	if dst, ok := engine.ParseDynamicName(base); ok {
 		dst.Class = uint8(class)
 		if c, ok := r.at(dst); ok && !c.isNamed() {
 			return c, true
@@ -304,41 +303,6 @@ func (l *idleList) remove(c *circuit) {
 	c.prev, c.next, c.inIdle = nil, nil, false
 }
 
-func dynamicName(d maps.Dest) string { return d.Shared().String() }
-
-// parseDynamicName reads a dynamic circuit's name (tcp/addr:port,
-// udp/addr:port) back into its destination.
-func parseDynamicName(name string) (maps.Dest, bool) {
-	proto, addr, ok := strings.Cut(name, "/")
-	if !ok {
-		return maps.Dest{}, false
-	}
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil {
-		return maps.Dest{}, false
-	}
-	d := maps.Dest{Addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())}
-	switch proto {
-	case "tcp":
-		d.Proto = maps.TCP
-	case "udp":
-		d.Proto = maps.UDP
-	default:
-		return maps.Dest{}, false
-	}
-	return d, dynamicName(d) == name
-}
-
-func endpointName(target string, d maps.Dest) string { return target + "/" + d.Addr.String() }
-
-// classed names the circuit of an isolated workload: name@workload.
-func classed(name, workload string) string {
-	if workload == policy.SharedWorkload {
-		return name
-	}
-	return name + "@" + workload
-}
-
 // matcherOf returns the matcher of a destination's class and its
 // workload; nil for a class no workload has (a stale key).
 func (d *Daemon) matcherOf(class uint8) (*policy.Matcher, string) {
@@ -397,12 +361,12 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) (c *circuit, made bool) {
 	t := cfg.Targets[target]
 	switch t.Scope {
 	case policy.EndpointScope:
-		name := classed(endpointName(target, dst), workload)
+		name := engine.Classed(engine.EndpointName(target, dst), workload)
 		c, ok := d.reg.byName[name]
 		made := !ok
 		if !ok {
 			// One endpoint group per target and workload.
-			group := classed(target, workload)
+			group := engine.Classed(target, workload)
 			g := d.reg.groups[group]
 			if g == nil {
 				g = policy.NewGroup(t.MaxEjectionPercent)
@@ -416,7 +380,7 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) (c *circuit, made bool) {
 		d.attach(c, dst)
 		return c, made
 	default:
-		name := classed(target, workload)
+		name := engine.Classed(target, workload)
 		c, ok := d.reg.byName[name]
 		made := !ok
 		if !ok {
@@ -436,7 +400,7 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 	workload := d.classes.Name(policy.Class(dst.Class))
 	dynamic := name == ""
 	if dynamic {
-		name = classed(dynamicName(dst), workload)
+		name = engine.Classed(engine.DynamicName(dst), workload)
 	}
 	// A dynamic circuit without limits entries takes its kernel id when it
 	// first rejects (ensureID), unless it inherits one now.
@@ -455,8 +419,8 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 	}
 	// An override set through the API before a restart (or before the
 	// circuit was last dropped and made again) comes back.
-	if kept, ok := d.kept[name]; ok {
-		ov = policyOverride(kept)
+	if kept, ok := d.kept.Get(name); ok {
+		ov = kept
 	}
 	c := &circuit{endpoint: scope == policy.EndpointScope, id: id, metrics: d.metrics.forTarget(target, workload)}
 	c.first[0] = dst
@@ -643,45 +607,17 @@ func (d *Daemon) errorEverySecond(key, msg string, args ...any) {
 	d.log.Error(msg, args...)
 }
 
-// keptOverrides maps the API's overrides to the pinned map's states.
-var keptOverrides = map[policy.Override]maps.OverrideState{
-	policy.ForceOpen: maps.OverrideForcedOpen, policy.ForceClosed: maps.OverrideForcedClosed, policy.DisableState: maps.OverrideDisabled,
-}
-
-func policyOverride(s maps.OverrideState) policy.Override {
-	for o, k := range keptOverrides {
-		if k == s {
-			return o
-		}
-	}
-	return policy.NoOverride
-}
-
 // keepOverride records (or, for NoOverride, forgets) c's override set
 // through the API in the pinned overrides map, so it survives a restart.
 func (d *Daemon) keepOverride(c *circuit, o policy.Override) {
-	var err error
-	if k, ok := keptOverrides[o]; ok {
-		if err = d.kernel.PutOverride(c.name(), k); err == nil {
-			d.kept[c.name()] = k
-		}
-	} else if err = d.kernel.DeleteOverride(c.name()); err == nil {
-		delete(d.kept, c.name())
-	}
-	if err != nil {
+	if err := d.kept.Keep(c.name(), o); err != nil {
 		d.log.Warn("the override will not survive a restart", "circuit", c.name(), "err", err)
 	}
 }
 
 // loadKept reads the overrides a previous daemon kept in the pinned map
-// (this daemon is its only writer from here on: keepOverride), so a new
-// circuit finds its own without a system call.
-func (d *Daemon) loadKept() {
-	d.kept = map[string]maps.OverrideState{}
-	for name, s := range d.kernel.Overrides() {
-		d.kept[name] = s
-	}
-}
+// (engine.Overrides).
+func (d *Daemon) loadKept() { d.kept = engine.LoadOverrides(d.kernel) }
 
 // attach adds dst to c; if c already rejects, the new destination's
 // verdict is written at once.
@@ -730,49 +666,6 @@ func (d *Daemon) writeLimit(c *circuit, dst maps.Dest) {
 			d.log.Error("writing bulkhead limits (not enforced for this destination)", "circuit", c.name(), "dest", e.dst, "err", err)
 		}
 	}
-}
-
-// staticDests lists the destinations a named target covers that can be
-// enumerated: full-length prefixes (single addresses) and resolved host
-// names, times explicit ports (ranges up to 256 ports). Wider CIDRs and
-// "any port" are covered as destinations are seen.
-func staticDests(t *policy.Target, resolved map[string][]netip.Addr) []maps.Dest {
-	var addrs []netip.Addr
-	for _, p := range t.Match.Prefixes {
-		if p.IsSingleIP() {
-			addrs = append(addrs, p.Addr())
-		}
-	}
-	for _, h := range t.Match.Hosts {
-		addrs = append(addrs, resolved[h]...)
-	}
-	var ports []uint16
-	for _, pr := range t.Match.Ports {
-		if int(pr.Hi)-int(pr.Lo) > 255 {
-			continue
-		}
-		for p := int(pr.Lo); p <= int(pr.Hi); p++ {
-			ports = append(ports, uint16(p))
-		}
-	}
-	var protos []maps.Proto
-	switch t.Match.Proto {
-	case "udp":
-		protos = []maps.Proto{maps.UDP}
-	case "any":
-		protos = []maps.Proto{maps.TCP, maps.UDP}
-	default:
-		protos = []maps.Proto{maps.TCP}
-	}
-	var out []maps.Dest
-	for _, a := range addrs {
-		for _, p := range ports {
-			for _, pr := range protos {
-				out = append(out, maps.Dest{Proto: pr, Addr: netip.AddrPortFrom(a.Unmap(), p)})
-			}
-		}
-	}
-	return out
 }
 
 // evictIdle drops the least recently active closed dynamic circuit, in

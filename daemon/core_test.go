@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/breakerd/breakerd/engine"
 	"github.com/breakerd/breakerd/engine/enginetest"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
@@ -196,7 +197,7 @@ func (e *core) transitions(name string) string {
 	return strings.Join(out, " ")
 }
 
-func coreName(port uint16) string { return dynamicName(coreDest(port)) }
+func coreName(port uint16) string { return engine.DynamicName(coreDest(port)) }
 
 // The core's twin of TestScarceIDsAreGivenBackAndWaitedFor, on the fake
 // clock: with ids scarce, a circuit that opens with none is counted,

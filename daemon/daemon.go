@@ -140,7 +140,7 @@ type Daemon struct {
 	lastLostCheck time.Time
 	// kept are the overrides kept in the pinned overrides map, by circuit
 	// name (loadKept, keepOverride).
-	kept map[string]maps.OverrideState
+	kept *engine.Overrides
 	// pages keeps the sorted circuit names for CircuitsPage while the set
 	// of circuits is unchanged (version: registry.version when taken).
 	pages struct {
@@ -799,7 +799,7 @@ func (d *Daemon) rematch() {
 	}
 	for _, class := range d.classList() {
 		for _, name := range sortedKeys(d.cfg.Targets) {
-			for _, dst := range append(staticDests(d.cfg.Targets[name], d.resolved), serviceStaticDests(d.services[name])...) {
+			for _, dst := range append(engine.StaticDests(d.cfg.Targets[name], d.resolved), serviceStaticDests(d.services[name])...) {
 				dst.Class = class
 				if c, _ := d.lookup(dst, now); c != nil {
 					c.enumerated = true
