@@ -598,3 +598,39 @@ func TestCoreLostRoundRecordsAreReconciled(t *testing.T) {
 	e.wantState(9471, policy.HalfOpen)
 	e.wantState(9472, policy.Open)
 }
+
+// A circuit with a bulkhead needs an id for its slot: with none free, a
+// new destination gets no circuit (refused and counted) rather than a
+// limits entry in slot 0, which would share one count among every such
+// destination; once an id is free, its next connect makes the circuit.
+func TestCoreBulkheadNeedsAnID(t *testing.T) {
+	e := newCore(t, `
+all:
+  max_connections: 10
+  consecutive_failures: 2
+`, nil)
+	e.d.reg.ids.SetLimit(3) // ids 1 and 2
+	for _, p := range []uint16{9481, 9482, 9483} {
+		e.ok(p, 1)
+	}
+	limits := e.k.Limits()
+	if len(limits) != 2 || e.k.Calls("PutLimit") != 2 {
+		t.Fatalf("limits %v after %d writes, want two", limits, e.k.Calls("PutLimit"))
+	}
+	for _, p := range []uint16{9481, 9482} {
+		if l := limits[coreDest(p)]; l.Slot == 0 || l.Slot != e.at(p).id || l.MaxConnections != 10 {
+			t.Fatalf("port %d: limits %+v, circuit id %d", p, l, e.at(p).id)
+		}
+	}
+	if e.at(9483) != nil {
+		t.Fatal("a circuit with a bulkhead and no id")
+	}
+	if n := testutil.ToFloat64(e.d.metrics.circuitsRefused.WithLabelValues(allTarget)); n != 1 {
+		t.Fatalf("refused %v, want 1", n)
+	}
+	e.d.reg.ids.SetLimit(4) // id 3 comes free
+	e.ok(9483, 1)
+	if c := e.at(9483); c == nil || c.id != 3 || e.k.Limits()[coreDest(9483)].Slot != 3 {
+		t.Fatalf("9483 once id 3 is free: %v, limits %+v", c, e.k.Limits()[coreDest(9483)])
+	}
+}
