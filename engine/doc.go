@@ -3,28 +3,31 @@
 // fed and served, so that each decision can be tested without root and
 // without real time.
 //
-// The engine reaches the kernel only through Kernel, the handful of map
-// operations the core truly uses (*maps.Kernel implements it; tests use
-// enginetest.Kernel, which counts its calls so a test can wait for a
-// positive signal instead of sleeping), and reads the time only through a
-// Clock (enginetest.Clock in tests).
+// The core reaches the kernel only through Kernel, the map operations it
+// truly uses (*maps.Kernel implements it; tests use enginetest.Kernel,
+// which counts its calls so that a test can wait for a positive signal
+// instead of sleeping), and reads the time only through a Clock
+// (enginetest.Clock in tests).
 //
-// The cut, in the order it is made (each step builds and passes):
+// What the package holds: the destination index (DestIndex), circuit ids
+// and the rules of their seating (IDs), the overrides kept across
+// restarts (Overrides), circuit names and a target's enumerable
+// destinations. The daemon's registry holds a DestIndex and an IDs, and
+// the daemon's core methods (daemon/circuits.go, answered.go,
+// bulkheads.go, and handle, apply and tick in daemon.go) use Kernel and
+// Clock, so daemon/core_test.go runs them on the fakes.
 //
-//  1. The parts with no knowledge of a circuit: the destination index
-//     (DestIndex) and the circuit ids with their seating rules (IDs), the
-//     Kernel interface and the Clock. The daemon's registry holds them.
-//  2. The daemon's core files reach the kernel through Kernel and the
-//     time through Clock, so the daemon's decisions (id scarcity,
-//     unenforced circuits, eviction, overrides) run against a fake
-//     kernel and a fake clock in its own tests.
-//  3. The circuit type, the registry with its LRU and name parsing, the
-//     handling of an outcome record, applying a transition and writing
-//     verdicts (daemon/circuits.go, events.go, answered.go,
-//     responses.go, bulkheads.go, rejections.go) move here whole, as an
-//     Engine type that owns that state. It publishes snapshots for the
-//     admin API, metrics and the status page, and is driven by the
-//     reader's goroutine.
+// The cut still to make, in steps that each build and pass:
+//
+//   - The circuit type, the registry with its LRU, handling an outcome
+//     record, applying a transition and writing verdicts move here as an
+//     Engine that owns that state. A circuit carries its target's
+//     Prometheus series today, so the engine first needs its own
+//     metrics seam (counters it exports, which the daemon's collectors
+//     read).
+//   - The engine is driven by the reader's goroutine alone and publishes
+//     snapshots for the admin API, the metrics and the status page,
+//     which then no longer take its lock.
 //
 // What stays in the daemon: start-up and adoption of pinned state, the
 // heartbeat, reload (it hands the engine a new configuration), the
