@@ -89,17 +89,18 @@ type Options struct {
 
 // Daemon is a running breakerd.
 type Daemon struct {
-	opts Options
-	log  *slog.Logger
-	k    *maps.Kernel
-	// kernel is k as the core sees it (circuits, ids, verdicts, limits,
-	// answered words, overrides), and clock its time: fakes in the tests
-	// of its decisions (engine/enginetest).
-	kernel  engine.Kernel
-	clock   engine.Clock
+	opts    Options
+	log     *slog.Logger
+	k       *maps.Kernel
 	metrics *metrics
 	rand    func() float64
 	beat    beat // the heartbeat's own state and lock, apart from mu
+
+	// kernel is k as the core sees it (circuits, ids, verdicts, limits,
+	// answered words, overrides), and clock its time: fakes in the tests
+	// of its decisions (engine/enginetest).
+	kernel engine.Kernel
+	clock  engine.Clock
 
 	mu       sync.Mutex // guards everything below
 	cfg      *policy.Config
