@@ -634,3 +634,42 @@ all:
 		t.Fatalf("9483 once id 3 is free: %v, limits %+v", c, e.k.Limits()[coreDest(9483)])
 	}
 }
+
+// An endpoint seen only in traffic leaves its group once closed and idle
+// for endpointIdle (the tick's sweep, every tenth of it), while one
+// enumerated from the target's match stays, idle or not.
+func TestCoreIdleEndpointLeavesItsGroup(t *testing.T) {
+	e := newCore(t, `
+targets:
+  wide:
+    match: {cidrs: [SRV], ports: ["8000-9000"]}
+    scope: endpoint
+    consecutive_failures: 2
+  pinned:
+    match: {cidrs: [SRV], ports: ["9001"]}
+    scope: endpoint
+    consecutive_failures: 2
+`, nil)
+	e.ok(8500, 1)
+	if e.at(8500) == nil || e.at(9001) == nil {
+		t.Fatal("no endpoint circuits")
+	}
+	count := func(group string) int { n, _ := e.d.reg.groups[group].Counts(); return n }
+	if count("wide") != 1 || count("pinned") != 1 {
+		t.Fatalf("endpoints: wide %d, pinned %d, want 1 each", count("wide"), count("pinned"))
+	}
+	e.clk.Advance(endpointIdle - time.Second)
+	e.tick()
+	if e.d.lastSweep != e.clk.Now() || e.at(8500) == nil {
+		t.Fatalf("swept at %v (now %v): the endpoint left before endpointIdle, or no sweep ran", e.d.lastSweep, e.clk.Now())
+	}
+	// The sweep runs every tenth of endpointIdle.
+	e.clk.Advance(endpointIdle / 10)
+	e.tick()
+	if e.at(8500) != nil || count("wide") != 0 {
+		t.Fatalf("idle endpoint stayed: circuit %v, %d in its group", e.at(8500), count("wide"))
+	}
+	if e.at(9001) == nil || count("pinned") != 1 {
+		t.Fatal("an enumerated endpoint left its group")
+	}
+}
