@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/breakerd/breakerd/api"
+	"github.com/breakerd/breakerd/engine"
 	"io"
 	"net"
 	"net/http"
@@ -58,63 +60,8 @@ const (
 	tcpSendBuffer = 64 << 10
 )
 
-// CircuitInfo is one circuit as /v1/circuits reports it.
-type CircuitInfo struct {
-	Name                string    `json:"name"`
-	Target              string    `json:"target"`
-	Workload            string    `json:"workload"`
-	Scope               string    `json:"scope"`
-	State               string    `json:"state"`
-	FailureRate         float64   `json:"failure_rate"`
-	SlowRate            float64   `json:"slow_rate"`
-	Calls               int       `json:"calls"`
-	Failures            int       `json:"failures"`
-	Slow                int       `json:"slow"`
-	ConsecutiveFailures int       `json:"consecutive_failures"`
-	OpenUntil           time.Time `json:"open_until,omitzero"`
-	ProbesLeft          *int32    `json:"probes_left,omitempty"`
-	Trip                int       `json:"trip"`
-	// Destinations lists up to 32 of the destinations the circuit's
-	// verdict covers (sorted); DestinationsTotal counts them all.
-	Destinations      []string `json:"destinations"`
-	DestinationsTotal int      `json:"destinations_total"`
-	CircuitID         uint32   `json:"circuit_id"`
-	// Unenforced is set on a rejecting circuit whose verdicts are not all
-	// in the kernel (no circuit id free, or no room in the verdict map):
-	// the destinations without one are not rejected until the tick
-	// writes them (breakerd_circuits_unenforced counts such circuits).
-	Unenforced       bool           `json:"unenforced,omitempty"`
-	Rejected         uint64         `json:"rejected"`
-	ShadowRejected   uint64         `json:"shadow_rejected"`
-	BulkheadRejected uint64         `json:"bulkhead_rejected"`
-	Connections      int64          `json:"connections"`
-	Connecting       int64          `json:"connecting"`
-	Options          map[string]any `json:"options"`
-	// FailedPods are the pods ("namespace/name") whose connections to the
-	// circuit failed most recently (at most 8), where breakerd knows the
-	// cgroup's pod (Kubernetes API access and the kubelet's cgroup
-	// layout).
-	FailedPods []string `json:"failed_pods,omitempty"`
-	// Bulkheads are the bulkheads of the workloads sharing the circuit,
-	// by workload: each workload's connections are counted and limited
-	// apart (connections, connecting and bulkhead_rejected above include
-	// them). Absent for an isolated workload's circuit and without a
-	// workloads list.
-	Bulkheads map[string]BulkheadCount `json:"bulkheads,omitempty"`
-	// With close_established: how this kernel closes the circuit's
-	// established connections when it opens (bpf_sock_destroy, sock_diag,
-	// or none: they stay open), and how many its passes closed since the
-	// daemon started.
-	CloseMechanism    string `json:"close_mechanism,omitempty"`
-	ClosedEstablished uint64 `json:"closed_established,omitempty"`
-	// RejectedBy are the pods (or, for cgroups that are no known pod's,
-	// the cgroups) the circuit turned away and how often, open
-	// (rejected) or by its bulkhead (bulkhead_rejected), most first, at
-	// most 32; RejectedByTotal counts them all. Counted by the kernel per
-	// cgroup as it rejects, read every second.
-	RejectedBy      []RejectedBy `json:"rejected_by,omitempty"`
-	RejectedByTotal int          `json:"rejected_by_total,omitempty"`
-}
+// CircuitInfo is api.CircuitInfo.
+type CircuitInfo = api.CircuitInfo
 
 // circuitSnap is what is copied of a circuit under the lock; complete
 // turns it into a CircuitInfo outside the lock.
@@ -172,16 +119,16 @@ func (d *Daemon) complete(s circuitSnap, names *cgroupNamer) CircuitInfo {
 		// One budget per circuit: the tokens left in its current round,
 		// all of them when the round has not begun.
 		left := int32(s.opts.HalfOpenProbes)
-		if b, err := d.k.Budget(ci.CircuitID); err == nil && b.Round == s.round {
+		if b, err := d.kernel.Budget(ci.CircuitID); err == nil && b.Round == s.round {
 			left = int32(b.Tokens)
 		}
 		ci.ProbesLeft = &left
 	}
 	if ci.CircuitID != 0 { // 0: a dynamic circuit that never rejected has nothing in the kernel
-		if cnt, err := d.k.Counters(ci.CircuitID); err == nil {
+		if cnt, err := d.kernel.Counters(ci.CircuitID); err == nil {
 			ci.Rejected, ci.ShadowRejected, ci.BulkheadRejected = cnt.Rejected, cnt.ShadowRejected, cnt.BulkheadRejected
 		}
-		if b, err := d.k.BulkCount(ci.CircuitID); err == nil {
+		if b, err := d.kernel.BulkCount(ci.CircuitID); err == nil {
 			ci.Connections, ci.Connecting = b.Connections, b.Connecting
 		}
 	}
@@ -281,7 +228,7 @@ func (d *Daemon) sortedNames(stale bool) []string {
 	names := make([]string, 0, len(named)+len(dynamic))
 	names = append(names, named...)
 	for _, x := range dynamic {
-		names = append(names, classed(dynamicName(x.dst), x.workload))
+		names = append(names, engine.Classed(engine.DynamicName(x.dst), x.workload))
 	}
 	slices.Sort(names)
 	d.pages.mu.Lock()

@@ -82,7 +82,7 @@ func (d *Daemon) batchOf(c *circuit, o *policy.Options) (batch, bool) {
 // c (prev). The caller holds d.mu.
 func (d *Daemon) retireBatch(c *circuit) {
 	b := d.batched[c]
-	if err := d.k.FlushAnswered([]uint32{b.id}); err != nil {
+	if err := d.kernel.FlushAnswered([]uint32{b.id}); err != nil {
 		d.errorEverySecond("answered", "writing out a circuit's counted successes before its options change (they are dropped)", "circuit", c.name(), "err", err)
 	}
 	if _, err := d.nextAnsweredEpoch(b.id); err != nil {
@@ -115,7 +115,7 @@ func (d *Daemon) retirePinnedBatches(limits map[maps.Dest]maps.Limit) {
 // made anew, perhaps beside sockets marked under the one it replaced)
 // starts at a random epoch, which such a socket is unlikely to carry.
 func (d *Daemon) nextAnsweredEpoch(id uint32) (uint32, error) {
-	cur, _, err := d.k.Answered(id)
+	cur, _, err := d.kernel.Answered(id)
 	if err != nil {
 		return 0, err
 	}
@@ -126,7 +126,7 @@ func (d *Daemon) nextAnsweredEpoch(id uint32) (uint32, error) {
 	if next >= maps.AnsweredEpochs {
 		next = 1
 	}
-	if err := d.k.SetAnswered(id, next); err != nil {
+	if err := d.kernel.SetAnswered(id, next); err != nil {
 		return 0, err
 	}
 	return next, nil
@@ -176,10 +176,8 @@ func (d *Daemon) creditAnswered(ev *maps.Event, now time.Time) {
 		return
 	}
 	n := ev.AnsweredCount()
-	c.metrics.responseCounter(respAnswered).Add(float64(n))
-	for range n {
-		d.record(c, policy.Result{Kind: policy.Answered}, now)
-	}
+	c.metrics.responseCounter(policy.ResponseAnswered).Add(float64(n))
+	d.record(c, policy.Result{Kind: policy.Answered}, int(n), now)
 }
 
 // flushAnswered has the kernel write out the successes counted for every
@@ -193,7 +191,7 @@ func (d *Daemon) flushAnswered() {
 		if d.batched[c].off {
 			continue
 		}
-		if _, n, err := d.k.Answered(id); err == nil && n > 0 {
+		if _, n, err := d.kernel.Answered(id); err == nil && n > 0 {
 			ids = append(ids, id)
 		}
 	}
@@ -201,7 +199,7 @@ func (d *Daemon) flushAnswered() {
 	if len(ids) == 0 {
 		return
 	}
-	if err := d.k.FlushAnswered(ids); err != nil {
+	if err := d.kernel.FlushAnswered(ids); err != nil {
 		d.errorEverySecond("answered-flush", "writing out counted successes (they stay counted for the next try)", "err", err)
 	}
 }

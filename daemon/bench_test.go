@@ -8,7 +8,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/breakerd/breakerd/maps"
 )
@@ -111,7 +110,7 @@ func BenchmarkCircuitFootprint(b *testing.B) {
 				d.mu.Unlock()
 				runtime.GC()
 				runtime.ReadMemStats(&after)
-				index := uintptr(len(d.reg.byDest.slots)) * unsafe.Sizeof(destSlot{})
+				index := d.reg.byDest.Bytes()
 				b.ReportMetric((float64(after.HeapAlloc-before.HeapAlloc)+float64(index))/float64(n), "bytes/circuit")
 				f.stop()
 			}

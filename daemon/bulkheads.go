@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"github.com/breakerd/breakerd/api"
 	"sort"
 
 	"github.com/breakerd/breakerd/maps"
@@ -104,7 +105,7 @@ func (d *Daemon) syncBulkSlots(c *circuit) {
 		}
 		dst.Class = k
 		name := bulkSlotName(c, w)
-		id, inherited, ok := d.reg.ids.alloc(name, dst)
+		id, inherited, ok := d.reg.ids.Alloc(name, dst)
 		if !ok {
 			d.metrics.circuitsRefused.WithLabelValues(c.target()).Inc()
 			d.log.Error("no circuit id free for a workload's bulkhead; its connections are not limited", "circuit", c.name(), "workload", w)
@@ -112,8 +113,8 @@ func (d *Daemon) syncBulkSlots(c *circuit) {
 		}
 		var epoch uint32
 		if inherited {
-			epoch = d.reg.ids.pinnedEpoch(id) // its rejected cgroups carry on
-		} else if err := d.k.ResetCounters(id); err != nil {
+			epoch = d.reg.ids.PinnedEpoch(id) // its rejected cgroups carry on
+		} else if err := d.kernel.ResetCounters(id); err != nil {
 			d.log.Warn("resetting counters", "circuit", name, "err", err)
 		}
 		if epoch == 0 {
@@ -132,13 +133,13 @@ func (d *Daemon) releaseBulkSlot(c *circuit, s bulkSlot) {
 	if d.reg.recording[s.id] == c {
 		delete(d.reg.recording, s.id)
 	}
-	d.reg.ids.release(s.id, bulkSlotName(c, s.workload))
+	d.reg.ids.Release(s.id, bulkSlotName(c, s.workload))
 }
 
 // retire adds the kernel counts of slot id to target's retired counters,
 // so the per-target counters never go down when a circuit goes.
 func (d *Daemon) retire(target string, id uint32) {
-	if cnt, err := d.k.Counters(id); err == nil {
+	if cnt, err := d.kernel.Counters(id); err == nil {
 		r := d.retired[target]
 		r.Rejected += cnt.Rejected
 		r.ShadowRejected += cnt.ShadowRejected
@@ -181,7 +182,7 @@ func (d *Daemon) deleteLimits(c *circuit, dst maps.Dest) {
 		}
 	}
 	for _, k := range keys {
-		if err := d.k.DeleteLimit(k); err != nil {
+		if err := d.kernel.DeleteLimit(k); err != nil {
 			d.log.Warn("deleting bulkhead limits", "circuit", c.name(), "dest", k, "err", err)
 		}
 	}
@@ -200,13 +201,8 @@ func (c *circuit) bulkSlots() []bulkSlot {
 	return out
 }
 
-// BulkheadCount is one workload's bulkhead of a shared circuit, as
-// /v1/circuits reports it.
-type BulkheadCount struct {
-	Connections      int64  `json:"connections"`
-	Connecting       int64  `json:"connecting"`
-	BulkheadRejected uint64 `json:"bulkhead_rejected"`
-}
+// BulkheadCount is api.BulkheadCount.
+type BulkheadCount = api.BulkheadCount
 
 // completeBulkheads adds the sharing workloads' bulkheads to ci: each by
 // workload name, and into the circuit's totals.
@@ -217,10 +213,10 @@ func (d *Daemon) completeBulkheads(ci *CircuitInfo, slots []bulkSlot) {
 	ci.Bulkheads = map[string]BulkheadCount{}
 	for _, s := range slots {
 		var b BulkheadCount
-		if cnt, err := d.k.Counters(s.id); err == nil {
+		if cnt, err := d.kernel.Counters(s.id); err == nil {
 			b.BulkheadRejected = cnt.BulkheadRejected
 		}
-		if n, err := d.k.BulkCount(s.id); err == nil {
+		if n, err := d.kernel.BulkCount(s.id); err == nil {
 			b.Connections, b.Connecting = n.Connections, n.Connecting
 		}
 		ci.Bulkheads[s.workload] = b

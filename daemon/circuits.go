@@ -4,12 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"net/netip"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/breakerd/breakerd/engine"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
@@ -102,7 +102,7 @@ func (c *circuit) name() string {
 	if c.isNamed() {
 		return c.extra.name
 	}
-	return classed(dynamicName(c.first[0]), c.workload())
+	return engine.Classed(engine.DynamicName(c.first[0]), c.workload())
 }
 
 // workload is policy.SharedWorkload, or the isolated workload whose
@@ -151,13 +151,13 @@ func (d *Daemon) sweepDepartedEndpoints(now time.Time) {
 // queued, from whose front eviction takes its victim (second chance, see
 // evictIdle).
 type registry struct {
-	byName    map[string]*circuit // named circuits only: use get and all
-	byDest    destIndex           // use at() to look up
+	byName    map[string]*circuit       // named circuits only: use get and all
+	byDest    engine.DestIndex[circuit] // use at() to look up
 	active    map[*circuit]struct{}
 	endpoints map[*circuit]struct{}
 	idle      idleList
 	groups    map[string]*policy.Group
-	ids       *ids
+	ids       *engine.IDs
 	classes   *policy.Classes // the daemon's, for the names of isolated workloads' circuits
 	version   uint64          // counts the changes of byDest and byName
 	dynamic   int
@@ -173,9 +173,17 @@ type registry struct {
 	nextEpoch uint32
 }
 
-func newRegistry(k *maps.Kernel) *registry {
+// idLimitForTest, when not 0, is the number of ids a new daemon has
+// (tests that run out of ids at start-up).
+var idLimitForTest uint32
+
+func newRegistry(k engine.Kernel) *registry {
+	limit := uint32(maps.MaxCircuitIDs)
+	if idLimitForTest != 0 {
+		limit = idLimitForTest
+	}
 	return &registry{byName: map[string]*circuit{}, groups: map[string]*policy.Group{},
-		active: map[*circuit]struct{}{}, endpoints: map[*circuit]struct{}{}, ids: newIDs(k), recording: map[uint32]*circuit{}}
+		active: map[*circuit]struct{}{}, endpoints: map[*circuit]struct{}{}, ids: engine.NewIDs(k, limit), recording: map[uint32]*circuit{}}
 }
 
 // get returns the circuit named name.
@@ -184,7 +192,7 @@ func (r *registry) get(name string) (*circuit, bool) {
 		return c, true
 	}
 	// A dynamic circuit: its destination's name, and @workload for an
-	// isolated workload's (see classed).
+	// isolated workload's (see engine.Classed).
 	base, class := name, policy.Class(0)
 	if i := strings.LastIndexByte(name, '@'); i >= 0 && r.classes != nil {
 		w := name[i+1:]
@@ -194,7 +202,7 @@ func (r *registry) get(name string) (*circuit, bool) {
 		}
 		base = name[:i]
 	}
-	if dst, ok := parseDynamicName(base); ok {
+	if dst, ok := engine.ParseDynamicName(base); ok {
 		dst.Class = uint8(class)
 		if c, ok := r.at(dst); ok && !c.isNamed() {
 			return c, true
@@ -211,7 +219,7 @@ func (r *registry) all() iter.Seq[*circuit] {
 				return
 			}
 		}
-		for _, c := range r.byDest.all() {
+		for _, c := range r.byDest.All() {
 			if !c.isNamed() && !yield(c) {
 				return
 			}
@@ -224,7 +232,7 @@ func (r *registry) count() int { return len(r.byName) + r.dynamic }
 
 // at returns the circuit of destination dst.
 func (r *registry) at(dst maps.Dest) (*circuit, bool) {
-	c := r.byDest.get(dst.Compact())
+	c := r.byDest.Get(dst.Compact())
 	return c, c != nil
 }
 
@@ -295,41 +303,6 @@ func (l *idleList) remove(c *circuit) {
 	c.prev, c.next, c.inIdle = nil, nil, false
 }
 
-func dynamicName(d maps.Dest) string { return d.Shared().String() }
-
-// parseDynamicName reads a dynamic circuit's name (tcp/addr:port,
-// udp/addr:port) back into its destination.
-func parseDynamicName(name string) (maps.Dest, bool) {
-	proto, addr, ok := strings.Cut(name, "/")
-	if !ok {
-		return maps.Dest{}, false
-	}
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil {
-		return maps.Dest{}, false
-	}
-	d := maps.Dest{Addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())}
-	switch proto {
-	case "tcp":
-		d.Proto = maps.TCP
-	case "udp":
-		d.Proto = maps.UDP
-	default:
-		return maps.Dest{}, false
-	}
-	return d, dynamicName(d) == name
-}
-
-func endpointName(target string, d maps.Dest) string { return target + "/" + d.Addr.String() }
-
-// classed names the circuit of an isolated workload: name@workload.
-func classed(name, workload string) string {
-	if workload == policy.SharedWorkload {
-		return name
-	}
-	return name + "@" + workload
-}
-
 // matcherOf returns the matcher of a destination's class and its
 // workload; nil for a class no workload has (a stale key).
 func (d *Daemon) matcherOf(class uint8) (*policy.Matcher, string) {
@@ -372,7 +345,7 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) (c *circuit, made bool) {
 	if label == "" {
 		label = allTarget
 	}
-	if !d.reg.adopting && d.reg.byDest.len() >= cfg.MaxCircuits && !d.evictIdle() {
+	if !d.reg.adopting && d.reg.byDest.Len() >= cfg.MaxCircuits && !d.evictIdle() {
 		d.metrics.circuitsRefused.WithLabelValues(label).Inc()
 		return nil, false
 	}
@@ -388,12 +361,12 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) (c *circuit, made bool) {
 	t := cfg.Targets[target]
 	switch t.Scope {
 	case policy.EndpointScope:
-		name := classed(endpointName(target, dst), workload)
+		name := engine.Classed(engine.EndpointName(target, dst), workload)
 		c, ok := d.reg.byName[name]
 		made := !ok
 		if !ok {
 			// One endpoint group per target and workload.
-			group := classed(target, workload)
+			group := engine.Classed(target, workload)
 			g := d.reg.groups[group]
 			if g == nil {
 				g = policy.NewGroup(t.MaxEjectionPercent)
@@ -407,7 +380,7 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) (c *circuit, made bool) {
 		d.attach(c, dst)
 		return c, made
 	default:
-		name := classed(target, workload)
+		name := engine.Classed(target, workload)
 		c, ok := d.reg.byName[name]
 		made := !ok
 		if !ok {
@@ -427,15 +400,15 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 	workload := d.classes.Name(policy.Class(dst.Class))
 	dynamic := name == ""
 	if dynamic {
-		name = classed(dynamicName(dst), workload)
+		name = engine.Classed(engine.DynamicName(dst), workload)
 	}
 	// A dynamic circuit without limits entries takes its kernel id when it
 	// first rejects (ensureID), unless it inherits one now.
 	var id uint32
 	var inherited bool
-	if !dynamic || needsLimitEntry(o) || d.reg.ids.pinnedFor(dst) {
+	if !dynamic || needsLimitEntry(o) || d.reg.ids.PinnedFor(dst) {
 		var ok bool
-		id, inherited, ok = d.reg.ids.alloc(name, dst)
+		id, inherited, ok = d.reg.ids.Alloc(name, dst)
 		if !ok {
 			d.metrics.circuitsRefused.WithLabelValues(target).Inc()
 			// At most a line a second a target: every new destination
@@ -446,8 +419,8 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 	}
 	// An override set through the API before a restart (or before the
 	// circuit was last dropped and made again) comes back.
-	if kept, ok := d.kept[name]; ok {
-		ov = policyOverride(kept)
+	if kept, ok := d.kept.Get(name); ok {
+		ov = kept
 	}
 	c := &circuit{endpoint: scope == policy.EndpointScope, id: id, metrics: d.metrics.forTarget(target, workload)}
 	c.first[0] = dst
@@ -483,13 +456,13 @@ func (d *Daemon) seat(c *circuit, id uint32, inherited bool) {
 		d.reg.recording[id] = c // its rejections are recorded under its id
 	}
 	if !inherited {
-		if err := d.k.ResetCounters(id); err != nil {
+		if err := d.kernel.ResetCounters(id); err != nil {
 			d.log.Warn("resetting counters", "circuit", c.name(), "err", err)
 		}
-	} else if e := d.reg.ids.pinnedEpoch(id); e != 0 {
+	} else if e := d.reg.ids.PinnedEpoch(id); e != 0 {
 		d.setEpoch(c, e) // its rejections carry on with its counters
 	}
-	if b, err := d.k.Budget(id); err == nil {
+	if b, err := d.kernel.Budget(id); err == nil {
 		if c.machine.State().Rejects() {
 			c.machine.RoundAfter(b.Round)
 		} else {
@@ -506,7 +479,7 @@ func (d *Daemon) ensureID(c *circuit) bool {
 	if c.id != 0 {
 		return true
 	}
-	id, inherited, ok := d.reg.ids.alloc(c.name(), c.first[0])
+	id, inherited, ok := d.reg.ids.Alloc(c.name(), c.first[0])
 	if !ok {
 		return false
 	}
@@ -524,7 +497,7 @@ func (d *Daemon) ensureID(c *circuit) bool {
 // count of rejections, and whom it rejected, start again if it opens
 // again.
 func (d *Daemon) releaseID(c *circuit) {
-	if c.id == 0 || c.isNamed() || needsLimitEntry(c.machine.Options()) || c.machine.State() != policy.Closed || !d.reg.ids.scarce() {
+	if c.id == 0 || c.isNamed() || needsLimitEntry(c.machine.Options()) || c.machine.State() != policy.Closed || !d.reg.ids.Scarce() {
 		return
 	}
 	d.retire(c.target(), c.id)
@@ -533,7 +506,7 @@ func (d *Daemon) releaseID(c *circuit) {
 	if c.extra != nil {
 		c.extra.epoch = 0
 	}
-	d.reg.ids.release(c.id, c.name())
+	d.reg.ids.Release(c.id, c.name())
 	c.id = 0
 }
 
@@ -634,45 +607,17 @@ func (d *Daemon) errorEverySecond(key, msg string, args ...any) {
 	d.log.Error(msg, args...)
 }
 
-// keptOverrides maps the API's overrides to the pinned map's states.
-var keptOverrides = map[policy.Override]maps.OverrideState{
-	policy.ForceOpen: maps.OverrideForcedOpen, policy.ForceClosed: maps.OverrideForcedClosed, policy.DisableState: maps.OverrideDisabled,
-}
-
-func policyOverride(s maps.OverrideState) policy.Override {
-	for o, k := range keptOverrides {
-		if k == s {
-			return o
-		}
-	}
-	return policy.NoOverride
-}
-
 // keepOverride records (or, for NoOverride, forgets) c's override set
 // through the API in the pinned overrides map, so it survives a restart.
 func (d *Daemon) keepOverride(c *circuit, o policy.Override) {
-	var err error
-	if k, ok := keptOverrides[o]; ok {
-		if err = d.k.PutOverride(c.name(), k); err == nil {
-			d.kept[c.name()] = k
-		}
-	} else if err = d.k.DeleteOverride(c.name()); err == nil {
-		delete(d.kept, c.name())
-	}
-	if err != nil {
+	if err := d.kept.Keep(c.name(), o); err != nil {
 		d.log.Warn("the override will not survive a restart", "circuit", c.name(), "err", err)
 	}
 }
 
 // loadKept reads the overrides a previous daemon kept in the pinned map
-// (this daemon is its only writer from here on: keepOverride), so a new
-// circuit finds its own without a system call.
-func (d *Daemon) loadKept() {
-	d.kept = map[string]maps.OverrideState{}
-	for name, s := range d.k.Overrides() {
-		d.kept[name] = s
-	}
-}
+// (engine.Overrides).
+func (d *Daemon) loadKept() { d.kept = engine.LoadOverrides(d.kernel) }
 
 // attach adds dst to c; if c already rejects, the new destination's
 // verdict is written at once.
@@ -683,7 +628,7 @@ func (d *Daemon) attach(c *circuit, dst maps.Dest) {
 	if c.isNamed() {
 		c.extra.dests = append(c.extra.dests, dst)
 	}
-	d.reg.byDest.put(dst.Compact(), c)
+	d.reg.byDest.Put(dst.Compact(), c)
 	d.reg.version++
 	if o := c.machine.Options(); needsLimitEntry(o) {
 		d.writeLimit(c, dst)
@@ -716,54 +661,11 @@ func (d *Daemon) writeLimit(c *circuit, dst maps.Dest) {
 	}
 	d.syncBulkSlots(c)
 	for _, e := range d.limitEntries(c, dst) {
-		if err := d.k.PutLimit(e.dst, d.limitFor(c, o, e)); err != nil {
+		if err := d.kernel.PutLimit(e.dst, d.limitFor(c, o, e)); err != nil {
 			d.metrics.verdictWriteErrors.Inc()
 			d.log.Error("writing bulkhead limits (not enforced for this destination)", "circuit", c.name(), "dest", e.dst, "err", err)
 		}
 	}
-}
-
-// staticDests lists the destinations a named target covers that can be
-// enumerated: full-length prefixes (single addresses) and resolved host
-// names, times explicit ports (ranges up to 256 ports). Wider CIDRs and
-// "any port" are covered as destinations are seen.
-func staticDests(t *policy.Target, resolved map[string][]netip.Addr) []maps.Dest {
-	var addrs []netip.Addr
-	for _, p := range t.Match.Prefixes {
-		if p.IsSingleIP() {
-			addrs = append(addrs, p.Addr())
-		}
-	}
-	for _, h := range t.Match.Hosts {
-		addrs = append(addrs, resolved[h]...)
-	}
-	var ports []uint16
-	for _, pr := range t.Match.Ports {
-		if int(pr.Hi)-int(pr.Lo) > 255 {
-			continue
-		}
-		for p := int(pr.Lo); p <= int(pr.Hi); p++ {
-			ports = append(ports, uint16(p))
-		}
-	}
-	var protos []maps.Proto
-	switch t.Match.Proto {
-	case "udp":
-		protos = []maps.Proto{maps.UDP}
-	case "any":
-		protos = []maps.Proto{maps.TCP, maps.UDP}
-	default:
-		protos = []maps.Proto{maps.TCP}
-	}
-	var out []maps.Dest
-	for _, a := range addrs {
-		for _, p := range ports {
-			for _, pr := range protos {
-				out = append(out, maps.Dest{Proto: pr, Addr: netip.AddrPortFrom(a.Unmap(), p)})
-			}
-		}
-	}
-	return out
 }
 
 // evictIdle drops the least recently active closed dynamic circuit, in
@@ -792,11 +694,11 @@ func (d *Daemon) evictIdle() bool {
 // drop forgets a circuit and removes its verdicts.
 func (d *Daemon) drop(c *circuit) {
 	for _, dst := range c.dests() {
-		if err := d.k.DeleteVerdict(dst); err != nil {
+		if err := d.kernel.DeleteVerdict(dst); err != nil {
 			d.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
 		d.deleteLimits(c, dst)
-		d.reg.byDest.del(dst.Compact())
+		d.reg.byDest.Del(dst.Compact())
 		d.reg.version++
 	}
 	// Keep its kernel counts so the per-target counters never go down.
@@ -821,7 +723,7 @@ func (d *Daemon) drop(c *circuit) {
 	}
 	d.forgetEpoch(c)
 	d.unbatch(c)
-	d.reg.ids.release(c.id, c.name())
+	d.reg.ids.Release(c.id, c.name())
 	d.reg.version++ // also for a named circuit left with no destination
 }
 
@@ -875,7 +777,7 @@ func (d *Daemon) partlyEnforced(c *circuit) bool {
 		return false
 	}
 	for _, dst := range c.dests() {
-		if v, ok, err := d.k.Verdict(dst); err == nil && ok && v.CircuitID == c.id {
+		if v, ok, err := d.kernel.Verdict(dst); err == nil && ok && v.CircuitID == c.id {
 			return true
 		}
 	}
@@ -903,11 +805,11 @@ func (d *Daemon) putVerdict(c *circuit, dst maps.Dest, s policy.State, openUntil
 		}
 		v := maps.OpenVerdict(due, round, uint32(o.HalfOpenProbes), o.RejectErrno, c.id)
 		v.Epoch = d.epochOf(c)
-		return d.k.PutVerdict(dst, v)
+		return d.kernel.PutVerdict(dst, v)
 	case policy.ForcedOpen:
-		return d.k.PutVerdict(dst, maps.Verdict{State: maps.ForcedOpen, Errno: o.RejectErrno, CircuitID: c.id, Epoch: d.epochOf(c)})
+		return d.kernel.PutVerdict(dst, maps.Verdict{State: maps.ForcedOpen, Errno: o.RejectErrno, CircuitID: c.id, Epoch: d.epochOf(c)})
 	default:
-		return d.k.DeleteVerdict(dst)
+		return d.kernel.DeleteVerdict(dst)
 	}
 }
 
@@ -928,7 +830,7 @@ func (d *Daemon) orderedCircuits() []*circuit {
 	for _, n := range byName {
 		out = append(out, n.c)
 	}
-	for _, c := range d.reg.byDest.all() {
+	for _, c := range d.reg.byDest.All() {
 		if !c.isNamed() {
 			out = append(out, c)
 		}

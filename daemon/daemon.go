@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/breakerd/breakerd/api"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -35,6 +36,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/breakerd/breakerd/engine"
 	"github.com/breakerd/breakerd/kube"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
@@ -98,6 +100,12 @@ type Daemon struct {
 	rand    func() float64
 	beat    beat // the heartbeat's own state and lock, apart from mu
 
+	// kernel is k as the core sees it (circuits, ids, verdicts, limits,
+	// answered words, overrides), and clock its time: fakes in the tests
+	// of its decisions (engine/enginetest).
+	kernel engine.Kernel
+	clock  engine.Clock
+
 	mu       sync.Mutex // guards everything below
 	cfg      *policy.Config
 	classes  policy.Classes            // the workloads' classes under cfg
@@ -144,7 +152,7 @@ type Daemon struct {
 	lastLostCheck time.Time
 	// kept are the overrides kept in the pinned overrides map, by circuit
 	// name (loadKept, keepOverride).
-	kept map[string]maps.OverrideState
+	kept *engine.Overrides
 	// pages keeps the sorted circuit names for CircuitsPage while the set
 	// of circuits is unchanged (version: registry.version when taken).
 	pages struct {
@@ -184,25 +192,8 @@ type pendingConn struct {
 	round uint32
 }
 
-// TransitionEvent is one transition as the admin API reports it.
-type TransitionEvent struct {
-	Time        time.Time `json:"time"`
-	Circuit     string    `json:"circuit"`
-	Target      string    `json:"target"`
-	Workload    string    `json:"workload"`
-	From        string    `json:"from"`
-	To          string    `json:"to"`
-	Reason      string    `json:"reason"`
-	FailureRate float64   `json:"failure_rate"`
-	SlowRate    float64   `json:"slow_rate"`
-	Calls       int       `json:"calls"`
-	OpenUntil   time.Time `json:"open_until,omitzero"`
-	Trip        int       `json:"trip"`
-	// ClosedEstablished is how many established connections the
-	// transition's close pass closed (close_established), filled in when
-	// the pass is over.
-	ClosedEstablished uint64 `json:"closed_established,omitempty"`
-}
+// TransitionEvent is api.TransitionEvent.
+type TransitionEvent = api.TransitionEvent
 
 const maxEvents = 1000
 
@@ -257,7 +248,7 @@ func New(opts Options) (*Daemon, error) {
 	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	d := &Daemon{
-		opts: opts, log: opts.Logger, rand: rng.Float64,
+		opts: opts, log: opts.Logger, rand: rng.Float64, clock: engine.SystemClock{},
 		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, unenforced: map[*circuit]struct{}{}, unlimited: map[*circuit]struct{}{}, batched: map[*circuit]batch{}, batchedIDs: map[uint32]*circuit{}, errorsLogged: map[string]time.Time{},
 		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{}, retired: map[string]maps.Counters{},
 		endpointIdle: endpointIdle, closeJobs: make(chan closeJob, closeQueue),
@@ -277,7 +268,7 @@ func New(opts Options) (*Daemon, error) {
 		srv.shutdown()
 		return nil, fmt.Errorf("loading the kernel side: %w", err)
 	}
-	d.k, d.reg, d.servers = k, newRegistry(k), srv
+	d.k, d.kernel, d.reg, d.servers = k, k, newRegistry(k), srv
 	d.reg.classes = &d.classes
 	if d.scope, err = newCgroupWatch(k, opts.Logger, opts.Cgroup); err == nil {
 		err = d.start(cfg)
@@ -306,7 +297,7 @@ func configName(p string) string {
 	return p
 }
 
-func (d *Daemon) now() time.Time { return time.Now() }
+func (d *Daemon) now() time.Time { return d.clock.Now() }
 
 // Kernel returns the daemon's kernel side (for tests and breakerctl).
 func (d *Daemon) Kernel() *maps.Kernel { return d.k }
@@ -416,7 +407,7 @@ const prefetchChunk = 256
 // each chunk is first walked with loads that do not depend on one
 // another, which the CPU overlaps, and then handled from warm caches.
 func (d *Daemon) handleBatch(evs []maps.Event, now time.Time) {
-	if len(evs) < 2 || d.reg.byDest.len() < prefetchFrom {
+	if len(evs) < 2 || d.reg.byDest.Len() < prefetchFrom {
 		for i := range evs {
 			d.handle(&evs[i], now, nil)
 		}
@@ -457,22 +448,22 @@ func (d *Daemon) warm(evs []maps.Event, found []*circuit) {
 	var keys [prefetchChunk]maps.DestKey
 	var hs [prefetchChunk]uint32
 	x := &d.reg.byDest
-	if x.len() == 0 {
+	if x.Len() == 0 {
 		clear(found)
 		return
 	}
 	var sum uintptr
 	for i := range evs {
 		keys[i] = evs[i].Dest.Compact()
-		hs[i] = x.hash(&keys[i])
+		hs[i] = x.Hash(&keys[i])
 	}
 	// Loops of loads alone: the CPU has as many of them in flight as
 	// it can keep misses outstanding.
 	for _, h := range hs[:len(evs)] {
-		sum += x.touch(h)
+		sum += x.Touch(h)
 	}
 	for i := range evs {
-		found[i] = x.getHashed(&keys[i], hs[i])
+		found[i] = x.GetHashed(&keys[i], hs[i])
 	}
 	for i, c := range found {
 		if c != nil {
@@ -542,49 +533,33 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 		delete(d.counted, ev.Cookie)
 		return
 	}
-	var r policy.Result
+	r := policy.Result{Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
 	switch ev.Outcome {
 	case maps.Established:
-		r = policy.Result{Kind: policy.Success, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
+		r.Kind = policy.Success
 		tm.handshake.Observe(ev.Duration.Seconds())
 		if c.machine.Options().ResetFailureWindow > 0 {
 			d.recent.add(ev.Cookie, ev.Time)
 		}
-		if c.machine.Options().Responses.Followed() {
-			return // its requests are the calls (and a probe's first response its result)
-		}
 	case maps.Abandoned:
-		r = policy.Result{Kind: policy.Abandoned, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
-		if ev.Duration >= c.machine.Options().ConnectTimeout {
-			// The client gave up no earlier than connect_timeout: the
-			// destination did not answer in time, which is a timeout
-			// whoever noticed first (clients often give up at about
-			// the same second as the kernel's first SYN retransmission).
-			r.Kind = policy.Failure
-		}
+		r.Kind = policy.Abandoned
 	case maps.Reset:
-		// A reset counts only soon after connect: later ones are most
-		// often idle timeouts of pooled connections (NATs, load
-		// balancers), not a failing service.
-		age := ev.Duration
+		r.Kind = policy.Reset
 		if ev.NoAge {
 			// Dated by its established record, above (the handshake
 			// time is within the window's precision).
-			age = ev.Time - resetAt
+			r.Duration = ev.Time - resetAt
 		}
-		if w := c.machine.Options().ResetFailureWindow; age > w || w == 0 {
-			return
-		}
-		r = policy.Result{Kind: policy.Failure, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
 	case maps.Refused, maps.TimedOut, maps.Unreachable, maps.Stalled, maps.Error:
-		r = policy.Result{Kind: policy.Failure, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
+		r.Kind = policy.Failure
 	default:
 		return
 	}
-	if r.Kind == policy.Failure {
+	call := policy.Classify(c.machine.Options(), r)
+	if call.Failed {
 		c.noteFailedCgroup(ev.CgroupID) // kube.go: the pods that saw failures
 	}
-	if t, moved := c.machine.Record(now, r); moved {
+	if t, moved := c.machine.RecordCall(now, r, call); moved {
 		d.apply(c, t)
 	} else if c.inIdle && known {
 		c.referenced = true // see evictIdle
@@ -683,7 +658,7 @@ func (d *Daemon) tick(now time.Time) {
 		d.lastLostCheck = now
 		d.retryUnenforced()
 		d.dropIdlePages()
-		if st, err := d.k.Stats(); err == nil && st.EventsLost != d.lostSeen {
+		if st, err := d.kernel.Stats(); err == nil && st.EventsLost != d.lostSeen {
 			d.lostSeen = st.EventsLost
 			d.reconcileRounds(now)
 		}
@@ -704,7 +679,7 @@ func (d *Daemon) reconcileRounds(now time.Time) {
 		if c.id == 0 {
 			continue // no verdict: nothing of it in the kernel
 		}
-		b, err := d.k.Budget(c.id)
+		b, err := d.kernel.Budget(c.id)
 		if err != nil || b.Round != c.machine.Round() {
 			continue
 		}
@@ -727,7 +702,7 @@ func (d *Daemon) reconcileRounds(now time.Time) {
 func (d *Daemon) applyConfig(cfg *policy.Config) {
 	old, oldClasses := d.cfg, d.classes
 	d.cfg = cfg
-	d.reg.byDest.reserve(cfg.MaxCircuits)
+	d.reg.byDest.Reserve(cfg.MaxCircuits)
 	if cfg.MaxCircuits > policy.GuaranteedCircuits && (old == nil || old.MaxCircuits <= policy.GuaranteedCircuits) {
 		d.log.Warn("max_circuits is above the number of circuits that can all reject at once; a circuit that opens when the kernel has no circuit id or verdict entry left is not enforced, logged and counted in breakerd_verdict_write_errors_total",
 			"max_circuits", cfg.MaxCircuits, "guaranteed", policy.GuaranteedCircuits)
@@ -839,7 +814,7 @@ func (d *Daemon) rematch() {
 	}
 	for _, class := range d.classList() {
 		for _, name := range sortedKeys(d.cfg.Targets) {
-			for _, dst := range append(staticDests(d.cfg.Targets[name], d.resolved), serviceStaticDests(d.services[name])...) {
+			for _, dst := range append(engine.StaticDests(d.cfg.Targets[name], d.resolved), serviceStaticDests(d.services[name])...) {
 				dst.Class = class
 				if c, _ := d.lookup(dst, now); c != nil {
 					c.enumerated = true

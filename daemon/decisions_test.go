@@ -49,7 +49,7 @@ targets:
 		c, _ := f.circuit("late")
 		t.Fatalf("late: %+v", c)
 	}
-	time.Sleep(200 * time.Millisecond)
+	f.waitOutcomes("reset", "late", 3) // the resets were handled
 	if c, _ := f.circuit("late"); c.State != "closed" || c.Failures != 0 || c.Calls != 3 {
 		t.Fatalf("resets after reset_failure_window counted: %+v", c)
 	}
@@ -131,7 +131,7 @@ targets:
 	if !kerneltest.WaitFor(2*time.Second, func() bool { return state(8101) == "open" }) {
 		t.Fatalf("first endpoint not ejected: %v", f.d.Circuits())
 	}
-	time.Sleep(100 * time.Millisecond)
+	f.waitOutcomes("refused", "pay", 3) // every endpoint's failure was handled
 	if state(8102) != "closed" || state(8103) != "closed" {
 		t.Fatalf("more than one of three ejected at 34%%: %s %s", state(8102), state(8103))
 	}
@@ -147,7 +147,7 @@ targets:
 		t.Fatalf("after raising max_ejection_percent to 67 the second endpoint is %s", state(8102))
 	}
 	f.dial(8103, 1, 0)
-	time.Sleep(200 * time.Millisecond)
+	f.waitOutcomes("refused", "pay", 5)
 	if state(8103) != "closed" {
 		t.Fatalf("third of three ejected at 67%%: %s", state(8103))
 	}

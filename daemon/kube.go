@@ -205,7 +205,7 @@ func (d *Daemon) detach(c *circuit, gone []maps.Dest) {
 			d.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
 		d.deleteLimits(c, dst)
-		d.reg.byDest.del(dst.Compact())
+		d.reg.byDest.Del(dst.Compact())
 		d.reg.version++
 		c.removeDest(dst)
 	}

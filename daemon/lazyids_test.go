@@ -73,7 +73,7 @@ func TestDynamicCircuitTakesItsIDWhenItOpens(t *testing.T) {
 		t.Fatalf("a healthy dynamic circuit: %+v (found %v), want closed with no kernel id", c, ok)
 	}
 	f.d.mu.Lock()
-	held := f.d.reg.ids.held
+	held := f.d.reg.ids.Held()
 	f.d.mu.Unlock()
 	if held != 0 {
 		t.Fatalf("%d ids held with only healthy dynamic circuits", held)
@@ -132,7 +132,7 @@ func TestScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 	f := newFixture(t, lazyConfig)
 	d := f.start()
 	d.mu.Lock()
-	d.reg.ids.limit = 3 // ids 1 and 2; scarce from one held
+	d.reg.ids.SetLimit(3) // ids 1 and 2; scarce from one held
 	d.mu.Unlock()
 
 	for _, p := range []uint16{9411, 9412} {
@@ -224,7 +224,7 @@ func TestNoIDNoSharedBulkhead(t *testing.T) {
 	d := f.start()
 	ports := []uint16{9431, 9432, 9433, 9434}
 	d.mu.Lock()
-	d.reg.ids.limit = 3 // ids 1 and 2
+	d.reg.ids.SetLimit(3) // ids 1 and 2
 	now := d.now()
 	for _, p := range ports {
 		if c, _ := d.lookup(f.dest(p), now); c == nil || c.id != 0 {
@@ -270,7 +270,7 @@ func TestNoIDNoSharedBulkhead(t *testing.T) {
 	// Ids come free: the tick writes the two missing limits, each in a
 	// slot of its own.
 	d.mu.Lock()
-	d.reg.ids.limit = 5
+	d.reg.ids.SetLimit(5)
 	d.mu.Unlock()
 	if !kerneltest.WaitFor(3*time.Second, func() bool {
 		limits, err := d.k.AllLimits()
@@ -289,7 +289,7 @@ func TestSeatedByReloadIsEnforced(t *testing.T) {
 	f := newFixture(t, lazyConfig)
 	d := f.start()
 	d.mu.Lock()
-	d.reg.ids.limit = 3
+	d.reg.ids.SetLimit(3)
 	d.mu.Unlock()
 	for _, p := range []uint16{9441, 9442, 9443} {
 		f.dial(p, 2, 0)
@@ -297,7 +297,7 @@ func TestSeatedByReloadIsEnforced(t *testing.T) {
 	}
 	d.mu.Lock()
 	d.lastLostCheck = d.now().Add(time.Hour) // no retry from the tick
-	d.reg.ids.limit = 4                      // id 3 comes free
+	d.reg.ids.SetLimit(4)                    // id 3 comes free
 	d.mu.Unlock()
 	f.writeConfig(lazyConfig + "  max_connections: 100\n")
 	if err := d.Reload(); err != nil {
@@ -309,33 +309,6 @@ func TestSeatedByReloadIsEnforced(t *testing.T) {
 	}
 	if got := errnos(f.dial(9443, 2, 0)); got[unix.EHOSTUNREACH] == 0 {
 		t.Fatalf("9443 after the reload: %v, want rejected", got)
-	}
-}
-
-// After a restart every id below the highest pinned one that no circuit
-// holds is handed out again.
-func TestRestartFreesIDsBelowPinned(t *testing.T) {
-	f := newFixture(t, lazyConfig)
-	s := newIDs(f.start().k) // for the bulkhead counts (none)
-	s.limit = 8
-	dst := func(p uint16) maps.Dest {
-		return maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.MustParseAddr("10.0.0.1"), p)}
-	}
-	s.loadPinned(map[maps.Dest]maps.Verdict{dst(1): {CircuitID: 7}}, nil, nil)
-	if id, inh, ok := s.alloc("a", dst(1)); id != 7 || !inh || !ok {
-		t.Fatalf("inherit: %d %v %v", id, inh, ok)
-	}
-	s.endStartup()
-	got := map[uint32]bool{}
-	for i := range 6 {
-		id, _, ok := s.take("x", dst(uint16(10+i)))
-		if !ok || id == 0 || id == 7 || got[id] {
-			t.Fatalf("take %d: id %d, ok %v (had %v)", i, id, ok, got)
-		}
-		got[id] = true
-	}
-	if _, _, ok := s.take("y", dst(99)); ok {
-		t.Fatal("an eighth id out of 7")
 	}
 }
 
@@ -383,7 +356,7 @@ func TestAdoptedWithoutIDIsEnforcedLater(t *testing.T) {
 		t.Fatalf("not logged:\n%s", f.logs.String())
 	}
 	d.mu.Lock()
-	d.reg.ids.limit = svc.CircuitID + 2
+	d.reg.ids.SetLimit(svc.CircuitID + 2)
 	d.mu.Unlock()
 	if !kerneltest.WaitFor(3*time.Second, func() bool {
 		v, ok, err := d.k.Verdict(f.dest(orphan))
@@ -403,7 +376,7 @@ func TestUnenforcedOpenCircuitCloses(t *testing.T) {
 	f := newFixture(t, lazyConfig)
 	d := f.start()
 	d.mu.Lock()
-	d.reg.ids.limit = 2 // one id
+	d.reg.ids.SetLimit(2) // one id
 	d.mu.Unlock()
 	f.dial(9421, 2, 0)
 	f.waitState(f.dynName(9421), "open", 2*time.Second)
@@ -428,7 +401,7 @@ func TestUnenforcedOpenCircuitCloses(t *testing.T) {
 	f.dial(9422, 2, 0)
 	f.waitState(f.dynName(9422), "open", 2*time.Second)
 	d.mu.Lock()
-	_, unenforced := d.unenforced[d.reg.byDest.get(f.dest(9422).Compact())]
+	_, unenforced := d.unenforced[d.reg.byDest.Get(f.dest(9422).Compact())]
 	d.mu.Unlock()
 	if !unenforced {
 		t.Fatal("reopened with no id free, and not among the unenforced")
@@ -490,7 +463,7 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 	d := f.start()
 	ports := []uint16{9461, 9462, 9463, 9464}
 	d.mu.Lock()
-	d.reg.ids.limit = 3 // ids 1 and 2
+	d.reg.ids.SetLimit(3) // ids 1 and 2
 	now := d.now()
 	for _, p := range ports {
 		d.lookup(f.dest(p), now)
@@ -512,7 +485,7 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 	}
 	d.mu.Lock()
 	waiting = len(d.unlimited)
-	d.reg.ids.limit = 4 // id 3 comes free
+	d.reg.ids.SetLimit(4) // id 3 comes free
 	d.mu.Unlock()
 	if waiting != 0 {
 		t.Fatalf("%d circuits still wait for an id after the limits went", waiting)

@@ -43,7 +43,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	if err != nil {
 		return fmt.Errorf("reading bulkhead counts: %w", err)
 	}
-	d.reg.ids.loadPinned(verdicts, limits, busy)
+	d.reg.ids.LoadPinned(verdicts, limits, busy)
 	// Host names are looked up first, in parallel and each bounded,
 	// keeping a fresh previous heartbeat fresh meanwhile.
 	hosts := hostNamesOf(cfg)
@@ -82,7 +82,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	// open circuit or the sockets counted in its bulkhead.
 	moved := d.scope.movedClasses(cfg, pinnedEntries(pinnedClasses, pinnedBulkheads))
 	if len(moved) > 0 {
-		d.reg.ids.forgetClasses(moved)
+		d.reg.ids.ForgetClasses(moved)
 		// Gone before the workloads map says the new classes, so no
 		// connection is judged by another workload's entry meanwhile.
 		droppedVerdicts, droppedLimits := 0, 0
@@ -121,7 +121,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	d.reg.adopting = true // max_circuits never drops an adopted verdict
 	d.adopt(verdicts, limits)
 	d.reg.adopting = false
-	d.reg.ids.endStartup()
+	d.reg.ids.EndStartup()
 	if err := d.reconcileLimits(); err != nil {
 		return err
 	}
@@ -216,8 +216,8 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 	if adopted > 0 {
 		d.log.Info("adopted open circuit(s) from the pinned verdict map", "count", adopted)
 	}
-	if over := d.reg.byDest.len() - d.cfg.MaxCircuits; over > 0 {
-		d.log.Warn("more destinations adopted than max_circuits allows; idle closed circuits are evicted as new ones come", "destinations", d.reg.byDest.len(), "max_circuits", d.cfg.MaxCircuits)
+	if over := d.reg.byDest.Len() - d.cfg.MaxCircuits; over > 0 {
+		d.log.Warn("more destinations adopted than max_circuits allows; idle closed circuits are evicted as new ones come", "destinations", d.reg.byDest.Len(), "max_circuits", d.cfg.MaxCircuits)
 	}
 }
 

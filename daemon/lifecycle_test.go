@@ -462,7 +462,7 @@ targets:
 			f.d.lookup(maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, net, 0, byte(i)}), 443)}, now)
 		}
 	}
-	dests, circuits := f.d.reg.byDest.len(), f.d.reg.count()
+	dests, circuits := f.d.reg.byDest.Len(), f.d.reg.count()
 	f.d.mu.Unlock()
 	if dests != 10 {
 		t.Fatalf("%d destinations tracked (%d circuits), want max_circuits = 10", dests, circuits)

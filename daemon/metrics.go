@@ -40,8 +40,8 @@ type targetMetrics struct {
 	target    string
 	workload  string
 	vec       *prometheus.CounterVec
-	outcomes  [16]prometheus.Counter        // by maps.Outcome, made on first use
-	responses [respKinds]prometheus.Counter // by responseKind, made on first use
+	outcomes  [16]prometheus.Counter                   // by maps.Outcome, made on first use
+	responses [policy.ResponseKinds]prometheus.Counter // by responseKind, made on first use
 	handshake prometheus.Observer
 }
 
@@ -173,7 +173,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			states[t] = map[policy.State]int{}
 		}
 	}
-	maxID, gen := d.reg.ids.next, d.reg.ids.releases
+	maxID, gen := d.reg.ids.Next(), d.reg.ids.Releases()
 	unenforced := len(d.unenforced)
 	// Circuits with a kernel id only: a million closed dynamic ones have none.
 	slots := make([]slot, 0, len(d.reg.byName)+len(d.reg.active))
@@ -201,7 +201,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	d.mu.Lock()
 	// An id given back since the copy may be another circuit's now.
-	moved := d.reg.ids.releases != gen
+	moved := d.reg.ids.Releases() != gen
 	d.mu.Unlock()
 	for _, sl := range slots {
 		sum := perTarget[sl.target]

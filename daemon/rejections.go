@@ -3,6 +3,7 @@ package daemon
 import (
 	"cmp"
 	"context"
+	"github.com/breakerd/breakerd/api"
 	stdmaps "maps"
 	rand "math/rand/v2"
 	"slices"
@@ -229,44 +230,12 @@ func (d *Daemon) sweepRejections() {
 	x.mu.Unlock()
 }
 
-// RejectedBy is one pod (or, for a cgroup that is no pod's, one cgroup)
-// a circuit turned connects or sends away from, open or by its bulkhead,
-// as /v1/circuits reports it.
-type RejectedBy struct {
-	// Pod is "namespace/name" when the cgroup is a known pod's (its
-	// containers' cgroups summed).
-	Pod string `json:"pod,omitempty"`
-	// Cgroup is the cgroup's path below the cgroup v2 mount, for a
-	// cgroup that is no known pod's (empty if it is gone).
-	Cgroup string `json:"cgroup,omitempty"`
-	// Workload is the protected workload the cgroup belongs to (with
-	// workloads configured).
-	Workload string `json:"workload,omitempty"`
-	// Rejected counts the connects and sends the open circuit turned
-	// away; ShadowRejected those shadow mode let through.
-	Rejected       uint64 `json:"rejected"`
-	ShadowRejected uint64 `json:"shadow_rejected,omitempty"`
-	// BulkheadRejected counts the connects its bulkhead (max_connections,
-	// max_connecting; for a shared circuit, the cgroup's workload's)
-	// turned away; BulkheadShadowRejected those shadow mode let through.
-	BulkheadRejected       uint64 `json:"bulkhead_rejected,omitempty"`
-	BulkheadShadowRejected uint64 `json:"bulkhead_shadow_rejected,omitempty"`
-}
+// RejectedBy is api.RejectedBy.
+type RejectedBy = api.RejectedBy
 
-// total is every rejection it counts, of both kinds, shadow ones included.
-func (r RejectedBy) total() uint64 {
+// rejectedTotal is every rejection r counts, of both kinds, shadow ones included.
+func rejectedTotal(r RejectedBy) uint64 {
 	return r.Rejected + r.ShadowRejected + r.BulkheadRejected + r.BulkheadShadowRejected
-}
-
-// Label is how breakerctl and Events name it: the pod, else the cgroup.
-func (r RejectedBy) Label() string {
-	if r.Pod != "" {
-		return r.Pod
-	}
-	if r.Cgroup != "" {
-		return r.Cgroup
-	}
-	return "(gone)"
 }
 
 // cgroupNamer names cgroup ids for one request: paths and workloads from
@@ -316,7 +285,7 @@ func (d *Daemon) rejectedBy(owners []owner, n *cgroupNamer) ([]RejectedBy, int) 
 		out = append(out, *r)
 	}
 	slices.SortFunc(out, func(a, b RejectedBy) int {
-		if c := cmp.Compare(b.total(), a.total()); c != 0 {
+		if c := cmp.Compare(rejectedTotal(b), rejectedTotal(a)); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.Label(), b.Label())

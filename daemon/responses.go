@@ -22,26 +22,11 @@ import (
 // as failed then. A late answer to it, or the connection's end, is not
 // counted again (timedOut remembers the turn by its start).
 
-// responseKind is what a response record counted as: the value of the
-// outcome label it is counted under.
-type responseKind uint8
-
-const (
-	respAnswered  responseKind = iota // response: a success (slow or not)
-	respStatus                        // response_status: a status in failure_statuses
-	respTimeout                       // response_timeout: no byte within response_timeout
-	respDropped                       // response_dropped: the peer closed or reset before any byte
-	respAbandoned                     // response_abandoned: the client gave up before response_timeout
-	respKinds
-)
-
-var responseKindNames = [respKinds]string{"response", "response_status", "response_timeout", "response_dropped", "response_abandoned"}
-
 // responseCounter is the target's series for kind (made on first use).
-func (tm *targetMetrics) responseCounter(kind responseKind) prometheus.Counter {
+func (tm *targetMetrics) responseCounter(kind policy.ResponseKind) prometheus.Counter {
 	c := tm.responses[kind]
 	if c == nil {
-		c = tm.vec.WithLabelValues(responseKindNames[kind], tm.target, tm.workload)
+		c = tm.vec.WithLabelValues(kind.String(), tm.target, tm.workload)
 		tm.responses[kind] = c
 	}
 	return c
@@ -120,40 +105,34 @@ func (d *Daemon) handleResponse(c *circuit, ev *maps.Event, now time.Time) {
 		delete(d.timedOut, ev.Cookie) // counted at response_timeout
 		return
 	}
-	tm := c.metrics
-	r := policy.Result{Kind: policy.Answered, Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
-	kind := respAnswered
-	switch {
-	case o.ResponseTimeout > 0 && ev.Duration >= o.ResponseTimeout:
-		// Late, or ended late, and not seen waiting by a tick (it
-		// came between two): a timeout all the same.
-		kind = respTimeout
-	case ev.Outcome == maps.NoResponse && ev.PeerClosed && o.IgnoreDropped && ev.Err == 0:
-		// The peer's FIN, and count_dropped is off (a goodbye the
-		// server answers by closing): counted, but not a call.
-		tm.responseCounter(respDropped).Inc()
-		return
-	case ev.Outcome == maps.NoResponse && ev.PeerClosed:
-		kind = respDropped
-	case ev.Outcome == maps.NoResponse:
-		// The client gave up first: nothing anyone can say about the
-		// target (the router's rule).
-		tm.responseCounter(respAbandoned).Inc()
-		return
-	case o.HTTP && ev.HTTP && o.FailureStatuses.Has(ev.Status):
-		kind = respStatus
+	r := policy.Result{Kind: policy.Answered, Duration: ev.Duration, Status: ev.Status, HTTP: ev.HTTP,
+		Probe: ev.Probe, Round: ev.Round}
+	if ev.Outcome == maps.NoResponse {
+		r.Kind, r.PeerClosed, r.Err = policy.NoResponse, ev.PeerClosed, ev.Err != 0
 	}
-	tm.responseCounter(kind).Inc()
-	if kind != respAnswered {
-		r.Kind = policy.Failure
+	call := policy.Classify(c.machine.Options(), r)
+	c.metrics.responseCounter(call.Response).Inc()
+	if !call.Counts {
+		return
+	}
+	if call.Failed {
 		c.noteFailedCgroup(ev.CgroupID)
 	}
-	d.record(c, r, now)
+	d.recordCall(c, r, call, now)
 }
 
-// record feeds r to c and applies what it changes.
-func (d *Daemon) record(c *circuit, r policy.Result, now time.Time) {
-	if t, moved := c.machine.Record(now, r); moved {
+// record feeds n calls with result r to c and applies what they change.
+func (d *Daemon) record(c *circuit, r policy.Result, n int, now time.Time) {
+	if t, moved := c.machine.RecordN(now, r, n); moved {
+		d.apply(c, t)
+	} else if c.inIdle {
+		c.referenced = true // see evictIdle
+	}
+}
+
+// recordCall feeds r, classified as call, to c and applies what it changes.
+func (d *Daemon) recordCall(c *circuit, r policy.Result, call policy.Call, now time.Time) {
+	if t, moved := c.machine.RecordCall(now, r, call); moved {
 		d.apply(c, t)
 	} else if c.inIdle {
 		c.referenced = true // see evictIdle
@@ -196,9 +175,9 @@ func (d *Daemon) scanResponseTimeouts(now time.Time) {
 			continue
 		}
 		d.timedOut[a.Cookie] = timedOut{start: a.Since}
-		c.metrics.responseCounter(respTimeout).Inc()
+		c.metrics.responseCounter(policy.ResponseTimeout).Inc()
 		c.noteFailedCgroup(a.CgroupID)
-		d.record(c, policy.Result{Kind: policy.Failure, Duration: waited, Probe: a.Probe, Round: a.Round}, now)
+		d.record(c, policy.Result{Kind: policy.Failure, Duration: waited, Probe: a.Probe, Round: a.Round}, 1, now)
 	}
 	for cookie, m := range d.timedOut {
 		if seen[cookie] {

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"math"
-	"syscall"
 	"time"
 )
 
@@ -32,31 +31,51 @@ func (s State) String() string {
 // Rejects reports whether the kernel should hold a verdict for this state.
 func (s State) Rejects() bool { return s == Open || s == HalfOpen || s == ForcedOpen }
 
-// Kind is how a call ended, as the policy counts it.
+// Kind is how a call ended, as the kernel recorded it. Classify decides
+// what each counts as.
 type Kind uint8
 
 // The kinds of result.
 const (
 	// Success: the connection was established (slow if its handshake took
-	// at least slow_call_duration).
+	// at least slow_call_duration). A target that follows responses
+	// counts its requests instead.
 	Success Kind = iota
-	// Failure: refused, timed out, unreachable, reset or stalled.
+	// Failure: refused, timed out, unreachable or stalled while
+	// connecting, or a request the daemon saw waiting past
+	// response_timeout.
 	Failure
 	// Abandoned: the application closed a connecting socket; nothing
 	// before slow_call_duration, slow (or, with count_abandoned, failed)
-	// after.
+	// after, and failed from connect_timeout.
 	Abandoned
-	// Answered: a response came (its first byte) and is not a failure;
-	// slow when it took at least slow_response_duration.
+	// Answered: a response came (its first byte): failed with a status in
+	// failure_statuses or from response_timeout, slow from
+	// slow_response_duration. A batch of them is what the kernel counted.
 	Answered
+	// Reset: an established connection was reset, Duration after its
+	// handshake: failed within reset_failure_window, nothing after.
+	Reset
+	// NoResponse: the connection ended with a request unanswered: failed
+	// if the peer closed it (PeerClosed; nothing with count_dropped off),
+	// nothing if the client gave up first.
+	NoResponse
 )
 
 // Result is one call's outcome fed to a circuit.
 type Result struct {
 	Kind Kind
 	// Duration is the handshake time (Success), the time spent
-	// connecting (Failure, Abandoned) or a response's time (Answered).
+	// connecting (Failure, Abandoned), a response's time (Answered,
+	// NoResponse) or the connection's age (Reset).
 	Duration time.Duration
+	// Status is the HTTP status of an Answered result whose status line
+	// was read (HTTP).
+	Status uint16
+	HTTP   bool
+	// PeerClosed says the peer ended a NoResponse (a FIN or reset) and
+	// Err that it was a reset or an error.
+	PeerClosed, Err bool
 	// Probe is set for a connection the kernel admitted as a half-open
 	// probe; Round is the round that admitted it.
 	Probe bool
@@ -106,9 +125,6 @@ type Transition struct {
 	// Round is the half-open round the verdict admits probes of (To Open,
 	// or a new round).
 	Round uint32
-	// Probes and Errno are the verdict's settings.
-	Probes int
-	Errno  syscall.Errno
 }
 
 // Circuit is one circuit's state machine. It is not safe for concurrent
@@ -217,11 +233,42 @@ func (c *Circuit) Options() *Options { return c.opts }
 // LastActivity is when the circuit last recorded a call or changed state.
 func (c *Circuit) LastActivity() time.Time { return c.last.time() }
 
+// RecordN feeds n calls with the same result, as n Records would, and
+// returns the transition they caused: the successes the kernel counted
+// for a circuit arrive as one record of their number. A probe's result is
+// one call whatever n is. A batch causes at most one change of state:
+// once the circuit leaves Closed the other calls are ignored, as Record
+// would; an ejection-limit notice keeps it Closed, the group's counts do
+// not change within the batch, and so no open follows it.
+func (c *Circuit) RecordN(now time.Time, r Result, n int) (Transition, bool) {
+	if r.Probe {
+		n = min(n, 1)
+	}
+	var first Transition
+	var moved bool
+	for range n {
+		t, ok := c.Record(now, r)
+		if ok && !moved {
+			first, moved = t, true
+		}
+		if moved && c.state != Closed {
+			break
+		}
+	}
+	return first, moved
+}
+
 // Record feeds one call's result and returns the transition it caused.
 func (c *Circuit) Record(now time.Time, r Result) (Transition, bool) {
+	return c.RecordCall(now, r, Classify(c.opts, r))
+}
+
+// RecordCall is Record of a result the caller has classified already
+// (call is Classify(c.Options(), r)).
+func (c *Circuit) RecordCall(now time.Time, r Result, call Call) (Transition, bool) {
 	c.last = stampOf(now)
-	failed, slow, counts := c.classify(r)
-	if !counts {
+	failed, slow := call.Failed, call.Slow
+	if !call.Counts {
 		return Transition{}, false
 	}
 	switch c.state {
@@ -271,27 +318,6 @@ func (c *Circuit) Record(now time.Time, r Result) (Transition, bool) {
 	return c.open(now, reason, false), true
 }
 
-func (c *Circuit) classify(r Result) (failed, slow, counts bool) {
-	switch r.Kind {
-	case Success:
-		return false, r.Duration >= c.opts.SlowCallDuration, true
-	case Failure:
-		return true, false, true
-	case Answered:
-		d := c.opts.Responses.SlowResponseDuration
-		return false, d > 0 && r.Duration >= d, true
-	case Abandoned:
-		if r.Duration < c.opts.SlowCallDuration {
-			return false, false, false
-		}
-		if c.opts.CountAbandoned {
-			return true, false, true
-		}
-		return false, true, true
-	}
-	return false, false, false
-}
-
 func (c *Circuit) shouldOpen() (Reason, bool) {
 	if c.opts.ConsecutiveFailures > 0 && int(c.consecutive) >= c.opts.ConsecutiveFailures {
 		return ReasonConsecutive, true
@@ -314,7 +340,7 @@ func (c *Circuit) transition(now time.Time, to State, reason Reason) Transition 
 	calls, failures, slow := c.win.counts(now)
 	t := Transition{
 		From: c.state, To: to, Reason: reason, At: now, Calls: calls, Trip: int(c.trips),
-		Round: c.round, Probes: c.opts.HalfOpenProbes, Errno: c.opts.RejectErrno,
+		Round: c.round,
 	}
 	if calls > 0 {
 		t.FailureRate = float64(failures) / float64(calls)

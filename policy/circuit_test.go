@@ -105,6 +105,7 @@ func TestAbandoned(t *testing.T) {
 		o.MinRequests = 2
 		o.SlowCallRateThreshold = 1
 		o.FailureRateThreshold = 1
+		o.ConnectTimeout = 10 * time.Second
 	})
 	c := NewCircuit(o, NoOverride, nil, clk.now(), nil)
 	quick := Result{Kind: Abandoned, Duration: 10 * time.Millisecond}
@@ -624,5 +625,51 @@ func TestHalfOpenRounds(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRecordNIsNRecords feeds the same random histories to two circuits,
+// one call at a time and in runs of equal results, and checks that they
+// end in the same state with the same transitions: a counted batch of the
+// kernel's successes decides as its calls one by one would.
+func TestRecordNIsNRecords(t *testing.T) {
+	answered := Result{Kind: Answered}
+	kinds := []Result{ok, fail, slow, answered}
+	for seed := uint64(0); seed < 200; seed++ {
+		rnd := rand.New(rand.NewPCG(seed, 1))
+		o := opts(func(o *Options) {
+			o.ConsecutiveFailures = rnd.IntN(4)
+			o.MinRequests = 1 + rnd.IntN(12)
+			o.WindowSize = 5 + rnd.IntN(40)
+			o.FailureRateThreshold = 0.2 + rnd.Float64()*0.6
+		})
+		clk := newClock()
+		one := NewCircuit(o, NoOverride, nil, clk.now(), nil)
+		many := NewCircuit(o, NoOverride, nil, clk.now(), nil)
+		for step := 0; step < 60; step++ {
+			r, n := kinds[rnd.IntN(len(kinds))], 1+rnd.IntN(8)
+			var want []Transition
+			for range n {
+				if tr, moved := one.Record(clk.now(), r); moved {
+					want = append(want, tr)
+				}
+			}
+			tr, moved := many.RecordN(clk.now(), r, n)
+			if len(want) > 1 && want[0].To != Closed {
+				t.Fatalf("seed %d step %d: one batch moved twice: %+v", seed, step, want)
+			}
+			if moved != (len(want) > 0) || moved && tr != want[0] {
+				t.Fatalf("seed %d step %d: RecordN(%+v, %d) = %+v, %v; one by one: %+v", seed, step, r, n, tr, moved, want)
+			}
+			if a, b := one.Status(clk.now()), many.Status(clk.now()); a != b {
+				t.Fatalf("seed %d step %d: status %+v, one by one %+v", seed, step, b, a)
+			}
+			clk.advance(time.Duration(rnd.IntN(3)) * time.Second)
+			if tr, moved := one.Tick(clk.now()); moved {
+				if tr2, moved2 := many.Tick(clk.now()); !moved2 || tr2 != tr {
+					t.Fatalf("seed %d step %d: tick %+v, one by one %+v", seed, step, tr2, tr)
+				}
+			}
+		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/breakerd/breakerd/daemon"
+	"github.com/breakerd/breakerd/api"
 )
 
 // fakeDaemon serves the admin API's routes on a unix socket with Go's
@@ -25,8 +25,8 @@ type fakeDaemon struct {
 	names    []string
 	auth     []string // Authorization headers of GET requests
 	sock     string
-	pods     []string            // the failed pods of the first circuit
-	rejected []daemon.RejectedBy // whom the first circuit rejected
+	pods     []string         // the failed pods of the first circuit
+	rejected []api.RejectedBy // whom the first circuit rejected
 }
 
 func newFakeDaemon(t *testing.T, circuits int) *fakeDaemon {
@@ -46,7 +46,7 @@ func newFakeDaemon(t *testing.T, circuits int) *fakeDaemon {
 		f.mu.Lock()
 		f.names = append(f.names, r.PathValue("name"))
 		f.mu.Unlock()
-		json.NewEncoder(w).Encode(daemon.CircuitInfo{Name: r.PathValue("name"), State: "forced_closed"})
+		json.NewEncoder(w).Encode(api.CircuitInfo{Name: r.PathValue("name"), State: "forced_closed"})
 	})
 	mux.HandleFunc("GET /v1/circuits", func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
@@ -56,9 +56,9 @@ func newFakeDaemon(t *testing.T, circuits int) *fakeDaemon {
 		if a := r.URL.Query().Get("after"); a != "" {
 			after, _ = strconv.Atoi(strings.TrimPrefix(a, "c"))
 		}
-		page := []daemon.CircuitInfo{}
+		page := []api.CircuitInfo{}
 		for i := after + 1; i < circuits && len(page) < 3; i++ {
-			ci := daemon.CircuitInfo{Name: fmt.Sprintf("c%06d", i), State: "closed"}
+			ci := api.CircuitInfo{Name: fmt.Sprintf("c%06d", i), State: "closed"}
 			if i == 0 {
 				f.mu.Lock()
 				ci.FailedPods = f.pods
@@ -99,7 +99,7 @@ func TestStatusReadsEveryPage(t *testing.T) {
 	if err := run([]string{"status", "-o", "json", "--socket", f.sock}, &out); err != nil {
 		t.Fatal(err)
 	}
-	var cs []daemon.CircuitInfo
+	var cs []api.CircuitInfo
 	if err := json.Unmarshal(out.Bytes(), &cs); err != nil || len(cs) != 8 || cs[7].Name != "c000007" {
 		t.Fatalf("status over 3 pages: %d circuits, %v\n%s", len(cs), err, out.String())
 	}
@@ -180,7 +180,7 @@ func TestExitCodes(t *testing.T) {
 func TestStatusNamesFailedPods(t *testing.T) {
 	f := newFakeDaemon(t, 2)
 	f.pods = []string{"shop/web-1", "shop/web-2"}
-	f.rejected = []daemon.RejectedBy{{Pod: "shop/web-2", Rejected: 7}, {Pod: "shop/web-3", BulkheadRejected: 4},
+	f.rejected = []api.RejectedBy{{Pod: "shop/web-2", Rejected: 7}, {Pod: "shop/web-3", BulkheadRejected: 4},
 		{Pod: "shop/web-4", Rejected: 1, BulkheadRejected: 2}, {Cgroup: "system.slice/x.service", Rejected: 2}}
 	var out bytes.Buffer
 	if err := run([]string{"status", "--socket", f.sock}, &out); err != nil {

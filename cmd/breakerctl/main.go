@@ -31,7 +31,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/breakerd/breakerd/daemon"
+	"github.com/breakerd/breakerd/api"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
@@ -145,7 +145,7 @@ func run(args []string, out io.Writer) error {
 		if len(a) != 1 {
 			return usageError{fmt.Sprintf("events takes no argument (got %q)", a[1])}
 		}
-		var evs []daemon.TransitionEvent
+		var evs []api.TransitionEvent
 		if err := c.get("/v1/events", &evs); err != nil {
 			return err
 		}
@@ -175,7 +175,7 @@ func run(args []string, out io.Writer) error {
 		default:
 			return usageError{fmt.Sprintf("force %q: the action is open, close, release or reset", a[1])}
 		}
-		var ci daemon.CircuitInfo
+		var ci api.CircuitInfo
 		if err := c.post("/v1/circuits/"+url.PathEscape(a[2]), map[string]string{"action": a[1]}, &ci); err != nil {
 			return err
 		}
@@ -413,10 +413,10 @@ func (c *client) getPage(path string, v any) (next string, err error) {
 }
 
 // circuits reads every page of /v1/circuits.
-func (c *client) circuits() ([]daemon.CircuitInfo, error) {
-	all := []daemon.CircuitInfo{}
+func (c *client) circuits() ([]api.CircuitInfo, error) {
+	all := []api.CircuitInfo{}
 	for path := "/v1/circuits"; path != ""; {
-		var page []daemon.CircuitInfo
+		var page []api.CircuitInfo
 		next, err := c.getPage(path, &page)
 		if err != nil {
 			return nil, err
@@ -465,7 +465,7 @@ func decode(resp *http.Response, v any) error {
 // connsOf shows a circuit's bulkhead use against its limit: its count, or,
 // for a circuit whose sharing workloads have bulkheads of their own, the
 // fullest workload's count and how many there are.
-func connsOf(ci daemon.CircuitInfo, limit int) string {
+func connsOf(ci api.CircuitInfo, limit int) string {
 	if len(ci.Bulkheads) == 0 {
 		return fmt.Sprintf("%d/%d", ci.Connections, limit)
 	}
@@ -481,7 +481,7 @@ func connsOf(ci daemon.CircuitInfo, limit int) string {
 // "shop/web-1:5,shop/web-2:bulkhead:3,shop/web-3:2+bulkhead:1" (web-1
 // turned away 5 times by the open circuit, web-2 3 times by its bulkhead,
 // web-3 both).
-func rejectedBy(ci daemon.CircuitInfo) string {
+func rejectedBy(ci api.CircuitInfo) string {
 	parts := make([]string, 0, len(ci.RejectedBy)+1)
 	for _, r := range ci.RejectedBy {
 		// Shadow mode: what it would have rejected.

@@ -11,7 +11,7 @@ import (
 
 	tea "github.com/charmbracelet/bubbletea"
 
-	"github.com/breakerd/breakerd/daemon"
+	"github.com/breakerd/breakerd/api"
 )
 
 // top is `breakerctl top`: the status page's view in a terminal. It reads
@@ -62,8 +62,8 @@ type topModel struct {
 	width    int
 	height   int
 
-	circuits []daemon.CircuitInfo
-	events   []daemon.TransitionEvent
+	circuits []api.CircuitInfo
+	events   []api.TransitionEvent
 	prev     map[string]sample
 	rate     map[string]float64
 	err      error
@@ -72,8 +72,8 @@ type topModel struct {
 }
 
 type dataMsg struct {
-	circuits []daemon.CircuitInfo
-	events   []daemon.TransitionEvent
+	circuits []api.CircuitInfo
+	events   []api.TransitionEvent
 	err      error
 	at       time.Time
 }
@@ -82,7 +82,7 @@ type tickMsg struct{}
 
 func (m *topModel) fetch() tea.Msg {
 	cs, err := m.c.circuits()
-	var evs []daemon.TransitionEvent
+	var evs []api.TransitionEvent
 	if err == nil {
 		err = m.c.get("/v1/events", &evs)
 	}
@@ -162,7 +162,7 @@ func (m *topModel) sortCircuits() {
 		}
 		return 9
 	}
-	slices.SortStableFunc(m.circuits, func(a, b daemon.CircuitInfo) int {
+	slices.SortStableFunc(m.circuits, func(a, b api.CircuitInfo) int {
 		var d int
 		switch m.sort {
 		case sortState:

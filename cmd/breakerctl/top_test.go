@@ -7,7 +7,7 @@ import (
 
 	tea "github.com/charmbracelet/bubbletea"
 
-	"github.com/breakerd/breakerd/daemon"
+	"github.com/breakerd/breakerd/api"
 )
 
 // TestTopModel drives top's model without a terminal: rates between two
@@ -16,9 +16,9 @@ func TestTopModel(t *testing.T) {
 	m := &topModel{interval: time.Second, prev: map[string]sample{}, rate: map[string]float64{}, width: 160, height: 20}
 	t0 := time.Now()
 	read := func(at time.Time, rejected uint64) {
-		m.Update(dataMsg{at: at, circuits: []daemon.CircuitInfo{
+		m.Update(dataMsg{at: at, circuits: []api.CircuitInfo{
 			{Name: "b-open", State: "open", FailureRate: 0.5, Rejected: rejected, Workload: "tenant-a",
-				RejectedBy: []daemon.RejectedBy{{Pod: "shop/web-1", Rejected: 20}, {Pod: "shop/\x1b[31mweb-2", Rejected: 10}}},
+				RejectedBy: []api.RejectedBy{{Pod: "shop/web-1", Rejected: 20}, {Pod: "shop/\x1b[31mweb-2", Rejected: 10}}},
 			{Name: "a-closed", State: "closed", FailureRate: 0.9},
 			{Name: "c-\x1b[2Jevil\x07", State: "half_open", FailureRate: 0.1, Rejected: 1},
 		}})

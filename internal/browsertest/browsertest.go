@@ -35,6 +35,9 @@ func New(tb testing.TB, timeout time.Duration) context.Context {
 		// on the host (in CI too), not in vmtest's emulated VM.
 		tb.Skip("browser tests run on the host, not in the VM")
 	}
+	if kerneltest.Fast() {
+		tb.Skip("browser test skipped: BREAKERD_FAST is set (scripts/test-fast)")
+	}
 	if _, err := os.Stat(ChromiumPath); err != nil {
 		if kerneltest.InCI() {
 			tb.Fatalf("%s is missing (scripts/setup installs Debian's chromium): %v", ChromiumPath, err)

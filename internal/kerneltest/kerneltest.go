@@ -65,12 +65,21 @@ func InCI() bool {
 // meaningful there.
 func Emulated() bool { return os.Getenv("BREAKERD_VMTEST") != "" }
 
+// Fast reports whether BREAKERD_FAST is set: scripts/test-fast, the
+// contributor's loop, runs only the tests that need no kernel, API server
+// or browser, and those that do skip (under CI too: it never sets it).
+func Fast() bool { return os.Getenv("BREAKERD_FAST") != "" }
+
 // RequireKernel skips the test, with the reason, when this machine cannot
-// run kernel tests: not root, no bpffs at /sys/fs/bpf, or no cgroup v2 mount.
+// run kernel tests: not root, no bpffs at /sys/fs/bpf, or no cgroup v2 mount;
+// and always in the fast loop (Fast).
 // Under CI it fails instead, because a silently skipped kernel suite is a
 // broken build.
 func RequireKernel(tb testing.TB) {
 	tb.Helper()
+	if Fast() {
+		tb.Skip("kernel test skipped: BREAKERD_FAST is set (scripts/test-fast)")
+	}
 	if reason := kernelMissing(); reason != "" {
 		if InCI() {
 			tb.Fatalf("kernel test cannot run under CI: %s", reason)

@@ -42,6 +42,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/breakerd/breakerd/internal/kerneltest"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -307,6 +308,9 @@ func StartWith(tb testing.TB, opts Options) *Server {
 		// run on the host (in CI too), not in vmtest's emulated VM (the
 		// same rule as the browser tests; kerneltest.Emulated).
 		tb.Skip("Kubernetes API tests run on the host, not in the VM")
+	}
+	if kerneltest.Fast() {
+		tb.Skip("Kubernetes API test skipped: BREAKERD_FAST is set (scripts/test-fast)")
 	}
 	bin, err := Binaries()
 	if err != nil {

@@ -1,4 +1,4 @@
-package daemon
+package engine
 
 import (
 	"math/rand/v2"
@@ -8,16 +8,25 @@ import (
 	"github.com/breakerd/breakerd/maps"
 )
 
+// item stands for a circuit (of non-zero size, so that two have distinct
+// addresses).
+type item struct{ _ [8]byte }
+
+// dynamicDest is the i-th of a set of distinct TCP destinations.
+func dynamicDest(i int) maps.Dest {
+	return maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 19, byte(i >> 16), byte(i >> 8)}), uint16(1+i&0xff))}
+}
+
 // checkIndex compares x with want entry by entry, and checks the table's
 // invariant: every key is found from its first slot with no empty slot on
 // the way (what deletion's backward shift must keep).
-func checkIndex(t *testing.T, x *destIndex, want map[maps.DestKey]*circuit) {
+func checkIndex(t *testing.T, x *DestIndex[item], want map[maps.DestKey]*item) {
 	t.Helper()
-	if x.len() != len(want) {
-		t.Fatalf("len %d, want %d", x.len(), len(want))
+	if x.Len() != len(want) {
+		t.Fatalf("len %d, want %d", x.Len(), len(want))
 	}
 	seen := 0
-	for k, c := range x.all() {
+	for k, c := range x.All() {
 		seen++
 		if want[k] != c {
 			t.Fatalf("all yields %v for a key, want %v", c, want[k])
@@ -36,8 +45,8 @@ func checkIndex(t *testing.T, x *destIndex, want map[maps.DestKey]*circuit) {
 			continue
 		}
 		used++
-		if s.h != x.hash(&s.key) {
-			t.Fatalf("slot %d keeps hash %#x, its key hashes to %#x", i, s.h, x.hash(&s.key))
+		if s.h != x.Hash(&s.key) {
+			t.Fatalf("slot %d keeps hash %#x, its key hashes to %#x", i, s.h, x.Hash(&s.key))
 		}
 		for j := s.h & mask; j != uint32(i); j = (j + 1) & mask {
 			if x.slots[j].c == nil {
@@ -49,7 +58,7 @@ func checkIndex(t *testing.T, x *destIndex, want map[maps.DestKey]*circuit) {
 		t.Fatalf("%d of %d slots used: over the load bound", used, len(x.slots))
 	}
 	for k, c := range want {
-		if got := x.get(k); got != c {
+		if got := x.Get(k); got != c {
 			t.Fatalf("get: %v, want %v", got, c)
 		}
 	}
@@ -61,21 +70,21 @@ func checkIndex(t *testing.T, x *destIndex, want map[maps.DestKey]*circuit) {
 func TestDestIndexMatchesMap(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, keys := range []int{40, 500, 20_000} {
-		var x destIndex
-		want := map[maps.DestKey]*circuit{}
-		circuits := make([]circuit, keys)
+		var x DestIndex[item]
+		want := map[maps.DestKey]*item{}
+		circuits := make([]item, keys)
 		for op := range 20 * keys {
 			k := dynamicDest(r.IntN(keys)).Compact()
 			switch r.IntN(3) {
 			case 0, 1:
 				c := &circuits[r.IntN(keys)]
-				x.put(k, c)
+				x.Put(k, c)
 				want[k] = c
 			default:
-				x.del(k)
+				x.Del(k)
 				delete(want, k)
 			}
-			if got := x.get(k); got != want[k] {
+			if got := x.Get(k); got != want[k] {
 				t.Fatalf("%d keys, op %d: get after the op %v, want %v", keys, op, got, want[k])
 			}
 			if op%(keys/4) == 0 {
@@ -84,10 +93,10 @@ func TestDestIndexMatchesMap(t *testing.T) {
 		}
 		checkIndex(t, &x, want)
 		for k := range want {
-			x.del(k)
+			x.Del(k)
 		}
-		checkIndex(t, &x, map[maps.DestKey]*circuit{})
-		if got := x.get(dynamicDest(0).Compact()); got != nil {
+		checkIndex(t, &x, map[maps.DestKey]*item{})
+		if got := x.Get(dynamicDest(0).Compact()); got != nil {
 			t.Fatalf("emptied: get %v", got)
 		}
 	}
@@ -96,35 +105,35 @@ func TestDestIndexMatchesMap(t *testing.T) {
 // A key differing from one in the index in a single field is another key:
 // the class, the protocol, the port or one address byte.
 func TestDestIndexKeysDifferByField(t *testing.T) {
-	var x destIndex
+	var x DestIndex[item]
 	base := dynamicDest(7)
-	var c1, c2 circuit
-	x.put(base.Compact(), &c1)
+	var c1, c2 item
+	x.Put(base.Compact(), &c1)
 	variants := []maps.Dest{base, base, base, base}
 	variants[0].Class = 1
 	variants[1].Proto = maps.UDP
 	variants[2].Addr = netip.AddrPortFrom(base.Addr.Addr().Next(), base.Addr.Port())
 	variants[3].Addr = netip.AddrPortFrom(base.Addr.Addr(), base.Addr.Port()+1)
 	for i, v := range variants {
-		if got := x.get(v.Compact()); got != nil {
+		if got := x.Get(v.Compact()); got != nil {
 			t.Fatalf("variant %d (%v) found %v", i, v, got)
 		}
 	}
-	x.put(variants[0].Compact(), &c2)
-	if x.get(base.Compact()) != &c1 || x.get(variants[0].Compact()) != &c2 || x.len() != 2 {
+	x.Put(variants[0].Compact(), &c2)
+	if x.Get(base.Compact()) != &c1 || x.Get(variants[0].Compact()) != &c2 || x.Len() != 2 {
 		t.Fatal("two keys differing by class do not keep their own circuits")
 	}
 }
 
 // Lookups allocate nothing.
 func TestDestIndexGetAllocatesNothing(t *testing.T) {
-	var x destIndex
-	var c circuit
+	var x DestIndex[item]
+	var c item
 	for i := range 1000 {
-		x.put(dynamicDest(i).Compact(), &c)
+		x.Put(dynamicDest(i).Compact(), &c)
 	}
 	k := dynamicDest(500).Compact()
-	if n := testing.AllocsPerRun(1000, func() { x.get(k) }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() { x.Get(k) }); n != 0 {
 		t.Fatalf("%v allocations per lookup", n)
 	}
 }
@@ -133,23 +142,23 @@ func TestDestIndexGetAllocatesNothing(t *testing.T) {
 // full index does not grow it either.
 func TestDestIndexReserve(t *testing.T) {
 	for _, n := range []int{0, 1, 52, 53, 100_000, 131_072} {
-		var x destIndex
-		x.reserve(n)
+		var x DestIndex[item]
+		x.Reserve(n)
 		size := len(x.slots)
 		if size&(size-1) != 0 || n*16 > size*destIndexLoad || (size > destIndexMin && n*16 <= size/2*destIndexLoad) {
 			t.Fatalf("reserve(%d): %d slots, want the least power of two (from %d) that holds %d within the load bound", n, size, destIndexMin, n)
 		}
-		var c, d circuit
+		var c, d item
 		for i := range n {
-			x.put(dynamicDest(i).Compact(), &c)
+			x.Put(dynamicDest(i).Compact(), &c)
 		}
 		for i := range n {
-			x.put(dynamicDest(i).Compact(), &d)
+			x.Put(dynamicDest(i).Compact(), &d)
 		}
-		if len(x.slots) != size || x.len() != n {
-			t.Fatalf("reserve(%d), %d puts and as many replacements: %d slots (reserved %d), %d keys", n, n, len(x.slots), size, x.len())
+		if len(x.slots) != size || x.Len() != n {
+			t.Fatalf("reserve(%d), %d puts and as many replacements: %d slots (reserved %d), %d keys", n, n, len(x.slots), size, x.Len())
 		}
-		if n > 0 && x.get(dynamicDest(n-1).Compact()) != &d {
+		if n > 0 && x.Get(dynamicDest(n-1).Compact()) != &d {
 			t.Fatalf("reserve(%d): a replaced key does not find its new circuit", n)
 		}
 	}

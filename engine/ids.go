@@ -1,17 +1,17 @@
-package daemon
+package engine
 
 import (
 	"github.com/breakerd/breakerd/maps"
 )
 
-// ids hands out circuit ids: each indexes the circuit's kernel counters
+// IDs hands out circuit ids: each indexes the circuit's kernel counters
 // and its bulkhead slot. Id 0 is never handed out. An id is given to one
 // live circuit at a time; a returned id whose bulkhead slot still counts
 // sockets (they release into the slot they were counted in) is held back
 // until the count is zero, so a slot never mixes two circuits' sockets.
-// Used under Daemon.mu.
-type ids struct {
-	k        *maps.Kernel
+// Used by one goroutine at a time, like the registry.
+type IDs struct {
+	k        Kernel
 	next     uint32            // ids from here up were never handed out
 	free     []uint32          // returned ids whose slot counts nothing
 	draining map[uint32]string // returned ids whose slot still counts sockets, with the circuit's name
@@ -27,26 +27,33 @@ type ids struct {
 	limit uint32
 }
 
-// idLimitForTest, when not 0, is the number of ids a new daemon has
-// (tests that run out of ids at start-up).
-var idLimitForTest uint32
-
-func newIDs(k *maps.Kernel) *ids {
-	limit := uint32(maps.MaxCircuitIDs)
-	if idLimitForTest != 0 {
-		limit = idLimitForTest
-	}
-	return &ids{k: k, next: 1, limit: limit, draining: map[uint32]string{}, pinned: map[uint32]bool{}, epochs: map[uint32]uint32{}, byDest: map[maps.Dest]uint32{}}
+// NewIDs hands out ids 1 to limit-1 (maps.MaxCircuitIDs: all the kernel
+// has), reading the bulkhead counts of returned ids from k.
+func NewIDs(k Kernel, limit uint32) *IDs {
+	return &IDs{k: k, next: 1, limit: limit, draining: map[uint32]string{}, pinned: map[uint32]bool{}, epochs: map[uint32]uint32{}, byDest: map[maps.Dest]uint32{}}
 }
 
-// loadPinned records the ids a previous daemon left in the kernel: the
+// SetLimit changes the number of ids (tests that run out of them).
+func (s *IDs) SetLimit(limit uint32) { s.limit = limit }
+
+// Held is the number of ids handed out and not yet released.
+func (s *IDs) Held() int { return s.held }
+
+// Next is the least id never handed out: every id handed out is below it.
+func (s *IDs) Next() uint32 { return s.next }
+
+// Releases counts the ids given back, so that a reader of the kernel's
+// per-id slots can tell whether they kept their owners meanwhile.
+func (s *IDs) Releases() uint64 { return s.releases }
+
+// LoadPinned records the ids a previous daemon left in the kernel: the
 // circuit id of each verdict, the slot of each limit, and every slot that
 // still counts sockets. A circuit made for one of those destinations
 // inherits its id (so its counters and bulkhead counts carry on); the
-// others are handed out only once the end of start-up (endStartup) or a
+// others are handed out only once the end of start-up (EndStartup) or a
 // later release (giveBack) finds them unclaimed and idle.
 // Every unpinned id below the highest pinned one is free at once.
-func (s *ids) loadPinned(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest]maps.Limit, busy map[uint32]maps.BulkCount) {
+func (s *IDs) LoadPinned(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest]maps.Limit, busy map[uint32]maps.BulkCount) {
 	mark := func(id uint32) {
 		if id != 0 && id < s.limit {
 			s.pinned[id] = true
@@ -83,10 +90,10 @@ func (s *ids) loadPinned(verdicts map[maps.Dest]maps.Verdict, limits map[maps.De
 	}
 }
 
-// forgetClasses makes the pinned entries of destinations of the given key
+// ForgetClasses makes the pinned entries of destinations of the given key
 // classes pass on nothing: no circuit inherits their ids (which stay held
 // until start-up ends, and then until their slots count nothing).
-func (s *ids) forgetClasses(classes map[uint8]bool) {
+func (s *IDs) ForgetClasses(classes map[uint8]bool) {
 	for d := range s.byDest {
 		if classes[d.Class] {
 			delete(s.byDest, d)
@@ -94,11 +101,11 @@ func (s *ids) forgetClasses(classes map[uint8]bool) {
 	}
 }
 
-// alloc returns an id for a new circuit named name whose first destination
+// Alloc returns an id for a new circuit named name whose first destination
 // is dst. inherited says the id carries the kernel state of the circuit a
 // previous daemon had for dst (its counters are kept). ok is false when
 // every id is in use or held back.
-func (s *ids) alloc(name string, dst maps.Dest) (id uint32, inherited, ok bool) {
+func (s *IDs) Alloc(name string, dst maps.Dest) (id uint32, inherited, ok bool) {
 	id, inherited, ok = s.take(name, dst)
 	if ok {
 		s.held++
@@ -106,19 +113,19 @@ func (s *ids) alloc(name string, dst maps.Dest) (id uint32, inherited, ok bool) 
 	return id, inherited, ok
 }
 
-// pinnedFor reports whether a previous daemon left an id for dst that a
+// PinnedFor reports whether a previous daemon left an id for dst that a
 // circuit made for it inherits (start-up only).
-func (s *ids) pinnedFor(dst maps.Dest) bool {
+func (s *IDs) PinnedFor(dst maps.Dest) bool {
 	id, found := s.byDest[dst]
 	return found && s.pinned[id]
 }
 
-// scarce reports whether half the ids or more are handed out or held
+// Scarce reports whether half the ids or more are handed out or held
 // back for sockets still counted in their slots: a closing dynamic circuit
-// then gives its id back (see Daemon.releaseID).
-func (s *ids) scarce() bool { return s.held+len(s.draining) >= int(s.limit/2) }
+// then gives its id back (the daemon's releaseID).
+func (s *IDs) Scarce() bool { return s.held+len(s.draining) >= int(s.limit/2) }
 
-func (s *ids) take(name string, dst maps.Dest) (id uint32, inherited, ok bool) {
+func (s *IDs) take(name string, dst maps.Dest) (id uint32, inherited, ok bool) {
 	if id, found := s.byDest[dst]; found && s.pinned[id] {
 		delete(s.pinned, id)
 		return id, true, true
@@ -156,8 +163,8 @@ func (s *ids) take(name string, dst maps.Dest) (id uint32, inherited, ok bool) {
 	return 0, false, false
 }
 
-// release takes back the id of a dropped circuit named name.
-func (s *ids) release(id uint32, name string) {
+// Release takes back the id of a dropped circuit named name.
+func (s *IDs) Release(id uint32, name string) {
 	if id == 0 {
 		return
 	}
@@ -168,7 +175,7 @@ func (s *ids) release(id uint32, name string) {
 
 // giveBack files a returned id as free, or as draining while its slot
 // still counts sockets.
-func (s *ids) giveBack(id uint32, name string) {
+func (s *IDs) giveBack(id uint32, name string) {
 	if s.busy(id) {
 		s.draining[id] = name
 		return
@@ -176,10 +183,10 @@ func (s *ids) giveBack(id uint32, name string) {
 	s.free = append(s.free, id)
 }
 
-// endStartup releases the pinned ids no circuit claimed. The unpinned ids
+// EndStartup releases the pinned ids no circuit claimed. The unpinned ids
 // below them were free from loadPinned on, so every id no circuit holds
 // is free or held back from here on.
-func (s *ids) endStartup() {
+func (s *IDs) EndStartup() {
 	for id := range s.pinned {
 		s.giveBack(id, "") // never handed out here: not in held
 	}
@@ -188,11 +195,11 @@ func (s *ids) endStartup() {
 	clear(s.epochs)
 }
 
-// pinnedEpoch is the epoch the pinned verdicts or limits of id carry (0:
+// PinnedEpoch is the epoch the pinned verdicts or limits of id carry (0:
 // none), for the circuit or bulkhead slot that inherits id at start-up.
-func (s *ids) pinnedEpoch(id uint32) uint32 { return s.epochs[id] }
+func (s *IDs) PinnedEpoch(id uint32) uint32 { return s.epochs[id] }
 
-func (s *ids) busy(id uint32) bool {
+func (s *IDs) busy(id uint32) bool {
 	b, err := s.k.BulkCount(id)
 	return err != nil || b.Connections != 0 || b.Connecting != 0
 }
