@@ -159,6 +159,8 @@ func TestOneNodeCluster(t *testing.T) {
 		t.Skip("opt-in: BREAKERD_CLUSTER_TEST=1 runs a one-node cluster on this machine")
 	}
 	kerneltest.RequireKernel(t)
+	// First, so that its check runs after every other cleanup.
+	checkMachineUnchanged(t)
 	bins, err := kubeapitest.Binaries()
 	if err != nil {
 		t.Fatal(err)
