@@ -21,11 +21,13 @@ var kubeletSysctls = []struct{ key, kubelet string }{
 	{"kernel/keys/root_maxbytes", "25000000"},
 }
 
-// nodePaths are where a kubelet and containerd's CRI write by default,
-// outside the directories a test gives them: the kubelet's root and
-// certificate directories, its device plugin socket (a constant in the
-// kubelet, not below --root-dir), its flexvolume plugin directory, its
-// container log links, and libcni's cache of CNI results.
+// nodePaths are where a kubelet, containerd with its CRI plugin, runc and
+// buildah write by default, outside the directories a test gives them: the
+// kubelet's root and certificate directories, its device plugin socket (a
+// constant in the kubelet, not below --root-dir), its flexvolume plugin
+// directory and its container log links; libcni's result cache and lock;
+// containerd's /opt directory and its shims' sockets with runc's state;
+// buildah's blob cache.
 var nodePaths = []string{
 	"/var/lib/kubelet",
 	"/var/lib/kubelet/pki",
@@ -35,6 +37,10 @@ var nodePaths = []string{
 	"/var/log/pods",
 	"/var/lib/cni",
 	"/var/lib/cni/results",
+	"/etc/cni",
+	"/opt/containerd",
+	"/run/containerd",
+	"/var/lib/containers",
 }
 
 // machineState is what of the machine a node's daemons could change
