@@ -56,13 +56,19 @@ var reloadedPolicy = strings.Replace(clusterPolicy, "targets:\n",
 	"  - name: controls\n    namespaces: [default]\n    pod_labels: {role: control}\ntargets:\n", 1)
 
 // buildImage makes an image of one static binary from scratch with
-// buildah and imports it into containerd's k8s.io namespace.
-func buildImage(t *testing.T, ctd *containerdForTest, dir, name, binary string) {
+// buildah, in the node's mount namespace (buildah keeps a blob cache in
+// /var/lib/containers whatever its storage), and imports it into
+// containerd's k8s.io namespace.
+func buildImage(t *testing.T, node *nodeNamespace, ctd *containerdForTest, dir, name, binary string) {
 	t.Helper()
 	store := filepath.Join(dir, "buildah-"+filepath.Base(binary))
 	b := []string{"--root", store + "/s", "--runroot", store + "/r", "--storage-driver", "vfs"}
 	run := func(args ...string) string {
-		out, err := exec.Command("buildah", append(b, args...)...).CombinedOutput()
+		var out []byte
+		err := node.Mounts(func() (err error) {
+			out, err = exec.Command("buildah", append(b, args...)...).CombinedOutput()
+			return err
+		})
 		if err != nil {
 			t.Fatalf("buildah %v: %v\n%s", args, err, out)
 		}
@@ -135,9 +141,25 @@ func buildImage(t *testing.T, ctd *containerdForTest, dir, name, binary string) 
 // out is the bridge to that namespace; its only route leads to the test's
 // backend host (198.18.0.2), where nothing listens. The test's own clients
 // dial the API server from a thread in the namespace, and read breakerd's
-// admin socket through the kubelet's emptyDir on the shared filesystem.
-// The processes share the machine's mount and cgroup namespaces: the
-// kubelet manages cgroups below its own cgroup root in every hierarchy.
+// admin socket through the kubelet's emptyDir (a tmpfs in the node's mount
+// namespace, reached through /proc/<thread>/root).
+//
+// The node's daemons (containerd with its shims and CNI plugins, the
+// kubelet, kube-proxy) and the image builds also run in a mount namespace
+// of the node's (nodeNamespace), so that the test leaves the machine as it
+// found it (checkMachineUnchanged, after every other cleanup): there, the
+// machine-wide kernel settings the kubelet writes when it starts
+// (kernel.panic=10, kernel.panic_on_oops=1, vm.overcommit_memory=1 and
+// three more: kubeletSysctls) are files of the test's bound over their
+// /proc/sys entries, and /etc, /opt, /run, /var/lib and /var/log are
+// overlays whose writes land in the test's directory (the kubelet's device
+// plugin socket and container log links, libcni's cache, containerd's shim
+// sockets and runc's state have no setting). The kubelet's root,
+// certificate and volume plugin directories are the test's by its
+// settings. protectKernelDefaults is no way out: the kubelet then refuses
+// to start unless the machine already has its values. All share the
+// machine's cgroup namespace: the kubelet manages cgroups below its own
+// cgroup root in every hierarchy.
 //
 // What this machine needed, all set by the test: failCgroupV1: false
 // (kubelet 1.37 refuses the hybrid layout's cgroup v1 by default), the
@@ -159,6 +181,8 @@ func TestOneNodeCluster(t *testing.T) {
 		t.Skip("opt-in: BREAKERD_CLUSTER_TEST=1 runs a one-node cluster on this machine")
 	}
 	kerneltest.RequireKernel(t)
+	// First, so that its check runs after every other cleanup.
+	checkMachineUnchanged(t)
 	bins, err := kubeapitest.Binaries()
 	if err != nil {
 		t.Fatal(err)
@@ -242,7 +266,6 @@ func TestOneNodeCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	netnsBefore, _ := os.ReadDir("/var/run/netns")
 
 	api := kubeapitest.StartWith(t, kubeapitest.Options{Do: node.Do, AdvertiseAddress: clusterSubnet + ".1", Controllers: true})
 	t.Cleanup(func() {
@@ -255,20 +278,15 @@ func TestOneNodeCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		exec.Command("umount", "-R", filepath.Join(dir, "kubelet")).Run()
-		os.RemoveAll(dir)
-		// Network namespaces the CRI made and did not remove.
-		after, _ := os.ReadDir("/var/run/netns")
-		for _, e := range after {
-			if strings.HasPrefix(e.Name(), "cni-") && !slices.ContainsFunc(netnsBefore, func(b os.DirEntry) bool { return b.Name() == e.Name() }) {
-				exec.Command("ip", "netns", "del", e.Name()).Run()
-			}
-		}
-	})
+	// The CRI's network namespaces are mounted in the node's mount
+	// namespace, on files in its overlay of /run: both go with it.
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	for _, d := range []string{"cni", "logs", "kubelet", "ipam"} {
 		os.MkdirAll(filepath.Join(dir, d), 0o755)
 	}
+	// Made after dir (removed after it ends) and before the processes in it
+	// (which end before it does).
+	nodeNS := newNodeNamespace(t, node, filepath.Join(dir, "node"))
 	// isDefaultGateway: the pods' default route leads to the node's side of the
 	// bridge, where kube-proxy translates cluster IPs.
 	os.WriteFile(filepath.Join(dir, "cni", "10-bkdt.conflist"), fmt.Appendf(nil, `{"cniVersion": "1.0.0", "name": "%s", "plugins": [
@@ -284,7 +302,7 @@ func TestOneNodeCluster(t *testing.T) {
     conf_dir = %q
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
     runtime_type = "io.containerd.runc.v2"
-`, filepath.Join(dir, "cni")), "k8s.io", node.Do)
+`, filepath.Join(dir, "cni")), "k8s.io", nodeNS.Do)
 	for _, prog := range []string{"pause", "client"} {
 		out := filepath.Join(dir, prog)
 		build := exec.Command("go", "build", "-o", out, "./testdata/"+prog)
@@ -292,11 +310,15 @@ func TestOneNodeCluster(t *testing.T) {
 		if b, err := build.CombinedOutput(); err != nil {
 			t.Fatalf("building %s: %v\n%s", prog, err, b)
 		}
-		buildImage(t, ctd, dir, "localhost/bkdt-"+prog+":1", out)
+		buildImage(t, nodeNS, ctd, dir, "localhost/bkdt-"+prog+":1", out)
 	}
 	tag := strings.ReplaceAll(name, "-", "")
 	tar := filepath.Join(dir, "breakerd.tar")
-	if out, err := exec.Command("../scripts/image", tar, "localhost/breakerd:"+tag).CombinedOutput(); err != nil {
+	var out []byte
+	if err := nodeNS.Mounts(func() (err error) {
+		out, err = exec.Command("../scripts/image", tar, "localhost/breakerd:"+tag).CombinedOutput()
+		return err
+	}); err != nil {
 		t.Fatalf("scripts/image: %v\n%s", err, out)
 	}
 	ctd.ctr("images", "import", tar)
@@ -317,17 +339,19 @@ authentication: {anonymous: {enabled: false}, webhook: {enabled: false}}
 authorization: {mode: AlwaysAllow}
 containerRuntimeEndpoint: unix://%s
 podLogsDir: %s
+volumePluginDir: %s
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {"memory.available": "1Mi"}
 localStorageCapacityIsolation: false
 resolvConf: ""
 syncFrequency: 5s
-`, name, ctd.sock, filepath.Join(dir, "logs")), 0o644)
+`, name, ctd.sock, filepath.Join(dir, "logs"), filepath.Join(dir, "volume-plugins")), 0o644)
 	cs := api.Clientset(t)
 	ctx := context.Background()
-	stopKubelet := nodeProcess(t, node, dir, kubelet, "--config", filepath.Join(dir, "kubelet.yaml"), "--kubeconfig", kubeconfig,
-		"--root-dir", filepath.Join(dir, "kubelet"), "--hostname-override", node0, "--node-ip", clusterSubnet+".1")
+	stopKubelet := nodeProcess(t, nodeNS, dir, kubelet, "--config", filepath.Join(dir, "kubelet.yaml"), "--kubeconfig", kubeconfig,
+		"--root-dir", filepath.Join(dir, "kubelet"), "--cert-dir", filepath.Join(dir, "kubelet-pki"),
+		"--hostname-override", node0, "--node-ip", clusterSubnet+".1")
 	t.Cleanup(func() {
 		// The DaemonSet first (its controller would make the pod again),
 		// then the pods, through the kubelet, so the CRI tears their
@@ -358,7 +382,7 @@ metricsBindAddress: 127.0.0.1:10249
 oomScoreAdj: 0
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 `, kubeconfig, node0, clusterSubnet), 0o644)
-	t.Cleanup(nodeProcess(t, node, dir, filepath.Join(cbins, "kube-proxy"), "--config", filepath.Join(dir, "kube-proxy.yaml")))
+	t.Cleanup(nodeProcess(t, nodeNS, dir, filepath.Join(cbins, "kube-proxy"), "--config", filepath.Join(dir, "kube-proxy.yaml")))
 
 	if !eventually(90*time.Second, func() bool {
 		n, err := cs.CoreV1().Nodes().Get(ctx, node0, metav1.GetOptions{})
@@ -461,7 +485,7 @@ patches:
 	if !hasEvent(cs, "breakerd", "Pod", bpod.Name, "Scheduled", "default-scheduler", node0) {
 		t.Errorf("no Scheduled Event from the scheduler for %s: %s", bpod.Name, eventsOf(cs, "breakerd"))
 	}
-	get := adminAPI(t, dir, bpod)
+	get := adminAPI(t, nodeNS, dir, bpod)
 	if !eventually(30*time.Second, func() bool {
 		m, err := get("/metrics")
 		return err == nil && strings.Contains(m, "\nbreakerd_kubernetes_api_reachable 1\n")
@@ -527,6 +551,23 @@ patches:
 	}
 	t.Logf("control pod: %d connects, every one %q", len(control), refused)
 
+	// The kubelet wrote the kernel settings it wants into the node's
+	// shadows of them, and the node's daemons wrote where they have no
+	// setting for it into the overlays: libcni's result cache
+	// (containerd), the kubelet's device plugin socket and its container
+	// log links, runc's state. (The machine's settings and paths are
+	// checked at the end.)
+	for _, s := range kubeletSysctls {
+		if v, err := os.ReadFile(nodeNS.sysctlFile(s.key)); err != nil || strings.TrimSpace(string(v)) != s.kubelet {
+			t.Errorf("the node's %s is %q (%v), want the kubelet's %s", s.key, v, err, s.kubelet)
+		}
+	}
+	for _, p := range []string{"/var/lib/cni/results", "/var/lib/kubelet/device-plugins/kubelet.sock", "/var/log/containers", "/run/containerd/runc"} {
+		if _, err := os.Lstat(nodeNS.written(p)); err != nil {
+			t.Errorf("the node's %s is not in its overlay: %v", p, err)
+		}
+	}
+
 	// What breakerd says (its per-cgroup counts are read every second:
 	// wait for them to catch up with the log), and what it posted.
 	circuit, body := backendCircuit(t, get, uint64(len(client)-first))
@@ -569,7 +610,7 @@ patches:
 	if log := strings.Join(podLog(dir, "breakerd", npod.Name, "breakerd"), "\n"); !strings.Contains(log, `"msg":"adopted open circuit(s) from the pinned verdict map","count":1`) {
 		t.Errorf("the new pod's breakerd did not adopt the open circuit from the pins:\n%s", tailString(log, 4000))
 	}
-	getNew := adminAPI(t, dir, npod)
+	getNew := adminAPI(t, nodeNS, dir, npod)
 	adopted, body := backendCircuit(t, getNew, uint64(len(client)-first))
 	if adopted.State != "open" || adopted.OpenUntil.Sub(circuit.OpenUntil).Abs() > time.Second ||
 		len(adopted.RejectedBy) != 1 || adopted.RejectedBy[0].Pod != "default/client" || adopted.RejectedBy[0].Rejected < uint64(len(client)-first) {
@@ -675,12 +716,13 @@ func backendCircuit(t *testing.T, get func(string) (string, error), atLeast uint
 }
 
 // adminAPI returns a GET of breakerd's admin API over its socket in pod's
-// /run (an emptyDir the kubelet mounted on this machine's filesystem),
-// through a symbolic link: its path there is longer than a socket address
-// holds.
-func adminAPI(t *testing.T, dir string, pod corev1.Pod) func(path string) (string, error) {
+// /run (an emptyDir, a tmpfs the kubelet mounted in the node's mount
+// namespace), through a symbolic link: its path from here is longer than a
+// socket address holds.
+func adminAPI(t *testing.T, node *nodeNamespace, dir string, pod corev1.Pod) func(path string) (string, error) {
 	short := filepath.Join(dir, "admin-"+string(pod.UID)[:8])
-	if err := os.Symlink(filepath.Join(dir, "kubelet", "pods", string(pod.UID), "volumes", "kubernetes.io~empty-dir", "run", "breakerd"), short); err != nil {
+	run := filepath.Join(dir, "kubelet", "pods", string(pod.UID), "volumes", "kubernetes.io~empty-dir", "run", "breakerd")
+	if err := os.Symlink(node.Path(run), short); err != nil {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(short, "admin.sock")
@@ -702,10 +744,10 @@ func adminAPI(t *testing.T, dir string, pod corev1.Pod) func(path string) (strin
 	}
 }
 
-// nodeProcess starts bin in the node's network namespace, its output in
+// nodeProcess starts bin in the node's namespaces, its output in
 // dir/<bin's name>.log, and returns what stops it: a kill by PID, a wait,
 // and, when the test failed, the log's last lines in the test's.
-func nodeProcess(t *testing.T, node *kerneltest.Host, dir, bin string, args ...string) (stop func()) {
+func nodeProcess(t *testing.T, node *nodeNamespace, dir, bin string, args ...string) (stop func()) {
 	t.Helper()
 	path := filepath.Join(dir, filepath.Base(bin)+".log")
 	log, err := os.Create(path)

@@ -365,7 +365,9 @@ func (s *Server) startControllers() error {
 		// service account volumes trust the API server with.
 		"--root-ca-file="+s.pki.caCert,
 		"--service-account-private-key-file="+s.pki.saKey,
-		"--use-service-account-credentials=false")...))
+		"--use-service-account-credentials=false",
+		// Its default, /usr/libexec/kubernetes/..., it would make.
+		"--flex-volume-plugin-dir="+filepath.Join(s.dir, "flexvolume"))...))
 	if err != nil {
 		return err
 	}
