@@ -211,3 +211,55 @@ func TestScopingCgroupStorm(t *testing.T) {
 		t.Fatalf("workloads map after the storm: %v, want sel-0 and sel-1", m)
 	}
 }
+
+const recreatedConfig = `
+failsafe_timeout: 5s
+targets:
+  svc:
+    match: {cidrs: [SRV], ports: ["8431"]}
+    state: forced_open
+    reject_errno: EHOSTUNREACH
+`
+
+// The protected cgroup removed and made again is re-attached when its
+// parent's watch reports it, not at the next interval's check (a minute
+// here): a real process moved into the new directory is rejected by the
+// open circuit soon after. The delay is logged; the bound asserted is a
+// generous one.
+func TestRecreatedCgroupProtectedAtOnce(t *testing.T) {
+	f := newFixture(t, recreatedConfig)
+	f.checkEvery = time.Minute
+	outside := kerneltest.NewCgroup(t)
+	f.start()
+	if got := errnos(f.dial(8431, 1, 0)); got[unix.EHOSTUNREACH] != 1 {
+		t.Fatalf("a connect from the protected cgroup: %v, want rejected", got)
+	}
+	s := f.topo.Client.StartStream(t, outside, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, 8431), Interval: time.Millisecond, Timeout: time.Second})
+	defer s.Close()
+	if r := <-s.Results; r.Errno != unix.ECONNREFUSED {
+		t.Fatalf("a connect from an unprotected cgroup: %v, want refused by the server", r.Errno)
+	}
+	if err := os.Remove(f.cg.Path); err != nil {
+		t.Fatal(err)
+	}
+	if !kerneltest.WaitFor(2*time.Second, func() bool { return !f.ready() }) {
+		t.Fatal("still ready 2 s after the protected cgroup was removed")
+	}
+	if err := os.Mkdir(f.cg.Path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	made := time.Now()
+	if err := f.cg.AddProc(s.PID()); err != nil {
+		t.Fatal(err)
+	}
+	moved := time.Now()
+	bound := 2 * time.Second
+	if kerneltest.Emulated() {
+		bound = 10 * time.Second
+	}
+	delay, through := protection(t, s, made, moved, bound)
+	t.Logf("the protected cgroup made again: protected %v after its mkdir, %d connects through", delay.Round(100*time.Microsecond), through)
+	if !kerneltest.WaitFor(2*time.Second, f.ready) {
+		t.Fatalf("not ready once the cgroup is back:\n%s", f.logs.String())
+	}
+}
