@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -52,7 +53,9 @@ func TestCgroupStormCost(t *testing.T) {
 	topo := kerneltest.NewTopology(t, 1)
 	srv := topo.Servers[0]
 	cg := kerneltest.NewCgroup(t)
+	var storms sync.WaitGroup
 	t.Cleanup(func() {
+		storms.Wait()
 		if err := removeStorm(cg.Path); err != nil {
 			t.Errorf("removing the storm's cgroups: %v", err)
 		}
@@ -129,7 +132,7 @@ func TestCgroupStormCost(t *testing.T) {
 				}()
 				cpu0, t0 := cpuNanos(t, d.pid), time.Now()
 				half := make(chan struct{})
-				done := stormCgroups(cg.Path, n, remove, half)
+				done := stormCgroups(&storms, cg.Path, n, remove, half)
 				<-half
 				dl, th := protect()
 				if err := <-done; err != nil {
@@ -205,9 +208,9 @@ func firstRejection(t *testing.T, s *kerneltest.Stream, made, moved time.Time) (
 
 // stormCgroups makes (remove false) or removes n cgroups storm-NNNNN
 // below dir from one goroutine, and closes half once half are done.
-func stormCgroups(dir string, n int, remove bool, half chan<- struct{}) <-chan error {
+func stormCgroups(wg *sync.WaitGroup, dir string, n int, remove bool, half chan<- struct{}) <-chan error {
 	done := make(chan error, 1)
-	go func() {
+	wg.Go(func() {
 		var err error
 		for i := range n {
 			if i == n/2 {
@@ -224,7 +227,7 @@ func stormCgroups(dir string, n int, remove bool, half chan<- struct{}) <-chan e
 			}
 		}
 		done <- err
-	}()
+	})
 	return done
 }
 

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,9 +48,9 @@ func stormSize(t *testing.T) int {
 // storm makes (remove false) or removes n cgroups storm-NNNNN below dir as
 // fast as one goroutine can, and sends on half once half are done. The
 // returned channel has the first error, or nil, once it ends.
-func storm(dir string, n int, remove bool, half chan<- struct{}) <-chan error {
+func storm(wg *sync.WaitGroup, dir string, n int, remove bool, half chan<- struct{}) <-chan error {
 	done := make(chan error, 1)
-	go func() {
+	wg.Go(func() {
 		var err error
 		for i := range n {
 			if i == n/2 {
@@ -66,7 +67,7 @@ func storm(dir string, n int, remove bool, half chan<- struct{}) <-chan error {
 			}
 		}
 		done <- err
-	}()
+	})
 	return done
 }
 
@@ -150,8 +151,11 @@ func protection(t *testing.T, s *kerneltest.Stream, made, moved time.Time, bound
 func TestScopingCgroupStorm(t *testing.T) {
 	n := stormSize(t)
 	f := newScopedFixture(t, stormConfig)
-	// Removed before the fixture's cgroup, also when the test fails.
+	// Removed before the fixture's cgroup, also when the test fails (once
+	// a storm still going has ended).
+	var storms sync.WaitGroup
 	t.Cleanup(func() {
+		storms.Wait()
 		if err := removeStorm(f.cg.Path); err != nil {
 			t.Errorf("removing the storm's cgroups: %v", err)
 		}
@@ -174,7 +178,7 @@ func TestScopingCgroupStorm(t *testing.T) {
 		}
 		half := make(chan struct{})
 		t0 := time.Now()
-		done := storm(f.cg.Path, n, remove, half)
+		done := storm(&storms, f.cg.Path, n, remove, half)
 		<-half
 		made := time.Now()
 		sel := f.cg.Child(t, fmt.Sprintf("sel-%d", i))
