@@ -54,6 +54,9 @@ func (in *inotify) add(path string) (int32, error) {
 // watch holds its inode, so the kernel never ends it) until this is
 // called.
 func (in *inotify) remove(wd int32) {
+	if wd < 0 {
+		return // never watched (noWatch)
+	}
 	_, _ = unix.InotifyRmWatch(in.fd, uint32(wd))
 }
 

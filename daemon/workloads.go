@@ -62,8 +62,8 @@ type cgroupWatch struct {
 	cfg     *policy.Config
 	match   *policy.CgroupMatcher
 	classes policy.Classes
-	// nodes is every cgroup below attach (attach included) that is
-	// watched, by path; byWd the same by watch descriptor.
+	// nodes is every cgroup below attach (attach included) by path;
+	// byWd those watched, by watch descriptor.
 	nodes   map[string]*cgroupNode
 	byWd    map[int32]*cgroupNode
 	scanGen uint64           // counts scans: a node a scan did not see is gone
@@ -79,7 +79,10 @@ type cgroupWatch struct {
 	podOf sync.Map
 }
 
-// cgroupNode is one watched cgroup directory.
+// noWatch is the watch descriptor of a cgroup that could not be watched.
+const noWatch int32 = -1
+
+// cgroupNode is one cgroup directory below the attach point.
 type cgroupNode struct {
 	path     string
 	id       uint64
@@ -233,17 +236,21 @@ func (cw *cgroupWatch) addLocked(path string) (*cgroupNode, bool) {
 	}
 	if n == nil {
 		wd, err := cw.ino.add(path)
-		if err != nil {
-			if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) {
-				cw.log.Warn("watching a cgroup for children (a rescan will find them)", "cgroup", path, "err", err)
-			}
-			return nil, false
+		switch {
+		case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
+			return nil, false // gone already
+		case err != nil:
+			// Out of watches, say: the cgroup is still classified (and
+			// its removal seen by its parent's watch); its children are
+			// found by rescans.
+			cw.log.Warn("watching a cgroup for children (a rescan will find them)", "cgroup", path, "err", err)
+			wd = noWatch
 		}
 		if err := unix.Stat(path, &st); err != nil {
 			cw.ino.remove(wd)
 			return nil, false
 		}
-		if old := cw.byWd[wd]; old != nil {
+		if old := cw.byWd[wd]; old != nil && wd != noWatch {
 			// The same directory under another path (a bind mount): one
 			// node per watch.
 			cw.forgetLocked(old)
@@ -259,14 +266,20 @@ func (cw *cgroupWatch) addLocked(path string) (*cgroupNode, bool) {
 			}
 			parent.children[filepath.Base(path)] = n
 		}
-		cw.nodes[path], cw.byWd[wd] = n, n
+		cw.nodes[path] = n
+		if wd != noWatch {
+			cw.byWd[wd] = n
+		}
 		if uid, ok := podOfCgroup(cw.rel(path)); ok {
 			cw.podOf.Store(n.id, uid)
 		}
 	}
 	n.scan = cw.scanGen
 	cw.writeLocked(n)
-	return n, st.Nlink > 2
+	// Two links are the directory's name and its "."; each child
+	// directory's ".." adds one. Another count (a filesystem that does
+	// not keep it) is read.
+	return n, st.Nlink != 2
 }
 
 // writeLocked brings n's map entry in line with its workload.
