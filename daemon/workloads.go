@@ -315,7 +315,8 @@ func (cw *cgroupWatch) writeLocked(n *cgroupNode) {
 }
 
 // addTreeLocked adds path and every cgroup below it, reading only the
-// directories that have child directories.
+// directories that have child directories (known ones too, in case an
+// event was lost).
 func (cw *cgroupWatch) addTreeLocked(path string) {
 	n, below := cw.addLocked(path)
 	if n == nil || !below {
@@ -379,7 +380,7 @@ func (cw *cgroupWatch) forgetLocked(n *cgroupNode) {
 // previous daemon left.
 func (cw *cgroupWatch) scanLocked() {
 	cw.scanGen++
-	cw.scanTreeLocked(cw.attach)
+	cw.addTreeLocked(cw.attach) // known directories with children are read again too
 	for _, n := range cw.nodes {
 		if n.scan != cw.scanGen {
 			cw.forgetLocked(n)
@@ -397,26 +398,6 @@ func (cw *cgroupWatch) scanLocked() {
 	for id := range entries {
 		if _, ok := cw.written[id]; !live[id] || !ok {
 			cw.deleteLocked(id)
-		}
-	}
-}
-
-// scanTreeLocked is addTreeLocked for a scan: a known directory with
-// children is read again too, in case a child's event was lost.
-func (cw *cgroupWatch) scanTreeLocked(path string) {
-	n, below := cw.addLocked(path)
-	if n == nil || !below {
-		return
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return
-	}
-	entries, _ := f.ReadDir(-1)
-	f.Close()
-	for _, e := range entries {
-		if e.IsDir() {
-			cw.scanTreeLocked(filepath.Join(path, e.Name()))
 		}
 	}
 }
