@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/maps"
 )
 
 const stormBenchConfig = `
@@ -75,18 +76,41 @@ func TestCgroupStormCost(t *testing.T) {
 	}
 	idleRSS := rssBytes(t, d.pid)
 
+	v, err := maps.OpenPinned(d.bpffs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
 	made := 0
+	var entries []time.Duration // mkdir → entry in the workloads map
 	// protect makes a new selected cgroup, moves the client into it and
 	// returns how long after the mkdir its first connect was rejected, and
-	// how many got through; then moves it back.
+	// how many got through; then moves it back. It also records when the
+	// cgroup's entry was in the map (polled every 100 µs).
 	protect := func() (time.Duration, int) {
 		made++
 		mkdir := time.Now()
 		sel := cg.Child(t, fmt.Sprintf("sel-%d", made))
+		id, err := sel.ID()
+		if err != nil {
+			t.Fatal(err)
+		}
+		entry := make(chan time.Duration, 1)
+		go func() {
+			for time.Since(mkdir) < 10*time.Second {
+				if _, ok, err := v.Workload(id); err == nil && ok {
+					entry <- time.Since(mkdir)
+					return
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+			entry <- -1
+		}()
 		if err := sel.AddProc(s.PID()); err != nil {
 			t.Fatal(err)
 		}
 		delay, through := firstRejection(t, s, mkdir, time.Now())
+		entries = append(entries, <-entry)
 		if err := hold.AddProc(s.PID()); err != nil {
 			t.Fatal(err)
 		}
@@ -94,33 +118,40 @@ func TestCgroupStormCost(t *testing.T) {
 	}
 
 	var tab strings.Builder
-	fmt.Fprintf(&tab, "| sibling cgroups | storm | storms | storm's time (median) | protected after (p50 / max) | connects through (max) | daemon CPU during the storms (peak over 50 ms) | peak RSS (idle before: %.1f MiB) |\n|---|---|---|---|---|---|---|---|\n", float64(idleRSS)/(1<<20))
+	fmt.Fprintf(&tab, "| sibling cgroups | storm | storms | storm's time (median) | entry in the map after (p50 / max) | first rejection after (p50 / max) | connects through (max) | daemon CPU during the storms (peak over 50 ms) | peak RSS (idle before: %.1f MiB) |\n|---|---|---|---|---|---|---|---|---|\n", float64(idleRSS)/(1<<20))
 	var calm []time.Duration
 	calmThrough := 0
+	entries = nil
 	for range 5 * rounds {
 		dl, th := protect()
 		calm = append(calm, dl)
 		calmThrough = max(calmThrough, th)
 		time.Sleep(20 * time.Millisecond)
 	}
-	fmt.Fprintf(&tab, "| 0 | none | %d | – | %s | %d | – | – |\n", len(calm), p50max(calm), calmThrough)
+	fmt.Fprintf(&tab, "| 0 | none | %d | – | %s | %s | %d | – | – |\n", len(calm), p50max(entries), p50max(calm), calmThrough)
+	// One round is a storm of mkdirs, then one of rmdirs of the same
+	// cgroups.
+	type figures struct {
+		delays, took, entries []time.Duration
+		through               int
+		busy, wall            int64
+		peak, cpu             atomic.Int64 // RSS bytes; CPU ns per 50 ms
+	}
 	for _, n := range sizes {
-		for _, remove := range []bool{false, true} {
-			var delays, took []time.Duration
-			through := 0
-			var busy, wall int64
-			var peak, cpuPeak atomic.Int64 // RSS bytes; CPU ns per 50 ms
-			for range rounds {
+		var each [2]figures // mkdir, rmdir
+		for range rounds {
+			for i, remove := range []bool{false, true} {
+				f := &each[i]
 				stop := make(chan struct{})
 				sampled := make(chan struct{})
 				go func() {
 					defer close(sampled)
 					c0, w0 := cpuNanos(t, d.pid), time.Now()
 					for {
-						peak.Store(max(peak.Load(), rssBytes(t, d.pid)))
+						f.peak.Store(max(f.peak.Load(), rssBytes(t, d.pid)))
 						if el := time.Since(w0); el >= 50*time.Millisecond {
 							c := cpuNanos(t, d.pid)
-							cpuPeak.Store(max(cpuPeak.Load(), (c-c0)*int64(50*time.Millisecond)/int64(el)))
+							f.cpu.Store(max(f.cpu.Load(), (c-c0)*int64(50*time.Millisecond)/int64(el)))
 							c0, w0 = c, time.Now()
 						}
 						select {
@@ -134,11 +165,13 @@ func TestCgroupStormCost(t *testing.T) {
 				half := make(chan struct{})
 				done := stormCgroups(&storms, cg.Path, n, remove, half)
 				<-half
+				entries = nil
 				dl, th := protect()
+				f.entries = append(f.entries, entries...)
 				if err := <-done; err != nil {
 					t.Fatalf("storm: %v", err)
 				}
-				took = append(took, time.Since(t0))
+				f.took = append(f.took, time.Since(t0))
 				// The daemon's share: until it has caught up (its CPU
 				// stops moving) or a second after the storm.
 				for last, until := cpuNanos(t, d.pid), time.Now().Add(time.Second); time.Now().Before(until); {
@@ -149,20 +182,19 @@ func TestCgroupStormCost(t *testing.T) {
 					}
 					last = c
 				}
-				busy += cpuNanos(t, d.pid) - cpu0
-				wall += int64(time.Since(t0))
+				f.busy += cpuNanos(t, d.pid) - cpu0
+				f.wall += int64(time.Since(t0))
 				close(stop)
 				<-sampled
-				delays = append(delays, dl)
-				through = max(through, th)
+				f.delays = append(f.delays, dl)
+				f.through = max(f.through, th)
 			}
-			what := "mkdir"
-			if remove {
-				what = "rmdir"
-			}
-			slices.Sort(took)
-			fmt.Fprintf(&tab, "| %d | %s | %d | %v | %s | %d | %.0f%% of a core (%.0f%%) | %.1f MiB |\n", n, what, rounds, took[len(took)/2].Round(time.Millisecond),
-				p50max(delays), through, 100*float64(busy)/float64(wall), 100*float64(cpuPeak.Load())/float64(50*time.Millisecond), float64(peak.Load())/(1<<20))
+		}
+		for i, what := range []string{"mkdir", "rmdir"} {
+			f := &each[i]
+			slices.Sort(f.took)
+			fmt.Fprintf(&tab, "| %d | %s | %d | %v | %s | %s | %d | %.0f%% of a core (%.0f%%) | %.1f MiB |\n", n, what, rounds, f.took[len(f.took)/2].Round(time.Millisecond),
+				p50max(f.entries), p50max(f.delays), f.through, 100*float64(f.busy)/float64(f.wall), 100*float64(f.cpu.Load())/float64(50*time.Millisecond), float64(f.peak.Load())/(1<<20))
 		}
 	}
 	report(t, tab.String())
@@ -212,9 +244,16 @@ func stormCgroups(wg *sync.WaitGroup, dir string, n int, remove bool, half chan<
 	done := make(chan error, 1)
 	wg.Go(func() {
 		var err error
+		halfway := false
+		defer func() {
+			if !halfway {
+				close(half) // stopped early: the caller reads done
+			}
+		}()
 		for i := range n {
 			if i == n/2 {
 				close(half)
+				halfway = true
 			}
 			p := filepath.Join(dir, fmt.Sprintf("storm-%05d", i))
 			if remove {

@@ -46,15 +46,23 @@ func stormSize(t *testing.T) int {
 }
 
 // storm makes (remove false) or removes n cgroups storm-NNNNN below dir as
-// fast as one goroutine can, and sends on half once half are done. The
+// fast as one goroutine can, and closes half once half are done (or it
+// stopped early). The
 // returned channel has the first error, or nil, once it ends.
 func storm(wg *sync.WaitGroup, dir string, n int, remove bool, half chan<- struct{}) <-chan error {
 	done := make(chan error, 1)
 	wg.Go(func() {
 		var err error
+		halfway := false
+		defer func() {
+			if !halfway {
+				close(half) // stopped early: the caller reads done
+			}
+		}()
 		for i := range n {
 			if i == n/2 {
 				close(half)
+				halfway = true
 			}
 			p := filepath.Join(dir, fmt.Sprintf("storm-%05d", i))
 			if remove {
