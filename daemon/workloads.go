@@ -379,6 +379,11 @@ func (cw *cgroupWatch) forgetLocked(n *cgroupNode) {
 // missing and deletes every map entry whose cgroup is gone, also entries a
 // previous daemon left.
 func (cw *cgroupWatch) scanLocked() {
+	if cw.ino == nil {
+		// Closed (the daemon stops): a scan would find nothing watched
+		// and delete every entry the next daemon's kernel still uses.
+		return
+	}
 	cw.scanGen++
 	cw.addTreeLocked(cw.attach) // known directories with children are read again too
 	for _, n := range cw.nodes {
