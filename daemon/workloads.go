@@ -191,7 +191,8 @@ func (cw *cgroupWatch) classOf(path string) (name string, class uint8, ok bool) 
 }
 
 // urgent reports whether the cgroup at path may need protection: it
-// belongs to a workload, or a cgroup below it may.
+// belongs to a workload (a selected pod's cgroup included), or a cgroup
+// below it may match a pattern.
 func (cw *cgroupWatch) urgent(path string) bool {
 	if cw.cfg == nil || !cw.cfg.Classed() {
 		return false

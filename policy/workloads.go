@@ -84,8 +84,6 @@ type CgroupMatcher struct {
 	// order is the workloads in the order they are matched (those made
 	// by source patterns first), each with its patterns split.
 	order []matcherWorkload
-	// pods is whether some workload selects pods.
-	pods bool
 }
 
 type matcherWorkload struct {
@@ -107,7 +105,6 @@ func (c *Config) CgroupMatcher() *CgroupMatcher {
 			for _, p := range w.Cgroups {
 				mw.patterns = append(mw.patterns, strings.Split(p, "/"))
 			}
-			m.pods = m.pods || w.Kubernetes()
 			m.order = append(m.order, mw)
 		}
 	}
@@ -134,14 +131,12 @@ func (m *CgroupMatcher) WorkloadOf(rel string, selected func(workload string) bo
 }
 
 // MayMatchBelow reports whether a cgroup below rel (rel itself not
-// included) could belong to a workload: one of the patterns can match a
-// longer path that starts with rel, or some workload selects pods (whose
-// cgroups are found by their path, not by a pattern). A cgroup made with
-// its children already in it is handled first when they may be protected.
+// included) could match one of the patterns: one can match a longer path
+// that starts with rel. Pod selection is left out: a pod's cgroups below
+// rel belong to the pod of rel, or are new pods' cgroups, each classified
+// by itself. A cgroup made with its children already in it is handled
+// first when they may be protected.
 func (m *CgroupMatcher) MayMatchBelow(rel string) bool {
-	if m.pods {
-		return true
-	}
 	name := splitPath(rel)
 	for _, mw := range m.order {
 		for _, p := range mw.patterns {

@@ -75,8 +75,8 @@ func TestCgroupMatcherMayMatchBelow(t *testing.T) {
 		}
 	}
 	pods := (&Config{Workloads: []Workload{{Name: "p", Namespaces: []string{"default"}}}}).CgroupMatcher()
-	if !pods.MayMatchBelow("anything") {
-		t.Error("a pod-selecting workload: MayMatchBelow false")
+	if pods.MayMatchBelow("kubepods.slice") {
+		t.Error("a pod-selecting workload without patterns: MayMatchBelow true (pods' cgroups are classified one by one)")
 	}
 }
 
