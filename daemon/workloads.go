@@ -542,6 +542,11 @@ func (cw *cgroupWatch) run(ctx context.Context) {
 			case err != nil:
 				cw.log.Warn("reading the cgroup watch's events; rescanning", "err", err)
 				cw.rescan()
+				select { // not in a tight loop if it persists
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Second):
+				}
 				continue
 			}
 			queue = parseEvents(queue, buf[:n])
