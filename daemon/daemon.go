@@ -275,7 +275,7 @@ func New(opts Options) (*Daemon, error) {
 	}
 	if err != nil {
 		if d.scope != nil {
-			d.scope.w.Close()
+			d.scope.close()
 		}
 		srv.shutdown()
 		if aerr := k.Abandon(); aerr != nil {

@@ -4,8 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/breakerd/breakerd/internal/cgroup2"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
@@ -297,22 +301,91 @@ func (d *Daemon) reconcileLimits() error {
 // directory removed, the cgroup made again, the bpffs mounted again where
 // it was) is, and the daemon is ready again once nothing is missing. A
 // failed repair is logged when its error changes, not at every check.
+//
+// The protected cgroup's parent directory is also watched with inotify, so
+// the cgroup removed or made again is checked (and re-attached) when it
+// happens, not at the next tick: see checkGround for what is protected
+// in between.
 func (d *Daemon) watchGround(ctx context.Context) {
 	if d.opts.CheckInterval < 0 {
 		return
 	}
 	t := time.NewTicker(d.opts.CheckInterval)
 	defer t.Stop()
+	var changed <-chan fsnotify.Event
+	if w := d.cgroupParentWatcher(); w != nil {
+		defer w.Close()
+		changed = w.Events
+		go func() {
+			for err := range w.Errors {
+				d.log.Warn("watching the protected cgroup's parent (checked every interval still)", "err", err)
+			}
+		}()
+	}
+	name := filepath.Base(d.opts.Cgroup)
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case ev, ok := <-changed:
+			if !ok {
+				changed = nil
+				continue
+			}
+			if filepath.Base(ev.Name) == name && (ev.Has(fsnotify.Create) || ev.Has(fsnotify.Remove)) {
+				d.checkGround(ctx)
+			}
 		case <-t.C:
 			d.checkGround(ctx)
 		}
 	}
 }
 
+// cgroupParentWatcher watches the directory that holds the protected
+// cgroup, when that is a cgroup too (the cgroup v2 mount's root has no
+// parent cgroup to watch); nil otherwise.
+func (d *Daemon) cgroupParentWatcher() *fsnotify.Watcher {
+	cg := filepath.Clean(d.opts.Cgroup)
+	root, err := cgroup2.MountOf(cg)
+	if err != nil || cg == filepath.Clean(root) {
+		return nil
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		d.log.Warn("cannot watch the protected cgroup's parent (checked every interval still)", "err", err)
+		return nil
+	}
+	if err := w.Add(filepath.Dir(cg)); err != nil {
+		w.Close()
+		d.log.Warn("cannot watch the protected cgroup's parent (checked every interval still)", "dir", filepath.Dir(cg), "err", err)
+		return nil
+	}
+	return w
+}
+
+// checkGround checks the ground once, and repairs what it can.
+//
+// The protected cgroup removed and made again is a new, empty directory
+// at the same path, which the programs are re-attached to here (when the
+// parent's watch reports the mkdir, within milliseconds). In between:
+//   - Until the rmdir nothing changes (the old directory is protected to
+//     the end). cgroup v2 removes only a cgroup without processes and
+//     child cgroups, so whatever ran in it had been moved out before, and
+//     is protected only if it went to another protected cgroup.
+//   - From the mkdir to the attach, processes moved into the new
+//     directory (or started in it) and cgroups made in it are not
+//     protected: their connects are not checked against open circuits
+//     or bulkheads, and their outcomes are not counted.
+//   - From the attach on, every new connect of every process in it, and
+//     in every cgroup below it, is checked (attaching to a cgroup covers
+//     its descendants); the cgroups made in it before the attach have
+//     their workloads written first (the rescan below), so none of them
+//     waits for a later event. Connections made in the gap stay unseen
+//     to their end: they hold no bulkhead slot, and their failures are
+//     not counted.
+//
+// The circuits, verdicts and counts live in the pinned maps, not in the
+// cgroup, so they carry over unchanged.
 func (d *Daemon) checkGround(ctx context.Context) {
 	p := d.k.Check()
 	if p != nil {
@@ -327,6 +400,12 @@ func (d *Daemon) checkGround(ctx context.Context) {
 		d.ready.Store(false)
 		d.metrics.protected.Set(0)
 		d.mu.Unlock()
+		if _, ok := p[maps.CgroupRecreated]; ok {
+			// A new directory: its children are new cgroups to watch and
+			// classify, before the programs attach, so that every cgroup
+			// in it is protected from the attach on.
+			d.scope.rescan()
+		}
 		if err := d.k.Repair(); err != nil {
 			if err.Error() != d.repairErr {
 				d.log.Error("repairing protection", "err", err)
@@ -334,10 +413,6 @@ func (d *Daemon) checkGround(ctx context.Context) {
 			d.repairErr = err.Error()
 		} else {
 			d.repairErr = ""
-		}
-		if _, ok := p[maps.CgroupRecreated]; ok {
-			// A new directory: its children are new cgroups to watch.
-			d.scope.rescan()
 		}
 		p = d.k.Check()
 	}

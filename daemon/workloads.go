@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 
 	"github.com/breakerd/breakerd/internal/cgroup2"
 	"github.com/breakerd/breakerd/kube"
@@ -39,6 +39,16 @@ import (
 // as a safety net. Every scan also deletes map entries of cgroups that no
 // longer exist, so no entry outlives its cgroup by more than a rescan.
 //
+// A storm of cgroups made or removed (a node starting or draining many
+// pods) must not hold up the one that needs protection: run reads every
+// queued event at once, handles first the new cgroups that belong to a
+// workload (or may have such children), then the rest in order, a chunk at
+// a time with another look at the queue between chunks. Each new cgroup
+// costs two system calls (the watch, then a stat for its id and its number
+// of child directories; only a directory with children is read), a removed
+// one a map lookup, a stat and the end of its watch; nothing visits every
+// cgroup but a scan.
+//
 // It has its own lock and never takes Daemon.mu, so a busy event loop
 // never delays protecting a new cgroup.
 type cgroupWatch struct {
@@ -48,11 +58,16 @@ type cgroupWatch struct {
 	attach string // the attach point: only cgroups below it are looked at
 
 	mu      sync.Mutex
-	w       *fsnotify.Watcher
+	ino     *inotify // nil once closed
 	cfg     *policy.Config
+	match   *policy.CgroupMatcher
 	classes policy.Classes
-	paths   map[string]uint64 // every cgroup below attach, watched: path → id
-	written map[uint64]entry  // entries this daemon knows are in the map
+	// nodes is every cgroup below attach (attach included) by path;
+	// byWd those watched, by watch descriptor.
+	nodes   map[string]*cgroupNode
+	byWd    map[int32]*cgroupNode
+	scanGen uint64           // counts scans: a node a scan did not see is gone
+	written map[uint64]entry // entries this daemon knows are in the map
 	// full are the cgroups of a workload the map had no room for (by
 	// path): not protected; written again when an entry goes, and tried
 	// at every rescan.
@@ -64,6 +79,19 @@ type cgroupWatch struct {
 	podOf sync.Map
 }
 
+// noWatch is the watch descriptor of a cgroup that could not be watched.
+const noWatch int32 = -1
+
+// cgroupNode is one cgroup directory below the attach point.
+type cgroupNode struct {
+	path     string
+	id       uint64
+	wd       int32
+	parent   *cgroupNode
+	children map[string]*cgroupNode // by name
+	scan     uint64                 // the last scan that saw it
+}
+
 // entry is one cgroup's workload as written to the map: its class and its
 // bulkhead class (a reordered list moves a sharing workload's bulkhead
 // class and leaves its class 0: the entry is written again).
@@ -73,8 +101,17 @@ type entry struct {
 	bulkhead uint8
 }
 
-// rescanInterval is how often the whole tree is scanned again.
-const rescanInterval = 10 * time.Second
+const (
+	// rescanInterval is how often the whole tree is scanned again.
+	rescanInterval = 10 * time.Second
+	// eventChunk is how many queued events are handled between two looks
+	// for new ones: a new protected cgroup waits for at most one chunk.
+	eventChunk = 256
+	// maxQueuedEvents bounds the events read ahead of handling them (about
+	// 64 bytes each); beyond it they wait in the kernel's queue, whose
+	// overflow makes a rescan.
+	maxQueuedEvents = 1 << 16
+)
 
 func newCgroupWatch(k *maps.Kernel, log *slog.Logger, attach string) (*cgroupWatch, error) {
 	attach = filepath.Clean(attach)
@@ -82,12 +119,22 @@ func newCgroupWatch(k *maps.Kernel, log *slog.Logger, attach string) (*cgroupWat
 	if err != nil {
 		return nil, err
 	}
-	w, err := fsnotify.NewWatcher()
+	ino, err := newInotify()
 	if err != nil {
 		return nil, err
 	}
-	return &cgroupWatch{k: k, log: log, root: root, attach: attach, w: w,
-		paths: map[string]uint64{}, written: map[uint64]entry{}, full: map[string]entry{}}, nil
+	return &cgroupWatch{k: k, log: log, root: root, attach: attach, ino: ino,
+		nodes: map[string]*cgroupNode{}, byWd: map[int32]*cgroupNode{}, written: map[uint64]entry{}, full: map[string]entry{}}, nil
+}
+
+// close ends the watch (run returns).
+func (cw *cgroupWatch) close() {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	if cw.ino != nil {
+		cw.ino.close()
+		cw.ino = nil
+	}
 }
 
 // apply takes cfg's workloads and brings the map in line with them at
@@ -95,7 +142,7 @@ func newCgroupWatch(k *maps.Kernel, log *slog.Logger, attach string) (*cgroupWat
 func (cw *cgroupWatch) apply(cfg *policy.Config) {
 	cw.mu.Lock()
 	defer cw.mu.Unlock()
-	cw.cfg, cw.classes = cfg, cfg.Classes()
+	cw.cfg, cw.match, cw.classes = cfg, cfg.CgroupMatcher(), cfg.Classes()
 	cw.scanLocked()
 }
 
@@ -106,25 +153,54 @@ func (cw *cgroupWatch) rescan() {
 	cw.scanLocked()
 }
 
+// rel returns path relative to the cgroup v2 mount ("" for the mount).
+func (cw *cgroupWatch) rel(path string) string {
+	if r, ok := strings.CutPrefix(path, cw.root); ok && (r == "" || r[0] == '/') {
+		return strings.TrimPrefix(r, "/")
+	}
+	r, err := filepath.Rel(cw.root, path)
+	if err != nil || r == "." {
+		return ""
+	}
+	return filepath.ToSlash(r)
+}
+
+// podOfCgroup is kube.PodOfCgroup, without its work for the paths that
+// cannot be a pod's.
+func podOfCgroup(rel string) (string, bool) {
+	if !strings.Contains(rel, "kubepods") {
+		return "", false
+	}
+	uid, _, ok := kube.PodOfCgroup(rel)
+	return uid, ok
+}
+
 // classOf returns the workload and class of the cgroup at path, ok false
 // when it belongs to no workload (or no workload is configured).
 func (cw *cgroupWatch) classOf(path string) (name string, class uint8, ok bool) {
 	if cw.cfg == nil || !cw.cfg.Classed() {
 		return "", 0, false
 	}
-	rel, err := filepath.Rel(cw.root, path)
-	if err != nil {
-		return "", 0, false
-	}
-	if rel == "." {
-		rel = ""
-	}
-	uid, _, inPod := kube.PodOfCgroup(filepath.ToSlash(rel))
-	w, ok := cw.cfg.WorkloadOfPod(filepath.ToSlash(rel), func(workload string) bool { return inPod && cw.pods[workload][uid] })
+	rel := cw.rel(path)
+	uid, inPod := podOfCgroup(rel)
+	w, ok := cw.match.WorkloadOf(rel, func(workload string) bool { return inPod && cw.pods[workload][uid] })
 	if !ok {
 		return "", 0, false
 	}
 	return w.Name, uint8(cw.classes.Of(w.Name)), true
+}
+
+// urgent reports whether the cgroup at path may need protection: it
+// belongs to a workload (a selected pod's cgroup included), or a cgroup
+// below it may match a pattern.
+func (cw *cgroupWatch) urgent(path string) bool {
+	if cw.cfg == nil || !cw.cfg.Classed() {
+		return false
+	}
+	if _, _, ok := cw.classOf(path); ok {
+		return true
+	}
+	return cw.match.MayMatchBelow(cw.rel(path))
 }
 
 func cgroupID(path string) (uint64, error) {
@@ -139,26 +215,77 @@ func cgroupID(path string) (uint64, error) {
 	return st.Ino, nil
 }
 
-// addLocked watches one cgroup directory and writes its entry.
-func (cw *cgroupWatch) addLocked(path string) {
-	id, err := cgroupID(path)
-	if err != nil {
-		return // gone already
+// addLocked watches one cgroup directory and writes its entry. It
+// returns the directory's node (nil when it is gone) and whether it has
+// child directories (st_nlink counts them on cgroupfs, as on every
+// kernfs): the watch is added before the stat, so a child made after
+// the stat is reported by the watch, one made before is counted.
+func (cw *cgroupWatch) addLocked(path string) (*cgroupNode, bool) {
+	if cw.ino == nil {
+		return nil, false
 	}
-	if old, ok := cw.paths[path]; ok && old != id {
-		cw.forgetLocked(path) // removed and made again between two events
+	var st unix.Stat_t
+	n := cw.nodes[path]
+	if n != nil {
+		if err := unix.Stat(path, &st); err != nil {
+			return nil, false // gone already: its removal is queued
+		}
+		if st.Ino != n.id {
+			cw.forgetLocked(n) // removed and made again between two events
+			n = nil
+		}
 	}
-	if _, ok := cw.paths[path]; !ok {
-		if err := cw.w.Add(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if n == nil {
+		wd, err := cw.ino.add(path)
+		switch {
+		case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
+			return nil, false // gone already
+		case err != nil:
+			// Out of watches, say: the cgroup is still classified (and
+			// its removal seen by its parent's watch); its children are
+			// found by rescans.
 			cw.log.Warn("watching a cgroup for children (a rescan will find them)", "cgroup", path, "err", err)
+			wd = noWatch
 		}
-		cw.paths[path] = id
-	}
-	if rel, err := filepath.Rel(cw.root, path); err == nil {
-		if uid, _, ok := kube.PodOfCgroup(filepath.ToSlash(rel)); ok {
-			cw.podOf.Store(id, uid)
+		if err := unix.Stat(path, &st); err != nil {
+			cw.ino.remove(wd)
+			return nil, false
+		}
+		if old := cw.byWd[wd]; old != nil && wd != noWatch {
+			// The same directory under another path (a bind mount): one
+			// node per watch.
+			cw.forgetLocked(old)
+			if wd, err = cw.ino.add(path); err != nil {
+				return nil, false
+			}
+		}
+		n = &cgroupNode{path: path, id: st.Ino, wd: wd}
+		if parent := cw.nodes[filepath.Dir(path)]; parent != nil && path != cw.attach {
+			n.parent = parent
+			if parent.children == nil {
+				parent.children = map[string]*cgroupNode{}
+			}
+			parent.children[filepath.Base(path)] = n
+		}
+		cw.nodes[path] = n
+		if wd != noWatch {
+			cw.byWd[wd] = n
+		}
+		if uid, ok := podOfCgroup(cw.rel(path)); ok {
+			cw.podOf.Store(n.id, uid)
 		}
 	}
+	n.scan = cw.scanGen
+	cw.writeLocked(n)
+	// Two links are the directory's name and its "."; each child
+	// directory's ".." adds one. Another count (a filesystem that does
+	// not keep it) is read.
+	return n, st.Nlink != 2
+}
+
+// writeLocked brings n's map entry in line with its workload.
+func (cw *cgroupWatch) writeLocked(n *cgroupNode) {
+	path, id := n.path, n.id
 	name, class, ok := cw.classOf(path)
 	if !ok {
 		delete(cw.full, path)
@@ -188,17 +315,25 @@ func (cw *cgroupWatch) addLocked(path string) {
 	cw.written[id] = want
 }
 
-// addTreeLocked adds path and every cgroup below it.
+// addTreeLocked adds path and every cgroup below it, reading only the
+// directories that have child directories (known ones too, in case an
+// event was lost).
 func (cw *cgroupWatch) addTreeLocked(path string) {
-	_ = filepath.WalkDir(path, func(p string, e fs.DirEntry, err error) error {
-		if err != nil {
-			return nil // removed while walking
-		}
+	n, below := cw.addLocked(path)
+	if n == nil || !below {
+		return
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return // removed meanwhile
+	}
+	entries, _ := f.ReadDir(-1)
+	f.Close()
+	for _, e := range entries {
 		if e.IsDir() {
-			cw.addLocked(p)
+			cw.addTreeLocked(filepath.Join(path, e.Name()))
 		}
-		return nil
-	})
+	}
 }
 
 func (cw *cgroupWatch) deleteLocked(id uint64) {
@@ -209,26 +344,35 @@ func (cw *cgroupWatch) deleteLocked(id uint64) {
 	delete(cw.written, id)
 	// Room for a cgroup the full map turned away.
 	for p := range cw.full {
-		if _, watched := cw.paths[p]; watched {
-			cw.addLocked(p)
+		if n := cw.nodes[p]; n != nil {
+			cw.writeLocked(n)
 			break
 		}
 	}
 }
 
-// forgetLocked drops path and everything below it: watches, paths and
-// map entries.
-func (cw *cgroupWatch) forgetLocked(path string) {
-	for p, id := range cw.paths {
-		if p == path || strings.HasPrefix(p, path+"/") {
-			_ = cw.w.Remove(p)
-			delete(cw.paths, p)
-			delete(cw.full, p)
-			cw.podOf.Delete(id)
-			if _, ok := cw.written[id]; ok {
-				cw.deleteLocked(id)
-			}
-		}
+// forgetLocked drops n and everything below it: watches, nodes and map
+// entries.
+func (cw *cgroupWatch) forgetLocked(n *cgroupNode) {
+	for _, c := range n.children {
+		cw.forgetLocked(c)
+	}
+	if cw.ino != nil {
+		cw.ino.remove(n.wd)
+	}
+	if cw.byWd[n.wd] == n {
+		delete(cw.byWd, n.wd)
+	}
+	if cw.nodes[n.path] == n {
+		delete(cw.nodes, n.path)
+		delete(cw.full, n.path)
+	}
+	if n.parent != nil && n.parent.children[filepath.Base(n.path)] == n {
+		delete(n.parent.children, filepath.Base(n.path))
+	}
+	cw.podOf.Delete(n.id)
+	if _, ok := cw.written[n.id]; ok {
+		cw.deleteLocked(n.id)
 	}
 }
 
@@ -236,36 +380,84 @@ func (cw *cgroupWatch) forgetLocked(path string) {
 // missing and deletes every map entry whose cgroup is gone, also entries a
 // previous daemon left.
 func (cw *cgroupWatch) scanLocked() {
-	seen := map[string]bool{}
-	_ = filepath.WalkDir(cw.attach, func(p string, e fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		if e.IsDir() {
-			seen[p] = true
-			cw.addLocked(p)
-		}
-		return nil
-	})
-	for p := range cw.paths {
-		if !seen[p] {
-			cw.forgetLocked(p)
-		}
+	if cw.ino == nil {
+		// Closed (the daemon stops): a scan would find nothing watched
+		// and delete every entry the next daemon's kernel still uses.
+		return
 	}
-	live := map[uint64]bool{}
-	for _, id := range cw.paths {
-		live[id] = true
+	cw.scanGen++
+	cw.addTreeLocked(cw.attach) // known directories with children are read again too
+	for _, n := range cw.nodes {
+		if n.scan != cw.scanGen {
+			cw.forgetLocked(n)
+		}
 	}
 	entries, err := cw.k.Workloads()
 	if err != nil {
 		cw.log.Warn("reading the workloads map", "err", err)
 		return
 	}
+	live := make(map[uint64]bool, len(cw.nodes))
+	for _, n := range cw.nodes {
+		live[n.id] = true
+	}
 	for id := range entries {
 		if _, ok := cw.written[id]; !live[id] || !ok {
 			cw.deleteLocked(id)
 		}
 	}
+}
+
+// handleLocked acts on queued events: first the cgroups made that may
+// need protection (urgent), then, in order, at most eventChunk of the
+// rest. It returns how many events it consumed from the front.
+func (cw *cgroupWatch) handleLocked(evs []cgroupEvent, fresh int) int {
+	for i := fresh; i < len(evs); i++ {
+		ev := &evs[i]
+		if ev.wd < 0 {
+			// The queue overflowed: events were lost. A scan sees the tree
+			// as it is now, after every event read so far.
+			cw.log.Warn("the cgroup watch's event queue overflowed; rescanning")
+			cw.scanLocked()
+			return len(evs)
+		}
+		if ev.mask&unix.IN_CREATE == 0 {
+			continue
+		}
+		parent := cw.byWd[ev.wd]
+		if parent == nil {
+			continue
+		}
+		if path := parent.path + "/" + ev.name; cw.urgent(path) {
+			cw.addTreeLocked(path)
+			ev.done = true
+		}
+	}
+	n := min(len(evs), eventChunk)
+	for i := range n {
+		ev := &evs[i]
+		parent := cw.byWd[ev.wd]
+		if ev.done || parent == nil {
+			continue
+		}
+		path := parent.path + "/" + ev.name
+		if ev.mask&unix.IN_CREATE != 0 {
+			cw.addTreeLocked(path)
+			continue
+		}
+		// Removed: unless the directory at path now is the one the node
+		// knows (made again, and already added ahead of this event).
+		c := cw.nodes[path]
+		if c == nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(path, &st) == nil && st.Ino == c.id {
+			continue
+		}
+		cw.forgetLocked(c)
+	}
+	return n
 }
 
 // setPods takes the pods each pod-selecting workload selects now and, when
@@ -318,41 +510,67 @@ func (cw *cgroupWatch) countsAndFull() (in, full map[string]int) {
 	return in, full
 }
 
-// run follows the tree until ctx ends.
+// run follows the tree until ctx ends: it reads what the kernel has
+// queued, handles the urgent events of it at once and the rest a chunk at
+// a time, looking for new events between chunks.
 func (cw *cgroupWatch) run(ctx context.Context) {
-	defer cw.w.Close()
-	t := time.NewTicker(rescanInterval)
-	defer t.Stop()
+	cw.mu.Lock()
+	ino := cw.ino
+	cw.mu.Unlock()
+	if ino == nil {
+		return
+	}
+	defer cw.close()
+	stop := context.AfterFunc(ctx, cw.close) // ends a blocking read
+	defer stop()
+	buf := make([]byte, 64<<10)
+	var queue []cgroupEvent
+	next := time.Now().Add(rescanInterval)
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-cw.w.Events:
-			if !ok {
-				return
-			}
-			cw.mu.Lock()
+		fresh := len(queue) // queue[:fresh] were looked at for urgent ones
+		if len(queue) == 0 {
+			// Nothing to do: wait for an event or the next rescan.
+			_ = ino.f.SetReadDeadline(next)
+			n, err := ino.f.Read(buf)
 			switch {
-			case ev.Has(fsnotify.Create):
-				if fi, err := os.Lstat(ev.Name); err == nil && fi.IsDir() {
-					cw.addTreeLocked(ev.Name)
-				}
-			case ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename):
-				cw.forgetLocked(ev.Name)
-			}
-			cw.mu.Unlock()
-		case err, ok := <-cw.w.Errors:
-			if !ok {
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				cw.rescan()
+				next = time.Now().Add(rescanInterval)
+				continue
+			case errors.Is(err, os.ErrClosed):
 				return
+			case err != nil:
+				cw.log.Warn("reading the cgroup watch's events; rescanning", "err", err)
+				cw.rescan()
+				select { // not in a tight loop if it persists
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Second):
+				}
+				continue
 			}
-			cw.log.Warn("watching the cgroup tree; rescanning", "err", err)
-			cw.mu.Lock()
-			cw.scanLocked()
+			queue = parseEvents(queue, buf[:n])
+		}
+		cw.mu.Lock()
+		if cw.ino == nil {
 			cw.mu.Unlock()
-		case <-t.C:
-			cw.mu.Lock()
-			cw.scanLocked()
-			cw.mu.Unlock()
+			return
+		}
+		for len(queue) < maxQueuedEvents {
+			n, err := ino.read(buf, false)
+			if err != nil || n == 0 {
+				break
+			}
+			queue = parseEvents(queue, buf[:n])
+		}
+		done := cw.handleLocked(queue, fresh)
+		cw.mu.Unlock()
+		if queue = queue[done:]; len(queue) == 0 {
+			queue = nil
+		}
+		if time.Now().After(next) {
+			cw.rescan()
+			next = time.Now().Add(rescanInterval)
 		}
 	}
 }
@@ -396,9 +614,9 @@ func (w *workloadCollector) Collect(ch chan<- prometheus.Metric) {
 func (cw *cgroupWatch) cgroupIDs() map[uint64]bool {
 	cw.mu.Lock()
 	defer cw.mu.Unlock()
-	out := make(map[uint64]bool, len(cw.paths))
-	for _, id := range cw.paths {
-		out[id] = true
+	out := make(map[uint64]bool, len(cw.nodes))
+	for _, n := range cw.nodes {
+		out[n.id] = true
 	}
 	return out
 }
@@ -414,13 +632,9 @@ type cgroupName struct {
 func (cw *cgroupWatch) names() map[uint64]cgroupName {
 	cw.mu.Lock()
 	defer cw.mu.Unlock()
-	out := make(map[uint64]cgroupName, len(cw.paths))
-	for p, id := range cw.paths {
-		rel, err := filepath.Rel(cw.root, p)
-		if err != nil {
-			rel = p
-		}
-		out[id] = cgroupName{path: filepath.ToSlash(rel), workload: cw.written[id].workload}
+	out := make(map[uint64]cgroupName, len(cw.nodes))
+	for _, n := range cw.nodes {
+		out[n.id] = cgroupName{path: cw.rel(n.path), workload: cw.written[n.id].workload}
 	}
 	return out
 }
@@ -428,11 +642,7 @@ func (cw *cgroupWatch) names() map[uint64]cgroupName {
 // podCgroup reports whether the cgroup at path is a pod's (or one of its
 // containers').
 func (cw *cgroupWatch) podCgroup(path string) bool {
-	rel, err := filepath.Rel(cw.root, path)
-	if err != nil {
-		return false
-	}
-	_, _, ok := kube.PodOfCgroup(filepath.ToSlash(rel))
+	_, ok := podOfCgroup(cw.rel(path))
 	return ok
 }
 
@@ -451,9 +661,9 @@ func (cw *cgroupWatch) movedClasses(cfg *policy.Config, pinned map[uint64]entry)
 	}
 	cw.mu.Lock()
 	defer cw.mu.Unlock()
-	savedCfg, savedClasses := cw.cfg, cw.classes
-	cw.cfg, cw.classes = cfg, cfg.Classes()
-	defer func() { cw.cfg, cw.classes = savedCfg, savedClasses }()
+	savedCfg, savedMatch, savedClasses := cw.cfg, cw.match, cw.classes
+	cw.cfg, cw.match, cw.classes = cfg, cfg.CgroupMatcher(), cfg.Classes()
+	defer func() { cw.cfg, cw.match, cw.classes = savedCfg, savedMatch, savedClasses }()
 	moved := map[uint8]bool{}
 	move := func(was, is uint8) {
 		if was != is {

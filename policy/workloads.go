@@ -74,23 +74,96 @@ func (w *Workload) Kubernetes() bool { return len(w.Namespaces) > 0 || len(w.Pod
 // matches rel, or that selects pods and for which selected(name) reports
 // the cgroup's pod selected.
 func (c *Config) WorkloadOfPod(rel string, selected func(workload string) bool) (*Workload, bool) {
+	return c.CgroupMatcher().WorkloadOf(rel, selected)
+}
+
+// CgroupMatcher classifies cgroup paths by the workloads of one
+// configuration, its patterns split into elements once: a daemon that
+// classifies every cgroup made on a busy node keeps one per configuration.
+type CgroupMatcher struct {
+	// order is the workloads in the order they are matched (those made
+	// by source patterns first), each with its patterns split.
+	order []matcherWorkload
+}
+
+type matcherWorkload struct {
+	w        *Workload
+	patterns [][]string
+}
+
+// CgroupMatcher returns a CgroupMatcher of c's workloads (c must not
+// change after).
+func (c *Config) CgroupMatcher() *CgroupMatcher {
+	m := &CgroupMatcher{}
 	for _, inline := range []bool{true, false} {
 		for i := range c.Workloads {
 			w := &c.Workloads[i]
 			if (w.Pattern != "") != inline {
 				continue
 			}
+			mw := matcherWorkload{w: w}
 			for _, p := range w.Cgroups {
-				if MatchCgroup(p, rel) {
-					return w, true
-				}
+				mw.patterns = append(mw.patterns, strings.Split(p, "/"))
 			}
-			if w.Kubernetes() && selected != nil && selected(w.Name) {
-				return w, true
+			m.order = append(m.order, mw)
+		}
+	}
+	return m
+}
+
+// WorkloadOf is Config.WorkloadOfPod.
+func (m *CgroupMatcher) WorkloadOf(rel string, selected func(workload string) bool) (*Workload, bool) {
+	if len(m.order) == 0 {
+		return nil, false
+	}
+	name := splitPath(rel)
+	for _, mw := range m.order {
+		for _, p := range mw.patterns {
+			if matchElems(p, name) {
+				return mw.w, true
 			}
+		}
+		if mw.w.Kubernetes() && selected != nil && selected(mw.w.Name) {
+			return mw.w, true
 		}
 	}
 	return nil, false
+}
+
+// MayMatchBelow reports whether a cgroup below rel (rel itself not
+// included) could match one of the patterns: one can match a longer path
+// that starts with rel. Pod selection is left out: a pod's cgroups below
+// rel belong to the pod of rel, or are new pods' cgroups, each classified
+// by itself. A cgroup made with its children already in it is handled
+// first when they may be protected.
+func (m *CgroupMatcher) MayMatchBelow(rel string) bool {
+	name := splitPath(rel)
+	for _, mw := range m.order {
+		for _, p := range mw.patterns {
+			if matchPrefix(p, name) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// matchPrefix reports whether pat can match a path of more elements than
+// name that begins with name.
+func matchPrefix(pat, name []string) bool {
+	for len(name) > 0 {
+		if len(pat) == 0 {
+			return false
+		}
+		if pat[0] == "**" {
+			return true
+		}
+		if ok, _ := path.Match(pat[0], name[0]); !ok {
+			return false
+		}
+		pat, name = pat[1:], name[1:]
+	}
+	return len(pat) > 0
 }
 
 // Class is a workload's class in the kernel's destination key: 0 when its

@@ -39,6 +39,47 @@ func TestMatchCgroup(t *testing.T) {
 	}
 }
 
+// MayMatchBelow is true exactly when some longer path below the cgroup
+// could match: checked against MatchCgroup on the paths one and two
+// elements below.
+func TestCgroupMatcherMayMatchBelow(t *testing.T) {
+	cases := []struct {
+		pattern, path string
+		want          bool
+	}{
+		{"system.slice/legacy-*.service", "system.slice", true},
+		{"system.slice/legacy-*.service", "system.slice/legacy-a.service", false},
+		{"system.slice/legacy-*.service", "user.slice", false},
+		{"system.slice/legacy-*.service", "", true},
+		{"a/*/c", "a/b", true},
+		{"a/*/c", "a/b/c", false},
+		{"a/*/c", "x/b", false},
+		{"kubepods.slice/**", "kubepods.slice", true},
+		{"kubepods.slice/**", "kubepods.slice/a/b", true},
+		{"kubepods.slice/**", "storm-00001", false},
+		{"**/app", "storm-00001", true},
+	}
+	for _, c := range cases {
+		m := (&Config{Workloads: []Workload{{Name: "w", Cgroups: []string{c.pattern}}}}).CgroupMatcher()
+		if got := m.MayMatchBelow(c.path); got != c.want {
+			t.Errorf("MayMatchBelow(%q) under %q = %v, want %v", c.path, c.pattern, got, c.want)
+		}
+		prefix := c.path + "/"
+		if c.path == "" {
+			prefix = ""
+		}
+		for _, below := range []string{"legacy-a.service", "b/c", "c", "app", "x/app"} {
+			if MatchCgroup(c.pattern, prefix+below) && !c.want {
+				t.Errorf("%q matches %q, below %q, for which MayMatchBelow is false", c.pattern, prefix+below, c.path)
+			}
+		}
+	}
+	pods := (&Config{Workloads: []Workload{{Name: "p", Namespaces: []string{"default"}}}}).CgroupMatcher()
+	if pods.MayMatchBelow("kubepods.slice") {
+		t.Error("a pod-selecting workload without patterns: MayMatchBelow true (pods' cgroups are classified one by one)")
+	}
+}
+
 func TestWorkloadsDecode(t *testing.T) {
 	c, err := Parse([]byte(`
 workloads:

@@ -79,7 +79,8 @@ type DialSpec struct {
 	// connect's errno, or the write's) or "fastopen-nowrite" (the same
 	// connect, no write: nothing is sent) or "sendto-fastopen" (sendto with
 	// MSG_FASTOPEN on an unconnected TCP socket: the connect and the SYN
-	// in one call).
+	// in one call) or "stream" (connect and close every Interval, each
+	// result reported as it happens, until told to stop: StartStream).
 	Op string
 	// Count connects are made, Parallel at a time (default 1 and 1).
 	Count, Parallel int
@@ -283,6 +284,8 @@ func runHelper(js string) int {
 		return encodeResults(runLoop(spec))
 	case "rate":
 		return encodeResults(runRate(spec))
+	case "stream":
+		return runStream(spec)
 	}
 	res := make([]DialResult, spec.Count)
 	var wg sync.WaitGroup

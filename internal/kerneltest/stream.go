@@ -1,0 +1,104 @@
+package kerneltest
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"testing"
+	"time"
+)
+
+// Stream is a "stream" client helper: it connects (and closes) again and
+// again, one connect every Interval, and reports each result as it happens,
+// until Close. A test moves it between cgroups (Cgroup.AddProc with PID)
+// to see when a cgroup's protection begins.
+type Stream struct {
+	// Results has every connect's result, in order, with its Start.
+	Results <-chan DialResult
+	p       *Process
+	in      io.WriteCloser
+	err     *LogBuffer
+}
+
+// StartStream starts a "stream" client helper inside cg and the host,
+// connecting to spec.Addr every spec.Interval (0: back to back); it ends
+// with the test or at Close. Results not read in time are dropped: a test
+// reads them all along.
+func (h *Host) StartStream(tb testing.TB, cg *Cgroup, spec DialSpec) *Stream {
+	tb.Helper()
+	spec.Op = "stream"
+	p := h.helperCommand(tb, cg, spec)
+	errOut := &LogBuffer{}
+	p.Cmd.Stderr = errOut
+	in, err := p.Cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := p.Cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := p.Start(tb); err != nil {
+		tb.Fatal(err)
+	}
+	res := make(chan DialResult, 1<<16)
+	go func() {
+		defer close(res)
+		dec := json.NewDecoder(bufio.NewReader(out))
+		for {
+			var r DialResult
+			if err := dec.Decode(&r); err != nil {
+				return
+			}
+			select {
+			case res <- r:
+			default:
+			}
+		}
+	}()
+	return &Stream{Results: res, p: p, in: in, err: errOut}
+}
+
+// PID is the helper's process id.
+func (s *Stream) PID() int { return s.p.Cmd.Process.Pid }
+
+// Close ends the helper and waits for it.
+func (s *Stream) Close() error {
+	s.in.Close()
+	if err := s.p.Cmd.Wait(); err != nil {
+		return fmt.Errorf("stream helper: %w (stderr: %s)", err, s.err.String())
+	}
+	return nil
+}
+
+// runStream connects every spec.Interval and writes each result as one
+// JSON line, until standard input ends.
+func runStream(spec DialSpec) int {
+	stop := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		close(stop)
+	}()
+	out := bufio.NewWriter(os.Stdout)
+	enc := json.NewEncoder(out)
+	s := spec
+	s.Op, s.Hold = "connect", 0
+	for {
+		select {
+		case <-stop:
+			return 0
+		default:
+		}
+		start := time.Now()
+		r := dialOnce(s)
+		r.Start = start.UnixNano()
+		if enc.Encode(r) != nil || out.Flush() != nil {
+			return 2
+		}
+		if spec.Interval > 0 {
+			time.Sleep(spec.Interval)
+		}
+	}
+}
