@@ -234,9 +234,25 @@ struct sock_state {
 /* Where a socket whose responses are followed is in its turn. */
 enum turn_phase {
 	PHASE_IDLE = 0,       /* no request yet */
-	PHASE_AWAITING = 1,   /* request sent, no response byte yet */
+	PHASE_AWAITING = 1,   /* request sent, no final status yet (1xx responses are read past) */
 	PHASE_RESPONDING = 2, /* the response began; the next request sent begins a turn */
+	/* 101 Switching Protocols answered the turn: the connection left HTTP
+	 * and its bytes begin no more turns. Its bit of PHASE_AWAITING makes
+	 * resp_egress treat what the socket sends as the turn's own. */
+	PHASE_UPGRADED = 3,
 };
+
+/* sock_state.head_len while a turn awaits its final status: 0 to
+ * STATUS_LINE - 1 bytes of a status line collected, or HEAD_INFO with a
+ * scan state: in the header block of an informational (1xx) response,
+ * whose end (a blank line) the next status line follows. */
+#define HEAD_INFO 0x80
+enum info_state {
+	INFO_MID = 0,  /* within a line */
+	INFO_LF = 1,   /* a line just ended (LF) */
+	INFO_LFCR = 2, /* ... and a CR followed */
+};
+#define INFO_STATE 3 /* head_len's bits of enum info_state */
 
 enum seq_flags {
 	SEQ_SND = 1 << 0, /* snd_end holds a sequence number */
@@ -1582,8 +1598,8 @@ int resp_egress(struct __sk_buff *skb)
 		return 1; /* a retransmission */
 	st->snd_end = end;
 	st->seq |= SEQ_SND;
-	if (st->phase == PHASE_AWAITING)
-		return 1; /* more of the request (or a pipelined one) */
+	if (st->phase & PHASE_AWAITING)
+		return 1; /* more of the request (or a pipelined one); or upgraded */
 	__u64 now = bpf_ktime_get_ns();
 	st->phase = PHASE_AWAITING;
 	st->turn += 1;
@@ -1645,6 +1661,152 @@ static __always_inline __u32 http_status(const __u8 *h)
 	return d0 * 100 + d1 * 10 + d2;
 }
 
+/* ---------------------------------------------------------------------
+ * Informational responses. A 1xx (100 Continue, 103 Early Hints) is not
+ * the response: the status that counts is the turn's first status that is
+ * not 1xx. 101 Switching Protocols is final (the connection leaves HTTP):
+ * it is the turn's response, counted by its status (a success unless
+ * failure_statuses lists 101), and the socket begins no more turns
+ * (PHASE_UPGRADED). After any other 1xx the turn keeps awaiting: its header
+ * block is scanned for its end (a blank line, CRLF or bare LF lines, split
+ * across segments or not), and the next status line is read from there.
+ * Only a 1xx leads here; a final status costs one comparison more.
+ */
+
+#define SCAN_CHUNK 16 /* bytes a scan step loads at once */
+#define SCAN_STEPS (1 << 16) /* bounds a segment's scan at 1 MiB */
+#define INFO_MAX 4 /* 1xx responses read in one segment (a server sends one or two) */
+#define INFO_FINAL_NOT_HTTP 1000 /* the bytes after a 1xx are no status line */
+
+/* A scan of one segment for the end of a 1xx header block (bpf_loop's
+ * context). */
+struct info_scan {
+	struct __sk_buff *skb;
+	__u32 pos;   /* packet offset of the next byte to read */
+	__u32 end;   /* packet offset past the segment's last byte */
+	__u32 state; /* enum info_state at pos */
+	__u32 found; /* the block ended: pos is the first byte after it */
+};
+
+/* info_scan_step scans the next SCAN_CHUNK bytes (one load of constant
+ * size: near the segment's end it loads the chunk that ends there and
+ * skips what was read already; a TCP packet is longer than a chunk). It
+ * returns 1 (stop) once the block ends or the segment does. */
+static long info_scan_step(__u32 i, void *ctx)
+{
+	struct info_scan *c = ctx;
+	__u32 pos = c->pos, end = c->end;
+	if (pos >= end)
+		return 1;
+	__u32 at = pos;
+	if (end - pos < SCAN_CHUNK)
+		at = end - SCAN_CHUNK;
+	__u8 b[SCAN_CHUNK];
+	if (bpf_skb_load_bytes(c->skb, at, b, SCAN_CHUNK)) {
+		c->pos = end; /* cannot happen within the packet: give the segment up */
+		return 1;
+	}
+	__u32 from = pos - at;
+	__u32 k = c->state;
+#pragma unroll
+	for (int j = 0; j < SCAN_CHUNK; j++) {
+		if ((__u32)j < from)
+			continue;
+		__u8 ch = b[j];
+		if (ch == '\n') {
+			if (k != INFO_MID) {
+				c->pos = at + j + 1;
+				c->found = 1;
+				return 1;
+			}
+			k = INFO_LF;
+		} else {
+			k = (ch == '\r' && k == INFO_LF) ? INFO_LFCR : INFO_MID;
+		}
+	}
+	c->pos = at + SCAN_CHUNK;
+	c->state = k;
+	return c->pos >= end;
+}
+
+/* inflight_arm sets the socket's inflight entry's request start: the
+ * request's own after a 1xx (response_timeout runs to the final status),
+ * 0 at the final status's first byte. */
+static __always_inline void inflight_arm(struct sock_state *st, __u64 cookie, __u64 req_ns)
+{
+	if (!(st->resp & RESP_INFLIGHT))
+		return;
+	struct inflight_turn *f = bpf_map_lookup_elem(&inflight, &cookie);
+	if (f)
+		f->req_ns = req_ns;
+}
+
+/* informational reads a segment on from pos, in a 1xx header block
+ * (st->head_len holds HEAD_INFO and the scan state): past the block's end,
+ * the next status line, and so on. seq is pos's sequence number. It
+ * returns the final status (INFO_FINAL_NOT_HTTP when the bytes there are
+ * no status line), or 0 when the segment ends first: the next one goes on
+ * from st (st->rcv_end is past what was read). */
+static __always_inline __u32 informational(struct __sk_buff *skb, struct sock_state *st, __u32 pos,
+					   __u32 seq, __u64 now, __u64 cookie)
+{
+	__u32 end = skb->len;
+	__u32 seq_end = seq + (end - pos);
+	__u32 status = 0;
+	for (int r = 0; r < INFO_MAX; r++) {
+		struct info_scan c = {.skb = skb, .pos = pos, .end = end,
+				      .state = st->head_len & INFO_STATE};
+		bpf_loop(SCAN_STEPS, info_scan_step, &c, 0);
+		if (!c.found) {
+			st->head_len = HEAD_INFO | (__u8)(c.state & INFO_STATE);
+			break;
+		}
+		pos = c.pos;
+		st->head_len = 0;
+		if (pos >= end)
+			break; /* the next status line starts in the next segment */
+		/* The final status's first byte (unless it is a 1xx again). */
+		st->first_ns = now;
+		inflight_arm(st, cookie, 0);
+		__u32 n = end - pos;
+		if (n >= STATUS_LINE) {
+			if (bpf_skb_load_bytes(skb, pos, st->head, STATUS_LINE))
+				break;
+			n = STATUS_LINE;
+		} else {
+#pragma unroll
+			for (int i = 0; i < STATUS_LINE; i++)
+				if ((__u32)i < n && bpf_skb_load_bytes(skb, pos + i, &st->head[i & 15], 1))
+					return 0;
+		}
+		st->head_len = (__u8)n;
+		if (n < STATUS_LINE)
+			break; /* the status line goes on in the next segment */
+		status = http_status(st->head);
+		if (status - 100 >= 100 || status == 101) {
+			st->rcv_end = seq_end - (end - pos - STATUS_LINE);
+			return status ? status : INFO_FINAL_NOT_HTTP;
+		}
+		/* Another 1xx. */
+		status = 0;
+		st->head_len = HEAD_INFO | INFO_MID;
+		inflight_arm(st, cookie, st->req_ns);
+		pos += STATUS_LINE;
+	}
+	/* More than INFO_MAX 1xx responses in one segment leave the rest of
+	 * it unread, scanned as if the next segment followed on. */
+	st->rcv_end = seq_end;
+	return 0;
+}
+
+/* final_status is what informational found, as the record carries it. */
+static __always_inline __u32 final_status(__u32 status, __u8 *phase)
+{
+	if (status == 101)
+		*phase = PHASE_UPGRADED;
+	return status == INFO_FINAL_NOT_HTTP ? 0 : status;
+}
+
 SEC("cgroup_skb/ingress")
 int resp_ingress(struct __sk_buff *skb)
 {
@@ -1656,8 +1818,9 @@ int resp_ingress(struct __sk_buff *skb)
 		return 1;
 	if (!s.len) {
 		/* A FIN while the request awaits its first byte: the peer
-		 * closed without answering (before any byte of the status line). */
-		if (st->head_len == 0 && (__s32)(s.seq - st->rcv_end) >= 0)
+		 * closed without answering (before any byte of the status line,
+		 * or after an informational response). */
+		if ((st->head_len == 0 || st->head_len >= HEAD_INFO) && (__s32)(s.seq - st->rcv_end) >= 0)
 			peer_closed(skb, st);
 		return 1;
 	}
@@ -1680,37 +1843,59 @@ int resp_ingress(struct __sk_buff *skb)
 	}
 	__u32 status = 0;
 	__u8 flags = 0;
+	__u8 phase = PHASE_RESPONDING;
 	if (st->resp & RESP_HTTP) {
 		/* Collect the status line's first 12 bytes, across segments. */
-		__u32 have = st->head_len & 15;
-		if (have >= STATUS_LINE)
-			return 1;
-		__u32 n = s.len - skip;
-		if (n > STATUS_LINE - have)
-			n = STATUS_LINE - have;
-		if (have == 0 && n == STATUS_LINE) {
-			/* The usual case: the whole status line's start in this
-			 * segment, one load of constant size. */
-			if (bpf_skb_load_bytes(skb, s.off + skip, st->head, STATUS_LINE))
+		__u32 have = st->head_len;
+		if (have >= STATUS_LINE) {
+			if (have < HEAD_INFO)
 				return 1;
+			/* In a 1xx's header block since an earlier segment. */
+			status = informational(skb, st, s.off + skip, s.seq + skip, now, cookie);
+			if (!status)
+				return 1;
+			status = final_status(status, &phase);
 		} else {
-			/* Split across segments: byte by byte (a load of variable
-			 * size loses its bounds on 6.1's verifier). */
-#pragma unroll
-			for (int i = 0; i < STATUS_LINE; i++)
-				if ((__u32)i < n &&
-				    bpf_skb_load_bytes(skb, s.off + skip + i, &st->head[(have + i) & 15], 1))
+			__u32 n = s.len - skip;
+			if (n > STATUS_LINE - have)
+				n = STATUS_LINE - have;
+			if (have == 0 && n == STATUS_LINE) {
+				/* The usual case: the whole status line's start in
+				 * this segment, one load of constant size. */
+				if (bpf_skb_load_bytes(skb, s.off + skip, st->head, STATUS_LINE))
 					return 1;
+			} else {
+				/* Split across segments: byte by byte (a load of
+				 * variable size loses its bounds on 6.1's verifier). */
+#pragma unroll
+				for (int i = 0; i < STATUS_LINE; i++)
+					if ((__u32)i < n &&
+					    bpf_skb_load_bytes(skb, s.off + skip + i,
+							       &st->head[(have + i) & 15], 1))
+						return 1;
+			}
+			st->head_len = (__u8)(have + n);
+			st->rcv_end = s.seq + skip + n;
+			if (have + n < STATUS_LINE)
+				return 1; /* the status line goes on in the next segment */
+			status = http_status(st->head);
+			if (status - 100 < 100) {
+				/* Informational: read on to the final status. */
+				if (status != 101) {
+					st->head_len = HEAD_INFO | INFO_MID;
+					inflight_arm(st, cookie, st->req_ns);
+					status = informational(skb, st, s.off + skip + n,
+							       s.seq + skip + n, now, cookie);
+					if (!status)
+						return 1;
+				}
+				status = final_status(status, &phase);
+			}
 		}
-		st->head_len = (__u8)(have + n);
-		st->rcv_end = s.seq + skip + n;
-		if (have + n < STATUS_LINE)
-			return 1; /* the status line goes on in the next segment */
-		status = http_status(st->head);
 		if (status)
 			flags |= EVENT_HTTP;
 	}
-	st->phase = PHASE_RESPONDING;
+	st->phase = phase;
 	if (st->turn == 1)
 		flags |= probe_flag(st);
 	__u64 took = st->first_ns - st->req_ns;
