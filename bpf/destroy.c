@@ -11,7 +11,8 @@
  *   - was made in a cgroup below the attach point (sk_cgrp_data, CO-RE),
  *     and when scoped, in a cgroup of the workloads map (whose entry
  *     gives the socket its class), and
- *   - is not server side (its local port is not a listening port).
+ *   - is not server side: not accepted (see accepted below), and its
+ *     local port is not a listening port.
  * Anything else is left alone. No program of this object is attached to a
  * hook: it runs only when the daemon reads the iterator, so the healthy
  * path pays nothing.
@@ -54,6 +55,8 @@ struct sock_common {
 struct sock {
 	struct sock_common __sk_common;
 	struct sock_cgroup_data sk_cgrp_data;
+	__u32 sk_max_ack_backlog;
+	__u32 _pad2;
 } __attribute__((preserve_access_index));
 
 struct bpf_iter_meta {
@@ -99,6 +102,17 @@ struct {
 	__type(value, struct workload);
 } workloads SEC(".maps");
 
+/* accepted reports whether an established socket was made by accept():
+ * a listener's child is a copy of the listener (sk_clone_lock) and keeps
+ * its sk_max_ack_backlog, the backlog listen() set, also after the
+ * listener is closed; a socket that connected never listened, so its
+ * backlog is 0. (A listener made with a backlog of 0 gives children of 0:
+ * those are still told by their listening port, while it is open.) */
+static __always_inline int accepted(struct sock_common *skc)
+{
+	return BPF_CORE_READ((struct sock *)skc, sk_max_ack_backlog) != 0;
+}
+
 SEC("iter/tcp")
 int close_established(struct bpf_iter__tcp *ctx)
 {
@@ -122,7 +136,7 @@ int close_established(struct bpf_iter__tcp *ctx)
 		lp->bits[word] |= bit;
 		return 0;
 	}
-	if (state != TCP_ESTABLISHED || (lp->bits[word] & bit))
+	if (state != TCP_ESTABLISHED || (lp->bits[word] & bit) || accepted(skc))
 		return 0;
 
 	struct dest_key key = {.proto = IPPROTO_TCP, .port = BPF_CORE_READ(skc, skc_dport)};

@@ -192,9 +192,11 @@ func (c *Closer) loadIterator(workloads *ebpf.Map) error {
 // Close closes, in every network namespace of a process below the attach
 // point, the established client connections to dests made in a cgroup
 // below it (and as w says, in a cgroup of the workloads map; the class
-// the map gives must be the destination's). Server-side sockets (whose local port is a
-// listening port of their namespace) and every other socket are left
-// alone. It returns the count per destination.
+// the map gives must be the destination's). Server-side sockets and every
+// other socket are left alone: with the iterator, accepted sockets (told by
+// how they were made, bpf/destroy.c) and those whose local port is a
+// listening port of their namespace; with sock_diag, the latter only. It
+// returns the count per destination.
 func (c *Closer) Close(dests []Dest, w CloseWorkloads) (map[Dest]CloseCount, PassStats, error) {
 	start := time.Now()
 	out := map[Dest]CloseCount{}
