@@ -1671,62 +1671,73 @@ static __always_inline __u32 http_status(const __u8 *h)
  * block is scanned for its end (a blank line, CRLF or bare LF lines, split
  * across segments or not), and the next status line is read from there.
  * Only a 1xx leads here; a final status costs one comparison more.
+ * Segments are read in the order they arrive, as status lines are: one
+ * that arrives ahead of a lost one is scanned as if it followed on.
  */
 
 #define SCAN_CHUNK 16 /* bytes a scan step loads at once */
-#define SCAN_STEPS (1 << 16) /* bounds a segment's scan at 1 MiB */
-#define INFO_MAX 4 /* 1xx responses read in one segment (a server sends one or two) */
+#define SCAN_CHUNKS 16 /* loads of one info_scan call (256 bytes) */
+#define SCAN_CALLS 16 /* info_scan calls per header block in one segment (4 KiB) */
+#define INFO_MAX 4 /* status lines read after a 1xx in one segment */
+#define INFO_FOUND (1 << 30) /* info_scan: the blank line was found */
 #define INFO_FINAL_NOT_HTTP 1000 /* the bytes after a 1xx are no status line */
 
-/* A scan of one segment for the end of a 1xx header block (bpf_loop's
- * context). */
-struct info_scan {
-	struct __sk_buff *skb;
-	__u32 pos;   /* packet offset of the next byte to read */
-	__u32 end;   /* packet offset past the segment's last byte */
-	__u32 state; /* enum info_state at pos */
-	__u32 found; /* the block ended: pos is the first byte after it */
+/* info_next is the scan's step: indexed by the scan state << 8 | a byte,
+ * the next state, or INFO_END when the byte ends the blank line. A table,
+ * so a step is two loads and no branch the verifier would follow once per
+ * state. (Read-only and never set from Go: a constant.) */
+#define INFO_END 0x80
+volatile const __u8 info_next[4 << 8] = {
+	[INFO_MID << 8 | '\n'] = INFO_LF,
+	[INFO_LF << 8 | '\n'] = INFO_END,
+	[INFO_LF << 8 | '\r'] = INFO_LFCR,
+	[INFO_LFCR << 8 | '\n'] = INFO_END,
 };
 
-/* info_scan_step scans the next SCAN_CHUNK bytes (one load of constant
- * size: near the segment's end it loads the chunk that ends there and
- * skips what was read already; a TCP packet is longer than a chunk). It
- * returns 1 (stop) once the block ends or the segment does. */
-static long info_scan_step(__u32 i, void *ctx)
+/* info_byte feeds one byte to the scan for a 1xx header block's end: it
+ * returns 1 when the byte ends the blank line, else moves *k on. */
+static __always_inline int info_byte(__u8 ch, __u32 *k)
 {
-	struct info_scan *c = ctx;
-	__u32 pos = c->pos, end = c->end;
-	if (pos >= end)
-		return 1;
-	__u32 at = pos;
-	if (end - pos < SCAN_CHUNK)
-		at = end - SCAN_CHUNK;
-	__u8 b[SCAN_CHUNK];
-	if (bpf_skb_load_bytes(c->skb, at, b, SCAN_CHUNK)) {
-		c->pos = end; /* cannot happen within the packet: give the segment up */
-		return 1;
-	}
-	__u32 from = pos - at;
-	__u32 k = c->state;
+	__u8 next = info_next[(*k & INFO_STATE) << 8 | ch];
+	*k = next & INFO_STATE;
+	return next & INFO_END;
+}
+
+/* info_scan scans a segment's bytes from packet offset pos to end for the
+ * blank line that ends a 1xx header block, from scan state state (enum
+ * info_state): SCAN_CHUNK bytes a load, at most SCAN_CHUNKS loads, then
+ * what is left of the segment (less than a chunk) byte by byte. It
+ * returns INFO_FOUND | the offset after the blank line << 2, or the
+ * offset it reached << 2 | the scan state there. A global function, so
+ * the verifier checks its loop once, not at every call; a bounded loop
+ * rather than bpf_loop, which needs Linux 5.17. */
+__attribute__((noinline)) int info_scan(struct __sk_buff *skb, __u32 pos, __u32 end, __u32 state)
+{
+	__u32 k = state & INFO_STATE;
+	if (!skb || pos > end)
+		return (int)((end << 2) | k);
+	for (int i = 0; i < SCAN_CHUNKS; i++) {
+		if (end - pos < SCAN_CHUNK)
+			break;
+		__u8 b[SCAN_CHUNK];
+		if (bpf_skb_load_bytes(skb, pos, b, SCAN_CHUNK))
+			return (int)((end << 2) | k); /* not within the packet: give the segment up */
 #pragma unroll
-	for (int j = 0; j < SCAN_CHUNK; j++) {
-		if ((__u32)j < from)
-			continue;
-		__u8 ch = b[j];
-		if (ch == '\n') {
-			if (k != INFO_MID) {
-				c->pos = at + j + 1;
-				c->found = 1;
-				return 1;
-			}
-			k = INFO_LF;
-		} else {
-			k = (ch == '\r' && k == INFO_LF) ? INFO_LFCR : INFO_MID;
-		}
+		for (int j = 0; j < SCAN_CHUNK; j++)
+			if (info_byte(b[j], &k))
+				return (int)(INFO_FOUND | ((pos + j + 1) << 2));
+		pos += SCAN_CHUNK;
 	}
-	c->pos = at + SCAN_CHUNK;
-	c->state = k;
-	return c->pos >= end;
+	if (end - pos >= SCAN_CHUNK)
+		return (int)((pos << 2) | k); /* SCAN_CHUNKS loads: the caller calls again */
+	__u32 n = end - pos;
+#pragma unroll
+	for (int j = 0; j < SCAN_CHUNK - 1; j++) {
+		__u8 ch;
+		if ((__u32)j < n && !bpf_skb_load_bytes(skb, pos + j, &ch, 1) && info_byte(ch, &k))
+			return (int)(INFO_FOUND | ((pos + j + 1) << 2));
+	}
+	return (int)((end << 2) | k);
 }
 
 /* inflight_arm sets the socket's inflight entry's request start: the
@@ -1752,19 +1763,23 @@ static __always_inline __u32 informational(struct __sk_buff *skb, struct sock_st
 {
 	__u32 end = skb->len;
 	__u32 seq_end = seq + (end - pos);
-	__u32 status = 0;
 	for (int r = 0; r < INFO_MAX; r++) {
-		struct info_scan c = {.skb = skb, .pos = pos, .end = end,
-				      .state = st->head_len & INFO_STATE};
-		bpf_loop(SCAN_STEPS, info_scan_step, &c, 0);
-		if (!c.found) {
-			st->head_len = HEAD_INFO | (__u8)(c.state & INFO_STATE);
-			break;
+		if (st->head_len >= HEAD_INFO) {
+			__u32 got = st->head_len & INFO_STATE;
+			for (int c = 0; c < SCAN_CALLS; c++) {
+				got = (__u32)info_scan(skb, pos, end, got);
+				pos = (got & ~INFO_FOUND) >> 2;
+				if ((got & INFO_FOUND) || pos >= end)
+					break;
+			}
+			if (!(got & INFO_FOUND)) {
+				st->head_len = HEAD_INFO | (__u8)(got & INFO_STATE);
+				break;
+			}
+			st->head_len = 0;
+			if (pos >= end)
+				break; /* the next status line starts in the next segment */
 		}
-		pos = c.pos;
-		st->head_len = 0;
-		if (pos >= end)
-			break; /* the next status line starts in the next segment */
 		/* The final status's first byte (unless it is a 1xx again). */
 		st->first_ns = now;
 		inflight_arm(st, cookie, 0);
@@ -1782,29 +1797,21 @@ static __always_inline __u32 informational(struct __sk_buff *skb, struct sock_st
 		st->head_len = (__u8)n;
 		if (n < STATUS_LINE)
 			break; /* the status line goes on in the next segment */
-		status = http_status(st->head);
+		__u32 status = http_status(st->head);
 		if (status - 100 >= 100 || status == 101) {
 			st->rcv_end = seq_end - (end - pos - STATUS_LINE);
 			return status ? status : INFO_FINAL_NOT_HTTP;
 		}
 		/* Another 1xx. */
-		status = 0;
 		st->head_len = HEAD_INFO | INFO_MID;
 		inflight_arm(st, cookie, st->req_ns);
 		pos += STATUS_LINE;
 	}
-	/* More than INFO_MAX 1xx responses in one segment leave the rest of
+	/* A segment with more than INFO_MAX status lines after a 1xx, or more
+	 * than SCAN_CALLS calls' bytes of a header block, leaves the rest of
 	 * it unread, scanned as if the next segment followed on. */
 	st->rcv_end = seq_end;
 	return 0;
-}
-
-/* final_status is what informational found, as the record carries it. */
-static __always_inline __u32 final_status(__u32 status, __u8 *phase)
-{
-	if (status == 101)
-		*phase = PHASE_UPGRADED;
-	return status == INFO_FINAL_NOT_HTTP ? 0 : status;
 }
 
 SEC("cgroup_skb/ingress")
@@ -1847,22 +1854,15 @@ int resp_ingress(struct __sk_buff *skb)
 	if (st->resp & RESP_HTTP) {
 		/* Collect the status line's first 12 bytes, across segments. */
 		__u32 have = st->head_len;
-		if (have >= STATUS_LINE) {
-			if (have < HEAD_INFO)
-				return 1;
-			/* In a 1xx's header block since an earlier segment. */
-			status = informational(skb, st, s.off + skip, s.seq + skip, now, cookie);
-			if (!status)
-				return 1;
-			status = final_status(status, &phase);
-		} else {
+		__u32 pos = s.off + skip;
+		if (have < STATUS_LINE) {
 			__u32 n = s.len - skip;
 			if (n > STATUS_LINE - have)
 				n = STATUS_LINE - have;
 			if (have == 0 && n == STATUS_LINE) {
 				/* The usual case: the whole status line's start in
 				 * this segment, one load of constant size. */
-				if (bpf_skb_load_bytes(skb, s.off + skip, st->head, STATUS_LINE))
+				if (bpf_skb_load_bytes(skb, pos, st->head, STATUS_LINE))
 					return 1;
 			} else {
 				/* Split across segments: byte by byte (a load of
@@ -1870,8 +1870,7 @@ int resp_ingress(struct __sk_buff *skb)
 #pragma unroll
 				for (int i = 0; i < STATUS_LINE; i++)
 					if ((__u32)i < n &&
-					    bpf_skb_load_bytes(skb, s.off + skip + i,
-							       &st->head[(have + i) & 15], 1))
+					    bpf_skb_load_bytes(skb, pos + i, &st->head[(have + i) & 15], 1))
 						return 1;
 			}
 			st->head_len = (__u8)(have + n);
@@ -1880,17 +1879,28 @@ int resp_ingress(struct __sk_buff *skb)
 				return 1; /* the status line goes on in the next segment */
 			status = http_status(st->head);
 			if (status - 100 < 100) {
-				/* Informational: read on to the final status. */
-				if (status != 101) {
+				if (status == 101) {
+					phase = PHASE_UPGRADED;
+				} else {
+					/* Informational: read on to the final status. */
 					st->head_len = HEAD_INFO | INFO_MID;
 					inflight_arm(st, cookie, st->req_ns);
-					status = informational(skb, st, s.off + skip + n,
-							       s.seq + skip + n, now, cookie);
-					if (!status)
-						return 1;
+					pos += n;
+					have = HEAD_INFO;
 				}
-				status = final_status(status, &phase);
 			}
+		} else if (have < HEAD_INFO) {
+			return 1;
+		}
+		if (have >= HEAD_INFO) {
+			/* After a 1xx, in this segment or an earlier one. */
+			status = informational(skb, st, pos, s.seq + (pos - s.off), now, cookie);
+			if (!status)
+				return 1;
+			if (status == 101)
+				phase = PHASE_UPGRADED;
+			else if (status == INFO_FINAL_NOT_HTTP)
+				status = 0;
 		}
 		if (status)
 			flags |= EVENT_HTTP;

@@ -124,7 +124,8 @@ func TestHTTPStatusFromTheKernel(t *testing.T) {
 // Continue, 103 Early Hints with Link headers (the response timed to the
 // final status, 100 ms later), 100, 103 and the final status in one
 // segment, a 103 whose blank line and the final status line are split
-// across segments, a 100 the client asked for. A 100 and then the peer's
+// across segments, a 103 of 2.5 KB with the final status in one segment,
+// a 100 the client asked for. A 100 and then the peer's
 // close is the peer's no_response. 101 Switching Protocols is the
 // response, and the bytes of the protocol switched to begin no more turns.
 func TestInformationalResponsesFromTheKernel(t *testing.T) {
@@ -132,7 +133,7 @@ func TestInformationalResponsesFromTheKernel(t *testing.T) {
 	w := e.watch(t)
 	e.srv.ServeHTTPCases(t, 8083)
 	e.followResponses(t, 8083, RespTimed|RespHTTP|RespInflight)
-	reqs := gets("/continue", "/early-hints", "/one-segment", "/split-hints")
+	reqs := gets("/continue", "/early-hints", "/one-segment", "/split-hints", "/long-hints")
 	reqs = append(reqs, kerneltest.HTTPRequest{Method: "POST", Path: "/404", Body: strings.Repeat("x", 2000), Expect100: true},
 		kerneltest.HTTPRequest{Path: "/503"})
 	for i, r := range e.requests(t, 8083, 5*time.Second, reqs...) {
@@ -140,7 +141,7 @@ func TestInformationalResponsesFromTheKernel(t *testing.T) {
 			t.Fatalf("request %d (%s): %v", i, reqs[i].Path, r.Errno)
 		}
 	}
-	want := []string{"200", "200", "200", "200", "404", "503"}
+	want := []string{"200", "200", "200", "200", "200", "404", "503"}
 	evs := w.waitResponses(8083, len(want), 5*time.Second)
 	if got := statuses(evs); strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("statuses %v, want %v", got, want)

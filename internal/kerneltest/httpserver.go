@@ -36,6 +36,8 @@ import (
 //	/split-hints   103 Early Hints in segments split inside its blank line
 //	               ("…\r" "\n\r" "\n" + "HTTP/1.1 5"…), the answer's status
 //	               line split too
+//	/long-hints    103 Early Hints with 40 Link headers (about 2.5 KB) and the
+//	               answer in one segment
 //	/continue-close 100 Continue, then the connection closed (FIN)
 //	/upgrade       101 Switching Protocols, then every byte echoed back
 //
@@ -132,6 +134,18 @@ func (s *HTTPServer) answer(c *net.TCPConn, req *http.Request) bool {
 		line := fmt.Sprintf("HTTP/1.1 %d %s\r\n%sContent-Length: 0\r\n\r\n", code, http.StatusText(code), keep)
 		return writes("HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r",
 			"\n\r", "\n"+line[:10], line[10:])
+	case "/long-hints":
+		code := 200
+		if f := s.fail.Load(); f != 0 {
+			code = int(f)
+		}
+		var b strings.Builder
+		b.WriteString("HTTP/1.1 103 Early Hints\r\n")
+		for i := range 40 {
+			fmt.Fprintf(&b, "Link: </assets/chunk-%02d.js>; rel=preload; as=script\r\n", i)
+		}
+		fmt.Fprintf(&b, "\r\nHTTP/1.1 %d %s\r\n%sContent-Length: 0\r\n\r\n", code, http.StatusText(code), keep)
+		return writes(b.String())
 	case "/continue-close":
 		_ = writes("HTTP/1.1 100 Continue\r\n\r\n")
 		return false
