@@ -628,3 +628,38 @@ for _ in range(int(sys.argv[2])):
 		t.Fatalf("curl to the open circuit exits %d, want 7 (connection refused)", code)
 	}
 }
+
+const informationalTimeoutConfig = `
+failsafe_timeout: 30s
+targets:
+  hints:
+    match: {cidrs: [SRV], ports: ["8114"]}
+    protocol: http
+    response_timeout: 300ms
+    consecutive_failures: 100
+`
+
+// response_timeout runs until the final status, not the first 1xx: a 103
+// Early Hints at once and the answer 600 ms later is a response_timeout
+// (counted while the client waits), and the late answer is not counted
+// again; a quick answer after a 103 is a response.
+func TestInformationalResponsesKeepTheTimeout(t *testing.T) {
+	f := newFixture(t, informationalTimeoutConfig)
+	f.srv.ServeHTTPCases(t, 8114)
+	f.start()
+	for _, r := range f.keepAlive(8114, 5*time.Second, "/hints-slow", "/one-segment") {
+		if r.Errno != 0 || r.Status != 200 {
+			t.Fatalf("requests: %+v", r)
+		}
+	}
+	// A 503 on a new connection is the sentinel: once it is counted,
+	// every record before it in the ring is too.
+	f.keepAlive(8114, 5*time.Second, "/503")
+	f.waitOutcomes("response_status", "hints", 1)
+	if r, to := f.outcomeCount("response", "hints"), f.outcomeCount("response_timeout", "hints"); r != 1 || to != 1 {
+		t.Fatalf("%v responses and %v timeouts, want 1 of each (the late answer not counted again)", r, to)
+	}
+	if c, _ := f.circuit("hints"); c.Calls != 3 || c.Failures != 2 {
+		t.Fatalf("%+v, want 3 calls, 2 failed (the timeout and the 503)", c)
+	}
+}

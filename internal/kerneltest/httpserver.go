@@ -38,6 +38,7 @@ import (
 //	               line split too
 //	/long-hints    103 Early Hints with 40 Link headers (about 2.5 KB) and the
 //	               answer in one segment
+//	/hints-slow    103 Early Hints at once, the answer 600 ms later
 //	/continue-close 100 Continue, then the connection closed (FIN)
 //	/upgrade       101 Switching Protocols, then every byte echoed back
 //
@@ -134,6 +135,12 @@ func (s *HTTPServer) answer(c *net.TCPConn, req *http.Request) bool {
 		line := fmt.Sprintf("HTTP/1.1 %d %s\r\n%sContent-Length: 0\r\n\r\n", code, http.StatusText(code), keep)
 		return writes("HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r",
 			"\n\r", "\n"+line[:10], line[10:])
+	case "/hints-slow":
+		if !writes(hints) {
+			return false
+		}
+		time.Sleep(600 * time.Millisecond)
+		return final(200)
 	case "/long-hints":
 		code := 200
 		if f := s.fail.Load(); f != 0 {
