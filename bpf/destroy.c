@@ -21,6 +21,7 @@
 
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
 
 #include "cgroup.h"
 
@@ -43,13 +44,14 @@ struct in6_addr {
 
 struct sock_common {
 	__u32 skc_daddr;
+	__u32 skc_rcv_saddr;
 	__u16 skc_dport;
 	__u16 skc_num;
 	__u16 skc_family;
 	__u8 skc_state;
 	__u8 _pad;
 	struct in6_addr skc_v6_daddr;
-	__u32 _pad1; /* (CO-RE relocates by name; the local layout is only -Wpadded's) */
+	struct in6_addr skc_v6_rcv_saddr; /* (CO-RE relocates by name; the local layout is only -Wpadded's) */
 } __attribute__((preserve_access_index));
 
 struct sock {
@@ -169,5 +171,41 @@ int close_established(struct bpf_iter__tcp *ctx)
 		__sync_fetch_and_add(&cnt->closed, 1);
 	else
 		__sync_fetch_and_add(&cnt->failed, 1);
+	return 0;
+}
+
+/* For bpf2go's -type: accepted_sock is only a local variable's type. */
+const struct accepted_sock *unused_accepted __attribute__((unused));
+
+/* list_accepted writes out the established sockets of the namespace that
+ * were accepted (struct accepted_sock, one after another), for the
+ * sock_diag close pass: sock_diag cannot tell how a socket was made. It
+ * needs no bpf_sock_destroy (iter/tcp is 5.9+), so it loads where the
+ * pass above does not; it closes nothing. */
+SEC("iter/tcp")
+int list_accepted(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	if (!skc)
+		return 0;
+	__u16 family = BPF_CORE_READ(skc, skc_family);
+	if (family != AF_INET && family != AF_INET6)
+		return 0;
+	if (BPF_CORE_READ(skc, skc_state) != TCP_ESTABLISHED || !accepted(skc))
+		return 0;
+	struct accepted_sock a;
+	__builtin_memset(&a, 0, sizeof(a));
+	a.family = (__u8)family;
+	a.sport = bpf_htons(BPF_CORE_READ(skc, skc_num));
+	a.dport = BPF_CORE_READ(skc, skc_dport);
+	if (family == AF_INET) {
+		__u32 src = BPF_CORE_READ(skc, skc_rcv_saddr), dst = BPF_CORE_READ(skc, skc_daddr);
+		__builtin_memcpy(a.src, &src, 4);
+		__builtin_memcpy(a.dst, &dst, 4);
+	} else {
+		BPF_CORE_READ_INTO(&a.src, skc, skc_v6_rcv_saddr.in6_u.u6_addr8);
+		BPF_CORE_READ_INTO(&a.dst, skc, skc_v6_daddr.in6_u.u6_addr8);
+	}
+	bpf_seq_write(ctx->meta->seq, &a, sizeof(a));
 	return 0;
 }
