@@ -1698,7 +1698,13 @@ volatile const __u8 info_next[4 << 8] = {
  * returns 1 when the byte ends the blank line, else moves *k on. */
 static __always_inline int info_byte(__u8 ch, __u32 *k)
 {
-	__u8 next = info_next[(*k & INFO_STATE) << 8 | ch];
+	__u64 i = (__u64)(*k & INFO_STATE) << 8 | ch;
+	/* Bounded again after a barrier: 6.1's verifier loses the bounds of
+	 * an OR (which the compiler makes of this add too), and the compiler
+	 * would drop a mask it can prove redundant. */
+	asm volatile("" : "+r"(i));
+	i &= sizeof(info_next) - 1;
+	__u8 next = info_next[i];
 	*k = next & INFO_STATE;
 	return next & INFO_END;
 }
