@@ -234,9 +234,25 @@ struct sock_state {
 /* Where a socket whose responses are followed is in its turn. */
 enum turn_phase {
 	PHASE_IDLE = 0,       /* no request yet */
-	PHASE_AWAITING = 1,   /* request sent, no response byte yet */
+	PHASE_AWAITING = 1,   /* request sent, no final status yet (1xx responses are read past) */
 	PHASE_RESPONDING = 2, /* the response began; the next request sent begins a turn */
+	/* 101 Switching Protocols answered the turn: the connection left HTTP
+	 * and its bytes begin no more turns. Its bit of PHASE_AWAITING makes
+	 * resp_egress treat what the socket sends as the turn's own. */
+	PHASE_UPGRADED = 3,
 };
+
+/* sock_state.head_len while a turn awaits its final status: 0 to
+ * STATUS_LINE - 1 bytes of a status line collected, or HEAD_INFO with a
+ * scan state: in the header block of an informational (1xx) response,
+ * whose end (a blank line) the next status line follows. */
+#define HEAD_INFO 0x80
+enum info_state {
+	INFO_MID = 0,  /* within a line */
+	INFO_LF = 1,   /* a line just ended (LF) */
+	INFO_LFCR = 2, /* ... and a CR followed */
+};
+#define INFO_STATE 3 /* head_len's bits of enum info_state */
 
 enum seq_flags {
 	SEQ_SND = 1 << 0, /* snd_end holds a sequence number */
@@ -1582,8 +1598,8 @@ int resp_egress(struct __sk_buff *skb)
 		return 1; /* a retransmission */
 	st->snd_end = end;
 	st->seq |= SEQ_SND;
-	if (st->phase == PHASE_AWAITING)
-		return 1; /* more of the request (or a pipelined one) */
+	if (st->phase & PHASE_AWAITING)
+		return 1; /* more of the request (or a pipelined one); or upgraded */
 	__u64 now = bpf_ktime_get_ns();
 	st->phase = PHASE_AWAITING;
 	st->turn += 1;
@@ -1645,6 +1661,165 @@ static __always_inline __u32 http_status(const __u8 *h)
 	return d0 * 100 + d1 * 10 + d2;
 }
 
+/* ---------------------------------------------------------------------
+ * Informational responses. A 1xx (100 Continue, 103 Early Hints) is not
+ * the response: the status that counts is the turn's first status that is
+ * not 1xx. 101 Switching Protocols is final (the connection leaves HTTP):
+ * it is the turn's response, counted by its status (a success unless
+ * failure_statuses lists 101), and the socket begins no more turns
+ * (PHASE_UPGRADED). After any other 1xx the turn keeps awaiting: its header
+ * block is scanned for its end (a blank line, CRLF or bare LF lines, split
+ * across segments or not), and the next status line is read from there.
+ * Only a 1xx leads here; a final status costs one comparison more.
+ * Segments are read in the order they arrive, as status lines are: one
+ * that arrives ahead of a lost one is scanned as if it followed on.
+ */
+
+#define SCAN_CHUNK 16 /* bytes a scan step loads at once */
+#define SCAN_CHUNKS 16 /* loads of one info_scan call (256 bytes) */
+#define SCAN_CALLS 16 /* info_scan calls per header block in one segment (4 KiB) */
+#define INFO_MAX 4 /* status lines read after a 1xx in one segment */
+#define INFO_FOUND (1 << 30) /* info_scan: the blank line was found */
+#define INFO_FINAL_NOT_HTTP 1000 /* the bytes after a 1xx are no status line */
+
+/* info_next is the scan's step: indexed by the scan state << 8 | a byte,
+ * the next state, or INFO_END when the byte ends the blank line. A table,
+ * so a step is two loads and no branch the verifier would follow once per
+ * state. (Read-only and never set from Go: a constant.) */
+#define INFO_END 0x80
+volatile const __u8 info_next[4 << 8] = {
+	[INFO_MID << 8 | '\n'] = INFO_LF,
+	[INFO_LF << 8 | '\n'] = INFO_END,
+	[INFO_LF << 8 | '\r'] = INFO_LFCR,
+	[INFO_LFCR << 8 | '\n'] = INFO_END,
+};
+
+/* info_byte feeds one byte to the scan for a 1xx header block's end: it
+ * returns 1 when the byte ends the blank line, else moves *k on. */
+static __always_inline int info_byte(__u8 ch, __u32 *k)
+{
+	__u64 i = (__u64)(*k & INFO_STATE) << 8 | ch;
+	/* Bounded again after a barrier: 6.1's verifier loses the bounds of
+	 * an OR (which the compiler makes of this add too), and the compiler
+	 * would drop a mask it can prove redundant. */
+	asm volatile("" : "+r"(i));
+	i &= sizeof(info_next) - 1;
+	__u8 next = info_next[i];
+	*k = next & INFO_STATE;
+	return next & INFO_END;
+}
+
+/* info_scan scans a segment's bytes from packet offset pos to end for the
+ * blank line that ends a 1xx header block, from scan state state (enum
+ * info_state): SCAN_CHUNK bytes a load, at most SCAN_CHUNKS loads, then
+ * what is left of the segment (less than a chunk) byte by byte. It
+ * returns INFO_FOUND | the offset after the blank line << 2, or the
+ * offset it reached << 2 | the scan state there. A global function, so
+ * the verifier checks its loop once, not at every call; a bounded loop
+ * rather than bpf_loop, which needs Linux 5.17. */
+__attribute__((noinline)) int info_scan(struct __sk_buff *skb, __u32 pos, __u32 end, __u32 state)
+{
+	__u32 k = state & INFO_STATE;
+	if (!skb || pos > end)
+		return (int)((end << 2) | k);
+	for (int i = 0; i < SCAN_CHUNKS; i++) {
+		if (end - pos < SCAN_CHUNK)
+			break;
+		__u8 b[SCAN_CHUNK];
+		if (bpf_skb_load_bytes(skb, pos, b, SCAN_CHUNK))
+			return (int)((end << 2) | k); /* not within the packet: give the segment up */
+#pragma unroll
+		for (int j = 0; j < SCAN_CHUNK; j++)
+			if (info_byte(b[j], &k))
+				return (int)(INFO_FOUND | ((pos + j + 1) << 2));
+		pos += SCAN_CHUNK;
+	}
+	if (end - pos >= SCAN_CHUNK)
+		return (int)((pos << 2) | k); /* SCAN_CHUNKS loads: the caller calls again */
+	__u32 n = end - pos;
+#pragma unroll
+	for (int j = 0; j < SCAN_CHUNK - 1; j++) {
+		__u8 ch;
+		if ((__u32)j < n && !bpf_skb_load_bytes(skb, pos + j, &ch, 1) && info_byte(ch, &k))
+			return (int)(INFO_FOUND | ((pos + j + 1) << 2));
+	}
+	return (int)((end << 2) | k);
+}
+
+/* inflight_arm sets the socket's inflight entry's request start: the
+ * request's own after a 1xx (response_timeout runs to the final status),
+ * 0 at the final status's first byte. */
+static __always_inline void inflight_arm(struct sock_state *st, __u64 cookie, __u64 req_ns)
+{
+	if (!(st->resp & RESP_INFLIGHT))
+		return;
+	struct inflight_turn *f = bpf_map_lookup_elem(&inflight, &cookie);
+	if (f)
+		f->req_ns = req_ns;
+}
+
+/* informational reads a segment on from pos, in a 1xx header block
+ * (st->head_len holds HEAD_INFO and the scan state): past the block's end,
+ * the next status line, and so on. seq is pos's sequence number. It
+ * returns the final status (INFO_FINAL_NOT_HTTP when the bytes there are
+ * no status line), or 0 when the segment ends first: the next one goes on
+ * from st (st->rcv_end is past what was read). */
+static __always_inline __u32 informational(struct __sk_buff *skb, struct sock_state *st, __u32 pos,
+					   __u32 seq, __u64 now, __u64 cookie)
+{
+	__u32 end = skb->len;
+	__u32 seq_end = seq + (end - pos);
+	for (int r = 0; r < INFO_MAX; r++) {
+		if (st->head_len >= HEAD_INFO) {
+			__u32 got = st->head_len & INFO_STATE;
+			for (int c = 0; c < SCAN_CALLS; c++) {
+				got = (__u32)info_scan(skb, pos, end, got);
+				pos = (got & ~INFO_FOUND) >> 2;
+				if ((got & INFO_FOUND) || pos >= end)
+					break;
+			}
+			if (!(got & INFO_FOUND)) {
+				st->head_len = HEAD_INFO | (__u8)(got & INFO_STATE);
+				break;
+			}
+			st->head_len = 0;
+			if (pos >= end)
+				break; /* the next status line starts in the next segment */
+		}
+		/* The final status's first byte (unless it is a 1xx again). */
+		st->first_ns = now;
+		inflight_arm(st, cookie, 0);
+		__u32 n = end - pos;
+		if (n >= STATUS_LINE) {
+			if (bpf_skb_load_bytes(skb, pos, st->head, STATUS_LINE))
+				break;
+			n = STATUS_LINE;
+		} else {
+#pragma unroll
+			for (int i = 0; i < STATUS_LINE; i++)
+				if ((__u32)i < n && bpf_skb_load_bytes(skb, pos + i, &st->head[i & 15], 1))
+					return 0;
+		}
+		st->head_len = (__u8)n;
+		if (n < STATUS_LINE)
+			break; /* the status line goes on in the next segment */
+		__u32 status = http_status(st->head);
+		if (status - 100 >= 100 || status == 101) {
+			st->rcv_end = seq_end - (end - pos - STATUS_LINE);
+			return status ? status : INFO_FINAL_NOT_HTTP;
+		}
+		/* Another 1xx. */
+		st->head_len = HEAD_INFO | INFO_MID;
+		inflight_arm(st, cookie, st->req_ns);
+		pos += STATUS_LINE;
+	}
+	/* A segment with more than INFO_MAX status lines after a 1xx, or more
+	 * than SCAN_CALLS calls' bytes of a header block, leaves the rest of
+	 * it unread, scanned as if the next segment followed on. */
+	st->rcv_end = seq_end;
+	return 0;
+}
+
 SEC("cgroup_skb/ingress")
 int resp_ingress(struct __sk_buff *skb)
 {
@@ -1656,8 +1831,9 @@ int resp_ingress(struct __sk_buff *skb)
 		return 1;
 	if (!s.len) {
 		/* A FIN while the request awaits its first byte: the peer
-		 * closed without answering (before any byte of the status line). */
-		if (st->head_len == 0 && (__s32)(s.seq - st->rcv_end) >= 0)
+		 * closed without answering (before any byte of the status line,
+		 * or after an informational response). */
+		if ((st->head_len == 0 || st->head_len >= HEAD_INFO) && (__s32)(s.seq - st->rcv_end) >= 0)
 			peer_closed(skb, st);
 		return 1;
 	}
@@ -1680,37 +1856,62 @@ int resp_ingress(struct __sk_buff *skb)
 	}
 	__u32 status = 0;
 	__u8 flags = 0;
+	__u8 phase = PHASE_RESPONDING;
 	if (st->resp & RESP_HTTP) {
 		/* Collect the status line's first 12 bytes, across segments. */
-		__u32 have = st->head_len & 15;
-		if (have >= STATUS_LINE)
-			return 1;
-		__u32 n = s.len - skip;
-		if (n > STATUS_LINE - have)
-			n = STATUS_LINE - have;
-		if (have == 0 && n == STATUS_LINE) {
-			/* The usual case: the whole status line's start in this
-			 * segment, one load of constant size. */
-			if (bpf_skb_load_bytes(skb, s.off + skip, st->head, STATUS_LINE))
-				return 1;
-		} else {
-			/* Split across segments: byte by byte (a load of variable
-			 * size loses its bounds on 6.1's verifier). */
-#pragma unroll
-			for (int i = 0; i < STATUS_LINE; i++)
-				if ((__u32)i < n &&
-				    bpf_skb_load_bytes(skb, s.off + skip + i, &st->head[(have + i) & 15], 1))
+		__u32 have = st->head_len;
+		__u32 pos = s.off + skip;
+		if (have < STATUS_LINE) {
+			__u32 n = s.len - skip;
+			if (n > STATUS_LINE - have)
+				n = STATUS_LINE - have;
+			if (have == 0 && n == STATUS_LINE) {
+				/* The usual case: the whole status line's start in
+				 * this segment, one load of constant size. */
+				if (bpf_skb_load_bytes(skb, pos, st->head, STATUS_LINE))
 					return 1;
+			} else {
+				/* Split across segments: byte by byte (a load of
+				 * variable size loses its bounds on 6.1's verifier). */
+#pragma unroll
+				for (int i = 0; i < STATUS_LINE; i++)
+					if ((__u32)i < n &&
+					    bpf_skb_load_bytes(skb, pos + i, &st->head[(have + i) & 15], 1))
+						return 1;
+			}
+			st->head_len = (__u8)(have + n);
+			st->rcv_end = s.seq + skip + n;
+			if (have + n < STATUS_LINE)
+				return 1; /* the status line goes on in the next segment */
+			status = http_status(st->head);
+			if (status - 100 < 100) {
+				if (status == 101) {
+					phase = PHASE_UPGRADED;
+				} else {
+					/* Informational: read on to the final status. */
+					st->head_len = HEAD_INFO | INFO_MID;
+					inflight_arm(st, cookie, st->req_ns);
+					pos += n;
+					have = HEAD_INFO;
+				}
+			}
+		} else if (have < HEAD_INFO) {
+			return 1;
 		}
-		st->head_len = (__u8)(have + n);
-		st->rcv_end = s.seq + skip + n;
-		if (have + n < STATUS_LINE)
-			return 1; /* the status line goes on in the next segment */
-		status = http_status(st->head);
+		if (have >= HEAD_INFO) {
+			/* After a 1xx, in this segment or an earlier one. */
+			status = informational(skb, st, pos, s.seq + (pos - s.off), now, cookie);
+			if (!status)
+				return 1;
+			if (status == 101)
+				phase = PHASE_UPGRADED;
+			else if (status == INFO_FINAL_NOT_HTTP)
+				status = 0;
+		}
 		if (status)
 			flags |= EVENT_HTTP;
 	}
-	st->phase = PHASE_RESPONDING;
+	st->phase = phase;
 	if (st->turn == 1)
 		flags |= probe_flag(st);
 	__u64 took = st->first_ns - st->req_ns;

@@ -276,6 +276,7 @@ const (
 	BreakerProgSockRelease         = "sock_release"
 	BreakerVarHasSetRetval         = "has_set_retval"
 	BreakerVarHasSockopsCurrent    = "has_sockops_current"
+	BreakerVarInfoNext             = "info_next"
 	BreakerVarUnusedBudget         = "unused_budget"
 	BreakerVarUnusedBulk           = "unused_bulk"
 	BreakerVarUnusedConfigFlags    = "unused_config_flags"
@@ -376,6 +377,7 @@ type BreakerMapSpecs struct {
 type BreakerVariableSpecs struct {
 	HasSetRetval         *ebpf.VariableSpec `ebpf:"has_set_retval"`
 	HasSockopsCurrent    *ebpf.VariableSpec `ebpf:"has_sockops_current"`
+	InfoNext             *ebpf.VariableSpec `ebpf:"info_next"`
 	UnusedBudget         *ebpf.VariableSpec `ebpf:"unused_budget"`
 	UnusedBulk           *ebpf.VariableSpec `ebpf:"unused_bulk"`
 	UnusedConfigFlags    *ebpf.VariableSpec `ebpf:"unused_config_flags"`
@@ -459,6 +461,7 @@ func (m *BreakerMaps) Close() error {
 type BreakerVariables struct {
 	HasSetRetval         *ebpf.Variable `ebpf:"has_set_retval"`
 	HasSockopsCurrent    *ebpf.Variable `ebpf:"has_sockops_current"`
+	InfoNext             *ebpf.Variable `ebpf:"info_next"`
 	UnusedBudget         *ebpf.Variable `ebpf:"unused_budget"`
 	UnusedBulk           *ebpf.Variable `ebpf:"unused_bulk"`
 	UnusedConfigFlags    *ebpf.Variable `ebpf:"unused_config_flags"`

@@ -11,7 +11,8 @@
  *   - was made in a cgroup below the attach point (sk_cgrp_data, CO-RE),
  *     and when scoped, in a cgroup of the workloads map (whose entry
  *     gives the socket its class), and
- *   - is not server side (its local port is not a listening port).
+ *   - is not server side: not accepted (see accepted below), and its
+ *     local port is not a listening port.
  * Anything else is left alone. No program of this object is attached to a
  * hook: it runs only when the daemon reads the iterator, so the healthy
  * path pays nothing.
@@ -20,6 +21,7 @@
 
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
 
 #include "cgroup.h"
 
@@ -42,18 +44,21 @@ struct in6_addr {
 
 struct sock_common {
 	__u32 skc_daddr;
+	__u32 skc_rcv_saddr;
 	__u16 skc_dport;
 	__u16 skc_num;
 	__u16 skc_family;
 	__u8 skc_state;
 	__u8 _pad;
 	struct in6_addr skc_v6_daddr;
-	__u32 _pad1; /* (CO-RE relocates by name; the local layout is only -Wpadded's) */
+	struct in6_addr skc_v6_rcv_saddr; /* (CO-RE relocates by name; the local layout is only -Wpadded's) */
 } __attribute__((preserve_access_index));
 
 struct sock {
 	struct sock_common __sk_common;
 	struct sock_cgroup_data sk_cgrp_data;
+	__u32 sk_max_ack_backlog;
+	__u32 _pad2;
 } __attribute__((preserve_access_index));
 
 struct bpf_iter_meta {
@@ -99,6 +104,17 @@ struct {
 	__type(value, struct workload);
 } workloads SEC(".maps");
 
+/* accepted reports whether an established socket was made by accept():
+ * a listener's child is a copy of the listener (sk_clone_lock) and keeps
+ * its sk_max_ack_backlog, the backlog listen() set, also after the
+ * listener is closed; a socket that connected never listened, so its
+ * backlog is 0. (A listener made with a backlog of 0 gives children of 0:
+ * those are still told by their listening port, while it is open.) */
+static __always_inline int accepted(struct sock_common *skc)
+{
+	return BPF_CORE_READ((struct sock *)skc, sk_max_ack_backlog) != 0;
+}
+
 SEC("iter/tcp")
 int close_established(struct bpf_iter__tcp *ctx)
 {
@@ -122,7 +138,7 @@ int close_established(struct bpf_iter__tcp *ctx)
 		lp->bits[word] |= bit;
 		return 0;
 	}
-	if (state != TCP_ESTABLISHED || (lp->bits[word] & bit))
+	if (state != TCP_ESTABLISHED || (lp->bits[word] & bit) || accepted(skc))
 		return 0;
 
 	struct dest_key key = {.proto = IPPROTO_TCP, .port = BPF_CORE_READ(skc, skc_dport)};
@@ -155,5 +171,41 @@ int close_established(struct bpf_iter__tcp *ctx)
 		__sync_fetch_and_add(&cnt->closed, 1);
 	else
 		__sync_fetch_and_add(&cnt->failed, 1);
+	return 0;
+}
+
+/* For bpf2go's -type: accepted_sock is only a local variable's type. */
+const struct accepted_sock *unused_accepted __attribute__((unused));
+
+/* list_accepted writes out the established sockets of the namespace that
+ * were accepted (struct accepted_sock, one after another), for the
+ * sock_diag close pass: sock_diag cannot tell how a socket was made. It
+ * needs no bpf_sock_destroy (iter/tcp is 5.9+), so it loads where the
+ * pass above does not; it closes nothing. */
+SEC("iter/tcp")
+int list_accepted(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	if (!skc)
+		return 0;
+	__u16 family = BPF_CORE_READ(skc, skc_family);
+	if (family != AF_INET && family != AF_INET6)
+		return 0;
+	if (BPF_CORE_READ(skc, skc_state) != TCP_ESTABLISHED || !accepted(skc))
+		return 0;
+	struct accepted_sock a;
+	__builtin_memset(&a, 0, sizeof(a));
+	a.family = (__u8)family;
+	a.sport = bpf_htons(BPF_CORE_READ(skc, skc_num));
+	a.dport = BPF_CORE_READ(skc, skc_dport);
+	if (family == AF_INET) {
+		__u32 src = BPF_CORE_READ(skc, skc_rcv_saddr), dst = BPF_CORE_READ(skc, skc_daddr);
+		__builtin_memcpy(a.src, &src, 4);
+		__builtin_memcpy(a.dst, &dst, 4);
+	} else {
+		BPF_CORE_READ_INTO(&a.src, skc, skc_v6_rcv_saddr.in6_u.u6_addr8);
+		BPF_CORE_READ_INTO(&a.dst, skc, skc_v6_daddr.in6_u.u6_addr8);
+	}
+	bpf_seq_write(ctx->meta->seq, &a, sizeof(a));
 	return 0;
 }

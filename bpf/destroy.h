@@ -44,4 +44,16 @@ struct listen_ports {
 	__u64 bits[LISTEN_WORDS];
 };
 
+/* What list_accepted writes for each accepted established socket: the
+ * start of sock_diag's struct inet_diag_sockid (ports in network order;
+ * an IPv4 address in the first 4 bytes of its array), and the family. */
+struct accepted_sock {
+	__u8 family;
+	__u8 _pad[3];
+	__u16 sport;
+	__u16 dport;
+	__u8 src[16];
+	__u8 dst[16];
+};
+
 #endif /* DESTROY_H */

@@ -13,6 +13,16 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type DestroyAcceptedSock struct {
+	_      structs.HostLayout
+	Family uint8
+	Pad    [3]uint8
+	Sport  uint16
+	Dport  uint16
+	Src    [16]uint8
+	Dst    [16]uint8
+}
+
 type DestroyCloseConfig struct {
 	_         structs.HostLayout
 	CgroupId  uint64
@@ -62,6 +72,8 @@ const (
 	DestroyMapListeners         = "listeners"
 	DestroyMapWorkloads         = "workloads"
 	DestroyProgCloseEstablished = "close_established"
+	DestroyProgListAccepted     = "list_accepted"
+	DestroyVarUnusedAccepted    = "unused_accepted"
 )
 
 // LoadDestroy returns the embedded CollectionSpec for Destroy.
@@ -107,6 +119,7 @@ type DestroySpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type DestroyProgramSpecs struct {
 	CloseEstablished *ebpf.ProgramSpec `ebpf:"close_established"`
+	ListAccepted     *ebpf.ProgramSpec `ebpf:"list_accepted"`
 }
 
 // DestroyMapSpecs contains maps before they are loaded into the kernel.
@@ -123,6 +136,7 @@ type DestroyMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type DestroyVariableSpecs struct {
+	UnusedAccepted *ebpf.VariableSpec `ebpf:"unused_accepted"`
 }
 
 // DestroyObjects contains all objects after they have been loaded into the kernel.
@@ -164,6 +178,7 @@ func (m *DestroyMaps) Close() error {
 //
 // It can be passed to LoadDestroyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type DestroyVariables struct {
+	UnusedAccepted *ebpf.Variable `ebpf:"unused_accepted"`
 }
 
 // DestroyPrograms contains all programs after they have been loaded into the kernel.
@@ -171,11 +186,13 @@ type DestroyVariables struct {
 // It can be passed to LoadDestroyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type DestroyPrograms struct {
 	CloseEstablished *ebpf.Program `ebpf:"close_established"`
+	ListAccepted     *ebpf.Program `ebpf:"list_accepted"`
 }
 
 func (p *DestroyPrograms) Close() error {
 	return _DestroyClose(
 		p.CloseEstablished,
+		p.ListAccepted,
 	)
 }
 

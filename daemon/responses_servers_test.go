@@ -501,3 +501,165 @@ func TestCountDroppedFollowsReloadAndRestart(t *testing.T) {
 	window("after a reload turning it on", 1, 1)
 	f.waitAwaiting(0)
 }
+
+const informationalConfig = `
+failsafe_timeout: 30s
+targets:
+  expect:
+    match: {cidrs: [SRV], ports: ["8110"]}
+    protocol: http
+    consecutive_failures: 3
+    window_size: 100
+    min_requests: 100
+    open_duration: 4m
+  continue:
+    match: {cidrs: [SRV], ports: ["8111"]}
+    protocol: http
+    consecutive_failures: 3
+    window_size: 100
+    min_requests: 100
+    open_duration: 4m
+  hints:
+    match: {cidrs: [SRV], ports: ["8112"]}
+    protocol: http
+    consecutive_failures: 3
+    window_size: 100
+    min_requests: 100
+    open_duration: 4m
+  segments:
+    match: {cidrs: [SRV], ports: ["8113"]}
+    protocol: http
+    consecutive_failures: 3
+    window_size: 100
+    min_requests: 100
+    open_duration: 4m
+`
+
+// Informational responses are no calls: against servers that answer 1xx
+// before their final status, each request is one call judged by the final
+// status, and three 503s in a row open the circuit. curl POSTs a body with
+// "Expect: 100-continue" (the 100 before the body, the 503 after it);
+// Python's http.client gets an unsolicited 100 Continue, then the 503; Go's
+// net/http gets 103 Early Hints with Link headers, then the 503 100 ms
+// later, and 100, 103 and the status in one segment or split across
+// segments inside the 103's blank line. Before any 503, each request is
+// one success and the 1xx none.
+func TestInformationalResponsesOpenTheCircuit(t *testing.T) {
+	needPrograms(t, "curl", "python3")
+	f := newFixture(t, informationalConfig)
+	srvs := map[string]*kerneltest.HTTPServer{}
+	for name, port := range map[string]uint16{"expect": 8110, "continue": 8111, "hints": 8112, "segments": 8113} {
+		srvs[name] = f.srv.ServeHTTPCases(t, port)
+	}
+	f.start()
+	body := filepath.Join(t.TempDir(), "body")
+	if err := os.WriteFile(body, []byte(strings.Repeat("x", 3000)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// curlExpect POSTs the body n times over one keep-alive connection,
+	// each with Expect: 100-continue, and returns the statuses.
+	curlExpect := func(n int) string {
+		t.Helper()
+		args := []string{"-sS", "--max-time", "10", "-w", "%{http_code} ", "-H", "Expect: 100-continue", "--data-binary", "@" + body}
+		for range n {
+			args = append(args, "-o", "/dev/null", fmt.Sprintf("http://%s:8110/404", f.srv.IPv4))
+		}
+		out, err := f.topo.Client.Command(f.cg, "curl", args...).Run(t)
+		if err != nil {
+			t.Fatalf("curl: %v %s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	const py = `import http.client, sys
+c = http.client.HTTPConnection(sys.argv[1], 8111, timeout=5)
+for _ in range(int(sys.argv[2])):
+    c.request("GET", "/continue"); r = c.getresponse(); r.read(); print(r.status, end=" ")
+`
+	python := func(n int) string {
+		t.Helper()
+		out, err := f.topo.Client.Command(f.cg, "python3", "-c", py, f.srv.IPv4.String(), fmt.Sprint(n)).Run(t)
+		if err != nil {
+			t.Fatalf("python: %v %s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	goClient := func(port uint16, paths ...string) string {
+		t.Helper()
+		var got []string
+		for _, r := range f.keepAlive(port, 5*time.Second, paths...) {
+			if r.Errno != 0 {
+				t.Fatalf("net/http to %d: %+v", port, r)
+			}
+			got = append(got, fmt.Sprint(r.Status))
+		}
+		return strings.Join(got, " ")
+	}
+	check := func(when, target, got, want string, calls, failures int) {
+		t.Helper()
+		if got != want {
+			t.Fatalf("%s: %s saw %q, want %q", when, target, got, want)
+		}
+		f.waitOutcomes("response", target, 2)
+		f.waitOutcomes("response_status", target, float64(failures))
+		if failures > 0 {
+			f.waitState(target, "open", 3*time.Second)
+			evs := f.d.Events()
+			if last := evs[len(evs)-1]; last.Target != target || last.Reason != "consecutive_failures" || last.Calls != calls {
+				t.Fatalf("%s: %s's transition %+v, want consecutive_failures at call %d", when, target, last, calls)
+			}
+		} else if c, _ := f.circuit(target); c.State != "closed" || c.Calls != calls || c.Failures != 0 {
+			t.Fatalf("%s: %s %+v, want %d calls, none failed", when, target, c, calls)
+		}
+	}
+
+	check("healthy", "expect", curlExpect(2), "404 404", 2, 0)
+	check("healthy", "continue", python(2), "200 200", 2, 0)
+	check("healthy", "hints", goClient(8112, "/early-hints", "/early-hints"), "200 200", 2, 0)
+	check("healthy", "segments", goClient(8113, "/one-segment", "/split-hints"), "200 200", 2, 0)
+
+	for _, s := range srvs {
+		s.FailWith(503)
+	}
+	check("failing", "expect", curlExpect(3), "503 503 503", 5, 3)
+	check("failing", "continue", python(3), "503 503 503", 5, 3)
+	check("failing", "hints", goClient(8112, "/early-hints", "/early-hints", "/early-hints"), "503 503 503", 5, 3)
+	check("failing", "segments", goClient(8113, "/one-segment", "/split-hints", "/one-segment"), "503 503 503", 5, 3)
+	if _, code := f.curl(fmt.Sprintf("http://%s:8110/404", f.srv.IPv4)); code != 7 {
+		t.Fatalf("curl to the open circuit exits %d, want 7 (connection refused)", code)
+	}
+}
+
+const informationalTimeoutConfig = `
+failsafe_timeout: 30s
+targets:
+  hints:
+    match: {cidrs: [SRV], ports: ["8114"]}
+    protocol: http
+    response_timeout: 300ms
+    consecutive_failures: 100
+`
+
+// response_timeout runs until the final status, not the first 1xx: a 103
+// Early Hints at once and the answer 600 ms later is a response_timeout
+// (counted while the client waits), and the late answer is not counted
+// again; a quick answer after a 103 is a response.
+func TestInformationalResponsesKeepTheTimeout(t *testing.T) {
+	f := newFixture(t, informationalTimeoutConfig)
+	f.srv.ServeHTTPCases(t, 8114)
+	f.start()
+	for _, r := range f.keepAlive(8114, 5*time.Second, "/hints-slow", "/one-segment") {
+		if r.Errno != 0 || r.Status != 200 {
+			t.Fatalf("requests: %+v", r)
+		}
+	}
+	// A 503 on a new connection is the sentinel: once it is counted,
+	// every record before it in the ring is too.
+	f.keepAlive(8114, 5*time.Second, "/503")
+	f.waitOutcomes("response_status", "hints", 1)
+	if r, to := f.outcomeCount("response", "hints"), f.outcomeCount("response_timeout", "hints"); r != 1 || to != 1 {
+		t.Fatalf("%v responses and %v timeouts, want 1 of each (the late answer not counted again)", r, to)
+	}
+	if c, _ := f.circuit("hints"); c.Calls != 3 || c.Failures != 2 {
+		t.Fatalf("%+v, want 3 calls, 2 failed (the timeout and the 503)", c)
+	}
+}

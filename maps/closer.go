@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -81,14 +82,18 @@ type PassStats struct {
 // Closer closes the established TCP connections that protected processes
 // hold to given destinations. It is used by one goroutine at a time.
 type Closer struct {
-	k       *Kernel
-	mech    CloseMechanism
-	why     string // why the better mechanisms are not available
-	objs    bpf.DestroyObjects
-	iter    *link.Iter
-	cgroup  string
-	log     *slog.Logger
-	selfIno uint64 // the daemon's own network namespace
+	k    *Kernel
+	mech CloseMechanism
+	why  string // why the better mechanisms are not available
+	objs bpf.DestroyObjects
+	iter *link.Iter
+	// With sock_diag: list_accepted, which lists the accepted sockets
+	// (nil when it could not load: then only listening ports tell).
+	listProg *ebpf.Program
+	lister   *link.Iter
+	cgroup   string
+	log      *slog.Logger
+	selfIno  uint64 // the daemon's own network namespace
 }
 
 // NewCloser finds the best mechanism this kernel offers and prepares it:
@@ -107,6 +112,11 @@ func (k *Kernel) NewCloser(allowed ...CloseMechanism) *Closer {
 		c.selfIno = ino
 	}
 	c.mech, c.why = chooseClose(allowed, func() error { return c.loadIterator(k.objs.Workloads) })
+	if c.mech == CloseSockDiag {
+		if err := c.loadLister(); err != nil {
+			c.log.Warn("close_established: accepted sockets are told from clients by listening ports only", "err", err)
+		}
+	}
 	return c
 }
 
@@ -157,6 +167,14 @@ func (c *Closer) Release() error {
 		errs = append(errs, c.iter.Close())
 		c.iter = nil
 	}
+	if c.lister != nil {
+		errs = append(errs, c.lister.Close())
+		c.lister = nil
+	}
+	if c.listProg != nil {
+		errs = append(errs, c.listProg.Close())
+		c.listProg = nil
+	}
 	errs = append(errs, c.objs.Close())
 	return errors.Join(errs...)
 }
@@ -189,12 +207,83 @@ func (c *Closer) loadIterator(workloads *ebpf.Map) error {
 	return nil
 }
 
+// loadLister loads list_accepted alone (it needs no bpf_sock_destroy), so
+// that the sock_diag pass tells an accepted socket from a client's also
+// after its listener is closed.
+func (c *Closer) loadLister() error {
+	spec, err := bpf.LoadDestroy()
+	if err != nil {
+		return fmt.Errorf("reading the close object: %w", err)
+	}
+	var objs struct {
+		ListAccepted *ebpf.Program `ebpf:"list_accepted"`
+	}
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return fmt.Errorf("loading list_accepted: %+v", ve)
+		}
+		return fmt.Errorf("loading list_accepted: %w", err)
+	}
+	it, err := link.AttachIter(link.IterOptions{Program: objs.ListAccepted})
+	if err != nil {
+		objs.ListAccepted.Close()
+		return fmt.Errorf("making the accepted sockets' iterator: %w", err)
+	}
+	c.listProg, c.lister = objs.ListAccepted, it
+	return nil
+}
+
+// acceptedKey names a socket as sock_diag does: its family and the start
+// of its inet_diag_sockid (ports, source and destination addresses).
+type acceptedKey struct {
+	family uint8
+	id     [36]byte
+}
+
+// acceptedSocks lists the accepted established sockets of the calling
+// thread's network namespace (none without the lister).
+func (c *Closer) acceptedSocks() (map[acceptedKey]bool, error) {
+	out := map[acceptedKey]bool{}
+	if c.lister == nil {
+		return out, nil
+	}
+	r, err := c.lister.Open()
+	if err != nil {
+		return out, fmt.Errorf("opening the accepted sockets' iterator: %w", err)
+	}
+	defer r.Close()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return out, fmt.Errorf("reading the accepted sockets' iterator: %w", err)
+	}
+	var a bpf.DestroyAcceptedSock
+	size := binary.Size(a)
+	if len(b)%size != 0 {
+		return out, fmt.Errorf("the accepted sockets' iterator wrote %d bytes, not records of %d", len(b), size)
+	}
+	for off := 0; off < len(b); off += size {
+		if _, err := binary.Decode(b[off:off+size], binary.NativeEndian, &a); err != nil {
+			return out, fmt.Errorf("decoding an accepted socket: %w", err)
+		}
+		k := acceptedKey{family: a.Family}
+		binary.NativeEndian.PutUint16(k.id[0:2], a.Sport)
+		binary.NativeEndian.PutUint16(k.id[2:4], a.Dport)
+		copy(k.id[4:20], a.Src[:])
+		copy(k.id[20:36], a.Dst[:])
+		out[k] = true
+	}
+	return out, nil
+}
+
 // Close closes, in every network namespace of a process below the attach
 // point, the established client connections to dests made in a cgroup
 // below it (and as w says, in a cgroup of the workloads map; the class
-// the map gives must be the destination's). Server-side sockets (whose local port is a
-// listening port of their namespace) and every other socket are left
-// alone. It returns the count per destination.
+// the map gives must be the destination's). Server-side sockets and every
+// other socket are left alone: accepted sockets (told by how they were
+// made, bpf/destroy.c; with sock_diag, when list_accepted loads) and those
+// whose local port is a listening port of their namespace. It returns the
+// count per destination.
 func (c *Closer) Close(dests []Dest, w CloseWorkloads) (map[Dest]CloseCount, PassStats, error) {
 	start := time.Now()
 	out := map[Dest]CloseCount{}

@@ -142,6 +142,57 @@ func TestCloseEstablishedFilters(t *testing.T) {
 	})
 }
 
+// A server-side socket is one that was accepted, whether or not its
+// listener is still open: a draining server that closed its listener keeps
+// the connection it accepted from a circuit's destination (its peer is
+// exactly the destination), while the pool's own connection to another
+// destination of the pass is closed. Each mechanism judges by how the
+// socket was made (sock_diag with list_accepted's list).
+func TestCloseEstablishedLeavesAcceptedAfterListenerCloses(t *testing.T) {
+	e := newEnv(t, Options{})
+	eachCloser(t, e, func(t *testing.T, mech CloseMechanism, c *Closer, offset uint16) {
+		if mech == CloseSockDiag && c.lister == nil {
+			t.Fatal("sock_diag without list_accepted")
+		}
+		a, srvSide := 8321+offset, 8322+offset
+		e.srv.ServeHold(t, a)
+		da, dsrv := e.dest(a, false), e.dest(srvSide, false)
+		pool := e.topo.Client.StartPool(t, e.cg, []kerneltest.PoolTarget{{Addr: da.Addr, N: 1}}, srvSide)
+		// The server connects from dsrv's address and port to the
+		// pool's listener: the accepted socket's peer is dsrv.
+		var peer net.Conn
+		err := e.srv.Do(func() error {
+			dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: e.srv.IPv4.AsSlice(), Port: int(srvSide)}, Timeout: 3 * time.Second}
+			var err error
+			peer, err = dl.Dial("tcp4", netip.AddrPortFrom(e.topo.Client.IPv4, srvSide).String())
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer peer.Close()
+		pool.Accept(t)
+		pool.CloseListener(t)
+		if got := pool.Check(t); !slices.Equal(got, []string{"open", "open"}) {
+			t.Fatalf("before the pass: %v", got)
+		}
+		counts, st, err := c.Close([]Dest{da, dsrv}, CloseUnclassed)
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		t.Logf("pass: %+v, counts %v", st, counts)
+		if got := counts[da]; got.Closed != 1 || got.Failed != 0 {
+			t.Errorf("closed to %s: %+v, want the pool's connection", da, got)
+		}
+		if got := counts[dsrv]; got != (CloseCount{}) {
+			t.Errorf("the accepted socket counted: %+v", got)
+		}
+		if got := pool.Check(t); !slices.Equal(got, []string{"ECONNABORTED", "open"}) {
+			t.Errorf("pool after the pass: %v, want its connection to %s closed and the accepted one open", got, da)
+		}
+	})
+}
+
 // With workloads, only sockets of cgroups in the workloads map are
 // closed, by class: the shared class's destination closes the shared
 // workload's sockets, not an isolated workload's nor an unselected

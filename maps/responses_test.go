@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -98,9 +99,8 @@ func TestHTTPStatusFromTheKernel(t *testing.T) {
 			t.Fatalf("request %d (%s): %v", i, reqs[i].Path, r.Errno)
 		}
 	}
-	// The 1xx is a turn of its own; the final status is the next turn's,
-	// after the body.
-	want := []string{"200", "503", "503", "429", "404", "200", "200", "200", "404", "100", "503"}
+	// The 100 Continue is no response: the final status after the body is.
+	want := []string{"200", "503", "503", "429", "404", "200", "200", "200", "404", "503"}
 	evs := w.waitResponses(8080, len(want), 5*time.Second)
 	if got := statuses(evs); strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("statuses %v, want %v", got, want)
@@ -118,6 +118,83 @@ func TestHTTPStatusFromTheKernel(t *testing.T) {
 		t.Errorf("quick answer timed %v", d)
 	}
 
+}
+
+// TestInformationalResponsesFromTheKernel: a 1xx response is read past to
+// the turn's final status, whatever the segments: an unsolicited 100
+// Continue, 103 Early Hints with Link headers (the response timed to the
+// final status, 100 ms later), 100, 103 and the final status in one
+// segment, a 103 whose blank line and the final status line are split
+// across segments, a 103 of 2.5 KB with the final status in one segment,
+// a 100 the client asked for. A 100 and then the peer's
+// close is the peer's no_response. 101 Switching Protocols is the
+// response, and the bytes of the protocol switched to begin no more turns.
+func TestInformationalResponsesFromTheKernel(t *testing.T) {
+	e := newEnv(t, Options{Responses: true})
+	w := e.watch(t)
+	e.srv.ServeHTTPCases(t, 8083)
+	e.followResponses(t, 8083, RespTimed|RespHTTP|RespInflight)
+	reqs := gets("/continue", "/early-hints", "/one-segment", "/split-hints", "/long-hints")
+	reqs = append(reqs, kerneltest.HTTPRequest{Method: "POST", Path: "/404", Body: strings.Repeat("x", 2000), Expect100: true},
+		kerneltest.HTTPRequest{Path: "/503"})
+	for i, r := range e.requests(t, 8083, 5*time.Second, reqs...) {
+		if r.Errno != 0 {
+			t.Fatalf("request %d (%s): %v", i, reqs[i].Path, r.Errno)
+		}
+	}
+	want := []string{"200", "200", "200", "200", "200", "404", "503"}
+	evs := w.waitResponses(8083, len(want), 5*time.Second)
+	if got := statuses(evs); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("statuses %v, want %v", got, want)
+	}
+	for i, ev := range evs {
+		if ev.Cookie != evs[0].Cookie || ev.Count != uint32(i+1) {
+			t.Errorf("response %d: cookie %d turn %d, want one connection (cookie %d) and turn %d", i, ev.Cookie, ev.Count, evs[0].Cookie, i+1)
+		}
+	}
+	if d := evs[1].Duration; d < 100*time.Millisecond || d > 2*time.Second {
+		t.Errorf("the answer after 103 Early Hints timed %v, want about 100ms (to the final status)", d)
+	}
+
+	// A 100 Continue, then the server closes: no answer.
+	e.requests(t, 8083, 5*time.Second, gets("/continue-close")...)
+	evs = w.waitResponses(8083, len(want)+1, 5*time.Second)
+	if got := statuses(evs[len(want):]); len(got) == 0 || got[0] != "no_response(peer=true,errno 0)" {
+		t.Fatalf("after a 100 and the peer's close: %v, want the peer's no_response", got)
+	}
+	n := len(evs)
+
+	// 101: the response; then the echo protocol's messages begin no turns.
+	// A later request on a new connection is the sentinel.
+	if _, err := exec.LookPath("python3"); err != nil {
+		if kerneltest.Emulated() {
+			t.Log("python3 is not in the VM: 101 Switching Protocols is checked on the host only")
+			return
+		}
+		t.Fatal("python3 is not installed (scripts/setup installs it)")
+	}
+	client := `import socket, sys
+s = socket.create_connection((sys.argv[1], 8083), timeout=5)
+s.sendall(b"GET /upgrade HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+got = b""
+while b"\r\n\r\n" not in got:
+    got += s.recv(4096)
+assert got.startswith(b"HTTP/1.1 101 "), got
+for m in (b"HTTP/1.1 503 x\r\n", b"ping", b"HTTP/1.1 500 y\r\n"):
+    s.sendall(m)
+    back = b""
+    while len(back) < len(m):
+        back += s.recv(4096)
+s.close()
+`
+	if out, err := e.topo.Client.Command(e.cg, "python3", "-c", client, e.srv.IPv4.String()).Run(t); err != nil {
+		t.Fatalf("upgrading client: %v %s", err, out)
+	}
+	e.requests(t, 8083, 5*time.Second, gets("/503")...)
+	evs = w.waitResponses(8083, n+2, 5*time.Second)
+	if got := statuses(evs[n:]); strings.Join(got, " ") != "101 503" {
+		t.Fatalf("after 101 Switching Protocols and messages echoed, then a 503: %v, want 101 503", got)
+	}
 }
 
 // TestResponseTimingWithoutParsing: a target without protocol http is

@@ -14,7 +14,8 @@ import (
 // bpf_sock_destroy (before 6.5): the same filter as bpf/destroy.c, in the
 // daemon. Each network namespace's TCP sockets in LISTEN and ESTABLISHED
 // are dumped over NETLINK_SOCK_DIAG with their cgroup id
-// (INET_DIAG_CGROUP_ID); every established client socket to a wanted
+// (INET_DIAG_CGROUP_ID), and its accepted sockets listed by list_accepted
+// (an iterator that closes nothing); every established client socket to a wanted
 // destination, made in a cgroup below the attach point, is destroyed by
 // SOCK_DESTROY, addressed by its 4-tuple and cookie (so a socket that
 // went away and whose tuple was reused is not hit). A socket made and
@@ -206,6 +207,10 @@ func (c *Closer) sockDiagPass(want map[Dest]bool, ids map[uint64]bool, w CloseWo
 	}
 	defer unix.Close(fd)
 	var errs []error
+	accepted, err := c.acceptedSocks()
+	if err != nil {
+		errs = append(errs, err) // judged by listening ports alone
+	}
 	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
 		socks, err := diagDump(fd, family, 1<<tcpEstablished|1<<tcpListen)
 		if err != nil {
@@ -222,6 +227,9 @@ func (c *Closer) sockDiagPass(want map[Dest]bool, ids map[uint64]bool, w CloseWo
 			s := &socks[i]
 			if s.state != tcpEstablished || listening[s.localPort()] || !ids[s.cgroup] {
 				continue
+			}
+			if accepted[acceptedKey{family: s.family, id: [36]byte(s.id[:36])}] {
+				continue // server side, its listener closed
 			}
 			d := Dest{Proto: TCP, Addr: s.remote()}
 			if w != CloseUnclassed {

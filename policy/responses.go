@@ -105,7 +105,7 @@ var responseFields = []optionField{
 			}
 			return nil
 		}},
-	{"failure_statuses", defaultFailureStatuses, "list of statuses or classes", "With `protocol: http`: the statuses that are failures, as the router counts them by default (a 5xx or a 429); each entry a status (`503`) or a class (`5xx`). Every other status, 1xx included, is a success.",
+	{"failure_statuses", defaultFailureStatuses, "list of statuses or classes", "With `protocol: http`: the statuses that are failures, as the router counts them by default (a 5xx or a 429); each entry a status (`503`) or a class (`5xx`). Every other status is a success; a 1xx other than 101 is never a response's status (see *Responses*) and cannot be listed.",
 		func(o *Options, r any) error { return setStatuses(&o.Responses.FailureStatuses, r) }},
 	{"count_dropped", droppedByProtocol, "bool", "`true`: a connection the peer closes (its FIN) while a request awaits its first response byte is a failure (`response_dropped`). `false`: it counts as nothing but that metric, for protocols whose goodbye the server answers by closing (memcached's `quit`, which libmemcached sends as it closes, PostgreSQL's Terminate; see *Responses*), so by default only `protocol: http` counts it (an HTTP server answers every request). A reset before any response byte is a failure either way. Targets only.",
 		func(o *Options, r any) error {
@@ -138,6 +138,10 @@ func setOptionalDuration(dst *time.Duration, r any, lo, hi time.Duration) error 
 	*dst = d
 	return nil
 }
+
+// informationalNote says why a 1xx other than 101 cannot be a failure
+// status: the kernel never counts one (see responsesReference).
+const informationalNote = "an informational status is never a response's status (the kernel reads past it to the final one); of the 1xx only 101 can be listed"
 
 // setStatuses reads a list of statuses ("503", 503) and classes ("5xx"),
 // YAML's or an environment variable's comma-separated string.
@@ -178,14 +182,19 @@ func setStatuses(dst *StatusSet, r any) error {
 			return fmt.Errorf("[%d]: %v is not a status (503) or a class (5xx)", i, it)
 		}
 		switch {
-		case len(s) == 3 && s[0] >= '1' && s[0] <= '5' && strings.ToLower(s[1:]) == "xx":
+		case len(s) == 3 && s[0] == '1' && strings.ToLower(s[1:]) == "xx":
+			return fmt.Errorf("[%d]: %s: %s", i, quoteShort(s), informationalNote)
+		case len(s) == 3 && s[0] >= '2' && s[0] <= '5' && strings.ToLower(s[1:]) == "xx":
 			lo := int(s[0]-'0') * 100
 			set.add(lo, lo+99)
 			s = strings.ToLower(s)
 		default:
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 100 || n > 599 {
-				return fmt.Errorf("[%d]: %s is not a status in [100, 599] or a class (1xx … 5xx)", i, quoteShort(s))
+				return fmt.Errorf("[%d]: %s is not a status in [100, 599] or a class (2xx … 5xx)", i, quoteShort(s))
+			}
+			if n < 200 && n != 101 {
+				return fmt.Errorf("[%d]: %d: %s", i, n, informationalNote)
 			}
 			set.add(n, n)
 		}
@@ -241,7 +250,8 @@ const responsesReference = "## Responses\n\n" +
 	"Timing needs no parsing: it works for HTTP/1, Redis, PostgreSQL, memcached and any protocol where the client speaks first and waits for an answer (a server's greeting before any request, as MySQL's, is not a turn).\n\n" +
 	"With `protocol: http` the kernel reads the status line (`HTTP/1.1 503`) at the start of each response, also when it is split across segments; bodies are never read, so a body holding `HTTP/1.1 500` changes nothing, whether plain, chunked or many segments long. " +
 	"By default a 5xx or a 429 is a failure and every other status a success, as the router counts them; `failure_statuses` lists statuses (`503`) and classes (`5xx`). " +
-	"A `100 Continue` is a response like any other (a success): the final status is the next turn's, after the request body. A response that does not start with an HTTP/1.x status line is a success. " +
+	"An informational response is not the response: after a 1xx (`100 Continue`, also one sent before the request body, `103 Early Hints`) the kernel reads on, past its header block, to the turn's first status that is not 1xx, whether it comes in the same segment or later, and times the response to it (`response_timeout` runs until it; a peer's close before it is a dropped request). In one segment the kernel reads up to 4 status lines after a 1xx and up to 4 KiB of a 1xx's header block (a server sends one or two short ones); the rest of such a segment is not read. " +
+	"`101 Switching Protocols` is final: it is the turn's response (a success unless `failure_statuses` lists 101), and the connection, no longer HTTP, begins no more turns. A response that does not start with an HTTP/1.x status line is a success. " +
 	"**Plaintext HTTP/1.x only**: over TLS or HTTP/2 no status line is visible in the bytes, so those stay connection-level (with `protocol: http` their turns are timed and every answer is a success; prefer `protocol: tcp` and the timing options there). " +
 	"**Pipelined requests** (several sent before the first answer) are one turn: timed from the first request's first byte to the first response byte, judged by the first response's status; the following responses are not read.\n\n" +
 	"Response options are a target's only (in `all` they would make the kernel follow every connection) and need `match.protocol: tcp`. `failure_statuses` needs `protocol: http`; `slow_response_duration` must be shorter than `response_timeout`. " +

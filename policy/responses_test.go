@@ -90,6 +90,18 @@ targets:
     match: {cidrs: [10.0.3.0/24]}
     protocol: http
     failure_statuses: [5xx, 700, "teapot"]
+  info:
+    match: {cidrs: [10.0.11.0/24]}
+    protocol: http
+    failure_statuses: [5xx, 103]
+  infoclass:
+    match: {cidrs: [10.0.12.0/24]}
+    protocol: http
+    failure_statuses: ["1XX"]
+  upgrade:
+    match: {cidrs: [10.0.13.0/24]}
+    protocol: http
+    failure_statuses: [5xx, 101]
   empty:
     match: {cidrs: [10.0.4.0/24]}
     protocol: http
@@ -122,6 +134,8 @@ targets:
 		"targets.dns.protocol: needs match.protocol tcp",
 		"targets.any.response_timeout: needs match.protocol tcp",
 		"targets.badlist.failure_statuses: [1]: 700 is not a status in [100, 599]",
+		"targets.info.failure_statuses: [1]: 103: an informational status is never a response's status",
+		"targets.infoclass.failure_statuses: [0]: 1XX: an informational status is never a response's status",
 		"targets.empty.failure_statuses: an empty list",
 		"targets.noproto.failure_statuses: needs protocol: http",
 		"targets.proto.protocol: grpc is not tcp or http",

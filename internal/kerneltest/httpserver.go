@@ -27,6 +27,21 @@ import (
 //	/reset-before  a reset before any answer
 //	/reset-during  200 with a partial body, then a reset
 //
+// and, each before the path's answer (200, or FailWith's status), one or
+// more informational (1xx) responses:
+//
+//	/continue      an unsolicited 100 Continue, a segment of its own
+//	/early-hints   103 Early Hints with two Link headers, the answer 100 ms later
+//	/one-segment   100 Continue, 103 Early Hints and the answer in one segment
+//	/split-hints   103 Early Hints in segments split inside its blank line
+//	               ("…\r" "\n\r" "\n" + "HTTP/1.1 5"…), the answer's status
+//	               line split too
+//	/long-hints    103 Early Hints with 40 Link headers (about 2.5 KB) and the
+//	               answer in one segment
+//	/hints-slow    103 Early Hints at once, the answer 600 ms later
+//	/continue-close 100 Continue, then the connection closed (FIN)
+//	/upgrade       101 Switching Protocols, then every byte echoed back
+//
 // A request with "Expect: 100-continue" gets a 100 Continue first. FailWith
 // makes every request answer one status instead.
 type HTTPServer struct {
@@ -75,6 +90,78 @@ func (s *HTTPServer) answer(c *net.TCPConn, req *http.Request) bool {
 			_, err = io.WriteString(c, body)
 		}
 		return err == nil
+	}
+	final := func(code int) bool {
+		if f := s.fail.Load(); f != 0 {
+			code = int(f)
+		}
+		return simple(code, "final")
+	}
+	// writes writes each part as a segment of its own (the connection has
+	// TCP_NODELAY, Go's default, and the parts are apart in time).
+	writes := func(parts ...string) bool {
+		for i, p := range parts {
+			if i > 0 {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if _, err := io.WriteString(c, p); err != nil {
+				return false
+			}
+		}
+		return true
+	}
+	const hints = "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\nLink: </app.js>; rel=preload; as=script\r\n\r\n"
+	switch req.URL.Path {
+	case "/continue":
+		return writes("HTTP/1.1 100 Continue\r\n\r\n") && final(200)
+	case "/early-hints":
+		if !writes(hints) {
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+		return final(200)
+	case "/one-segment":
+		code := 200
+		if f := s.fail.Load(); f != 0 {
+			code = int(f)
+		}
+		return writes(fmt.Sprintf("HTTP/1.1 100 Continue\r\n\r\n%sHTTP/1.1 %d %s\r\n%sContent-Length: 0\r\n\r\n",
+			hints, code, http.StatusText(code), keep))
+	case "/split-hints":
+		code := 200
+		if f := s.fail.Load(); f != 0 {
+			code = int(f)
+		}
+		line := fmt.Sprintf("HTTP/1.1 %d %s\r\n%sContent-Length: 0\r\n\r\n", code, http.StatusText(code), keep)
+		return writes("HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r",
+			"\n\r", "\n"+line[:10], line[10:])
+	case "/hints-slow":
+		if !writes(hints) {
+			return false
+		}
+		time.Sleep(600 * time.Millisecond)
+		return final(200)
+	case "/long-hints":
+		code := 200
+		if f := s.fail.Load(); f != 0 {
+			code = int(f)
+		}
+		var b strings.Builder
+		b.WriteString("HTTP/1.1 103 Early Hints\r\n")
+		for i := range 40 {
+			fmt.Fprintf(&b, "Link: </assets/chunk-%02d.js>; rel=preload; as=script\r\n", i)
+		}
+		fmt.Fprintf(&b, "\r\nHTTP/1.1 %d %s\r\n%sContent-Length: 0\r\n\r\n", code, http.StatusText(code), keep)
+		return writes(b.String())
+	case "/continue-close":
+		_ = writes("HTTP/1.1 100 Continue\r\n\r\n")
+		return false
+	case "/upgrade":
+		if !writes("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n") {
+			return false
+		}
+		_, _ = io.Copy(c, c)
+		return false
 	}
 	if code := s.fail.Load(); code != 0 {
 		return simple(int(code), "failing")

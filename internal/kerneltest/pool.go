@@ -106,6 +106,16 @@ func (p *Pool) Accept(tb testing.TB) {
 	}
 }
 
+// CloseListener makes the pool close its listening socket, as a draining
+// server does, keeping the connections it accepted.
+func (p *Pool) CloseListener(tb testing.TB) {
+	tb.Helper()
+	fmt.Fprintln(p.in, "close-listener")
+	if l, err := p.line(10 * time.Second); err != nil || l != "ok" {
+		tb.Fatalf("pool close-listener: %q %v", l, err)
+	}
+}
+
 // Check returns each connection's state, in the order of the targets
 // (then the accepted ones): "open", or what reading it gave ("ECONNABORTED",
 // "eof", …).

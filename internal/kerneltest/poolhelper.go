@@ -80,6 +80,13 @@ func runPool(js string) int {
 			}
 			conns = append(conns, &conn{fd: fd})
 			fmt.Println("ok")
+		case "close-listener":
+			if err := unix.Close(lfd); err != nil {
+				fmt.Fprintln(os.Stderr, "closing the listener:", err)
+				return 2
+			}
+			lfd = -1
+			fmt.Println("ok")
 		case "check":
 			out := make([]string, len(conns))
 			for i, c := range conns {
