@@ -45,11 +45,9 @@
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_RST 0x04
 
-/* Sizes, mirrored in maps/ (MaxCircuitIDs, MaxDestinations) and stated with
- * the memory they take in README. Every map but `stats` is the same size on
- * any number of CPUs, so a 256-CPU node costs what a 2-CPU node does. */
-#define MAX_DESTINATIONS (1 << 18)
-#define MAX_CIRCUIT_IDS (1 << 18)
+/* The maps' sizes are enum sizes in breaker.h. Every map but `stats` is the
+ * same size on any number of CPUs, so a 256-CPU node costs what a 2-CPU
+ * node does. */
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -121,8 +119,6 @@ struct {
 	__type(value, struct circuit_counters);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } counters SEC(".maps");
-
-#define MAX_OVERRIDES 4096
 
 /* Overrides set through the admin API, by circuit name (daemon only). */
 struct {
@@ -270,8 +266,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } socks SEC(".maps");
 
-#define MAX_WORKLOAD_CGROUPS (1 << 16)
-
 /* Cgroup id -> workload class of every cgroup of a protected workload,
  * written by the daemon (empty unless CONFIG_SCOPED). */
 struct {
@@ -283,8 +277,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } workloads SEC(".maps");
 
-#define MAX_INFLIGHT (1 << 16)
-
 /* Socket cookie -> the turn a request of it awaits (struct inflight_turn),
  * sockets of destinations with response_timeout only. */
 struct {
@@ -295,8 +287,6 @@ struct {
 	__type(value, struct inflight_turn);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } inflight SEC(".maps");
-
-#define MAX_REJECTIONS (1 << 15)
 
 /* Which cgroups each circuit, open or over a bulkhead's limit, turned
  * away, and how often (struct rejection_key; the two kinds counted apart
@@ -377,6 +367,8 @@ const enum response_flags *unused_response_flags __attribute__((unused));
 const enum inflight_flags *unused_inflight_flags __attribute__((unused));
 const struct rejection_key *unused_rejection_key __attribute__((unused));
 const struct rejection_count *unused_rejection_count __attribute__((unused));
+const enum sizes *unused_sizes __attribute__((unused));
+const enum http_failure *unused_http_failure __attribute__((unused));
 
 /* count adds one to a shared counter. */
 #define count(field) __sync_fetch_and_add(&(field), 1)
@@ -1919,7 +1911,7 @@ int resp_ingress(struct __sk_buff *skb)
 	 * default failure statuses) is one atomic add, no record: not a
 	 * probe's, not a default failure status, faster than the target's
 	 * slow_response_duration and response_timeout. */
-	if ((st->resp & RESP_BATCH) && !(flags & EVENT_PROBE) && status < 500 && status != 429 &&
+	if ((st->resp & RESP_BATCH) && !(flags & EVENT_PROBE) && !http_default_failure(status) &&
 	    (!st->fast_us || took < (__u64)st->fast_us * 1000) && answered_add(st))
 		return 1;
 	if (!flush_socket(st, now)) {
@@ -1930,7 +1922,7 @@ int resp_ingress(struct __sk_buff *skb)
 	/* The default failure statuses (5xx, 429) and probes wake the daemon;
 	 * other responses, a custom list's failures among them, are read
 	 * with the next batch (at most a tick later). */
-	if ((flags & EVENT_PROBE) || status >= 500 || status == 429) {
+	if ((flags & EVENT_PROBE) || http_default_failure(status)) {
 		wake = WAKE;
 	} else {
 		__u32 zero = 0;
@@ -1949,7 +1941,6 @@ int resp_ingress(struct __sk_buff *skb)
  * daemon runs it (BPF_PROG_TEST_RUN, never attached) every tick for the
  * circuits whose word holds a count: successes of a circuit that went
  * quiet reach it through the ring too, in their order. */
-#define ANSWERED_FLUSH_IDS 64
 
 SEC("tc")
 int answered_flush(struct __sk_buff *skb)

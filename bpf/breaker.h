@@ -212,13 +212,45 @@ enum response_flags {
 				 * word instead of writing its record */
 };
 
+/* The sizes the daemon shares with these programs: map capacities and the
+ * bounds of what it hands them. Go checks its own constants against these
+ * through the generated bindings (bpf2go -type sizes; maps'
+ * TestSizesMatchTheKernel), so neither side copies the other's numbers
+ * unchecked. */
+enum sizes {
+	MAX_DESTINATIONS = 1 << 18,     /* verdicts, limits: destinations */
+	MAX_CIRCUIT_IDS = 1 << 18,      /* counters, probe_budgets, bulk: circuit ids */
+	MAX_OVERRIDES = 4096,           /* overrides: circuit names */
+	MAX_WORKLOAD_CGROUPS = 1 << 16, /* workloads: cgroups (the daemon may make it larger) */
+	MAX_INFLIGHT = 1 << 16,         /* inflight: sockets awaiting a response */
+	MAX_REJECTIONS = 1 << 15,       /* rejections: (cgroup, circuit) pairs */
+	ANSWERED_IDS = 1 << 16,         /* answered: circuit ids below it count successes */
+	ANSWERED_FLUSH_IDS = 64,        /* answered_flush: ids one run takes */
+};
+
+/* The HTTP statuses the kernel itself treats as failures: policy's default
+ * failure_statuses, 5xx and 429 (policy's TestKernelFailureStatuses checks
+ * the two agree through the generated bindings). A circuit with that
+ * default (RESP_BATCH) has every other final status counted as an ordinary
+ * success in its answered word; these always wake the daemon. */
+enum http_failure {
+	HTTP_TOO_MANY_REQUESTS = 429,
+	HTTP_SERVER_ERROR_MIN = 500,
+	HTTP_SERVER_ERROR_MAX = 599,
+};
+
+static __always_inline int http_default_failure(__u32 status)
+{
+	return status == HTTP_TOO_MANY_REQUESTS ||
+	       (status >= HTTP_SERVER_ERROR_MIN && status <= HTTP_SERVER_ERROR_MAX);
+}
+
 /* The answered map: per circuit id below ANSWERED_IDS, one word, epoch <<
  * ANSWERED_SHIFT | count: the successes the response programs counted for
  * the circuit (RESP_BATCH) and have not yet written out. The daemon writes
  * a word (a new epoch, count 0) before a limits entry names it, and again
  * when the circuit gives the id back or its options change; the kernel
  * adds only under the epoch its socket was marked with. */
-#define ANSWERED_IDS (1 << 16)
 #define ANSWERED_SHIFT 40
 #define ANSWERED_COUNT ((1ULL << ANSWERED_SHIFT) - 1)
 

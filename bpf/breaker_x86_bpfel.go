@@ -77,6 +77,14 @@ const (
 	BreakerEventFlagsEVENT_PEER_CLOSED BreakerEventFlags = 8
 )
 
+type BreakerHttpFailure uint32
+
+const (
+	BreakerHttpFailureHTTP_TOO_MANY_REQUESTS BreakerHttpFailure = 429
+	BreakerHttpFailureHTTP_SERVER_ERROR_MIN  BreakerHttpFailure = 500
+	BreakerHttpFailureHTTP_SERVER_ERROR_MAX  BreakerHttpFailure = 599
+)
+
 type BreakerInflightFlags uint32
 
 const (
@@ -183,6 +191,19 @@ type BreakerSettings struct {
 	VerdictMask    uint64
 }
 
+type BreakerSizes uint32
+
+const (
+	BreakerSizesMAX_DESTINATIONS     BreakerSizes = 262144
+	BreakerSizesMAX_CIRCUIT_IDS      BreakerSizes = 262144
+	BreakerSizesMAX_OVERRIDES        BreakerSizes = 4096
+	BreakerSizesMAX_WORKLOAD_CGROUPS BreakerSizes = 65536
+	BreakerSizesMAX_INFLIGHT         BreakerSizes = 65536
+	BreakerSizesMAX_REJECTIONS       BreakerSizes = 32768
+	BreakerSizesANSWERED_IDS         BreakerSizes = 65536
+	BreakerSizesANSWERED_FLUSH_IDS   BreakerSizes = 64
+)
+
 type BreakerSockState struct {
 	_          structs.HostLayout
 	Dest       BreakerDestKey
@@ -283,6 +304,7 @@ const (
 	BreakerVarUnusedEvent          = "unused_event"
 	BreakerVarUnusedEventFlags     = "unused_event_flags"
 	BreakerVarUnusedHandoff        = "unused_handoff"
+	BreakerVarUnusedHttpFailure    = "unused_http_failure"
 	BreakerVarUnusedInflightFlags  = "unused_inflight_flags"
 	BreakerVarUnusedLimit          = "unused_limit"
 	BreakerVarUnusedOutcome        = "unused_outcome"
@@ -290,6 +312,7 @@ const (
 	BreakerVarUnusedRejectionCount = "unused_rejection_count"
 	BreakerVarUnusedRejectionKey   = "unused_rejection_key"
 	BreakerVarUnusedResponseFlags  = "unused_response_flags"
+	BreakerVarUnusedSizes          = "unused_sizes"
 	BreakerVarUnusedStat           = "unused_stat"
 	BreakerVarUnusedState          = "unused_state"
 	BreakerVarUnusedWorkload       = "unused_workload"
@@ -384,6 +407,7 @@ type BreakerVariableSpecs struct {
 	UnusedEvent          *ebpf.VariableSpec `ebpf:"unused_event"`
 	UnusedEventFlags     *ebpf.VariableSpec `ebpf:"unused_event_flags"`
 	UnusedHandoff        *ebpf.VariableSpec `ebpf:"unused_handoff"`
+	UnusedHttpFailure    *ebpf.VariableSpec `ebpf:"unused_http_failure"`
 	UnusedInflightFlags  *ebpf.VariableSpec `ebpf:"unused_inflight_flags"`
 	UnusedLimit          *ebpf.VariableSpec `ebpf:"unused_limit"`
 	UnusedOutcome        *ebpf.VariableSpec `ebpf:"unused_outcome"`
@@ -391,6 +415,7 @@ type BreakerVariableSpecs struct {
 	UnusedRejectionCount *ebpf.VariableSpec `ebpf:"unused_rejection_count"`
 	UnusedRejectionKey   *ebpf.VariableSpec `ebpf:"unused_rejection_key"`
 	UnusedResponseFlags  *ebpf.VariableSpec `ebpf:"unused_response_flags"`
+	UnusedSizes          *ebpf.VariableSpec `ebpf:"unused_sizes"`
 	UnusedStat           *ebpf.VariableSpec `ebpf:"unused_stat"`
 	UnusedState          *ebpf.VariableSpec `ebpf:"unused_state"`
 	UnusedWorkload       *ebpf.VariableSpec `ebpf:"unused_workload"`
@@ -468,6 +493,7 @@ type BreakerVariables struct {
 	UnusedEvent          *ebpf.Variable `ebpf:"unused_event"`
 	UnusedEventFlags     *ebpf.Variable `ebpf:"unused_event_flags"`
 	UnusedHandoff        *ebpf.Variable `ebpf:"unused_handoff"`
+	UnusedHttpFailure    *ebpf.Variable `ebpf:"unused_http_failure"`
 	UnusedInflightFlags  *ebpf.Variable `ebpf:"unused_inflight_flags"`
 	UnusedLimit          *ebpf.Variable `ebpf:"unused_limit"`
 	UnusedOutcome        *ebpf.Variable `ebpf:"unused_outcome"`
@@ -475,6 +501,7 @@ type BreakerVariables struct {
 	UnusedRejectionCount *ebpf.Variable `ebpf:"unused_rejection_count"`
 	UnusedRejectionKey   *ebpf.Variable `ebpf:"unused_rejection_key"`
 	UnusedResponseFlags  *ebpf.Variable `ebpf:"unused_response_flags"`
+	UnusedSizes          *ebpf.Variable `ebpf:"unused_sizes"`
 	UnusedStat           *ebpf.Variable `ebpf:"unused_stat"`
 	UnusedState          *ebpf.Variable `ebpf:"unused_state"`
 	UnusedWorkload       *ebpf.Variable `ebpf:"unused_workload"`

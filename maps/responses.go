@@ -49,7 +49,7 @@ const AnsweredEpochs = 1 << (64 - answeredShift)
 const answeredShift = 40
 
 // answeredFlushIDs is how many ids one run of answered_flush takes
-// (bpf/breaker.c ANSWERED_FLUSH_IDS).
+// (breaker.h enum sizes, ANSWERED_FLUSH_IDS).
 const answeredFlushIDs = 64
 
 // Answered reads circuit id's answered word: the epoch it counts under and

@@ -155,12 +155,12 @@ type Verdict struct {
 }
 
 // MaxCircuitIDs is the number of circuit ids: per-circuit counter entries
-// and bulkhead slots (MAX_CIRCUIT_IDS in bpf/breaker.c). Id 0 is never
+// and bulkhead slots (breaker.h enum sizes, checked by TestSizesMatchTheKernel). Id 0 is never
 // given to a circuit.
 const MaxCircuitIDs = 1 << 18
 
 // MaxDestinations is the capacity of the verdict and limits maps
-// (MAX_DESTINATIONS in bpf/breaker.c).
+// (breaker.h enum sizes).
 const MaxDestinations = 1 << 18
 
 // OpenVerdict returns an open verdict due at due that admits probes of

@@ -35,7 +35,7 @@ func (k ResponseKind) String() string { return responseKindNames[k] }
 // of it: with the default failure statuses it counts an ordinary success
 // (no status among them, faster than slow_response_duration and
 // response_timeout) itself and hands over their number as one Answered
-// batch (bpf/breaker.h, HTTP_DEFAULT_FAILURE).
+// batch (bpf/breaker.h, enum http_failure; TestKernelFailureStatuses).
 func Classify(o *Options, r Result) Call {
 	switch r.Kind {
 	case Success:
