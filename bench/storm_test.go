@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -57,7 +56,7 @@ func TestCgroupStormCost(t *testing.T) {
 	var storms sync.WaitGroup
 	t.Cleanup(func() {
 		storms.Wait()
-		if err := removeStorm(cg.Path); err != nil {
+		if err := kerneltest.RemoveCgroupStorm(cg.Path); err != nil {
 			t.Errorf("removing the storm's cgroups: %v", err)
 		}
 	})
@@ -163,7 +162,7 @@ func TestCgroupStormCost(t *testing.T) {
 				}()
 				cpu0, t0 := cpuNanos(t, d.pid), time.Now()
 				half := make(chan struct{})
-				done := stormCgroups(&storms, cg.Path, n, remove, half)
+				done := kerneltest.CgroupStorm(&storms, cg.Path, n, remove, half)
 				<-half
 				entries = nil
 				dl, th := protect()
@@ -236,56 +235,4 @@ func firstRejection(t *testing.T, s *kerneltest.Stream, made, moved time.Time) (
 			t.Fatalf("a new selected cgroup not protected 10 s after its mkdir (%d connects through)", through)
 		}
 	}
-}
-
-// stormCgroups makes (remove false) or removes n cgroups storm-NNNNN
-// below dir from one goroutine, and closes half once half are done.
-func stormCgroups(wg *sync.WaitGroup, dir string, n int, remove bool, half chan<- struct{}) <-chan error {
-	done := make(chan error, 1)
-	wg.Go(func() {
-		var err error
-		halfway := false
-		defer func() {
-			if !halfway {
-				close(half) // stopped early: the caller reads done
-			}
-		}()
-		for i := range n {
-			if i == n/2 {
-				close(half)
-				halfway = true
-			}
-			p := filepath.Join(dir, fmt.Sprintf("storm-%05d", i))
-			if remove {
-				err = os.Remove(p)
-			} else {
-				err = os.Mkdir(p, 0o755)
-			}
-			if err != nil {
-				break
-			}
-		}
-		done <- err
-	})
-	return done
-}
-
-// removeStorm removes every storm-* cgroup below dir.
-func removeStorm(dir string) error {
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "storm-") {
-			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
 }

@@ -1,13 +1,10 @@
 package daemon
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -43,61 +40,6 @@ func stormSize(t *testing.T) int {
 		return 1000
 	}
 	return 3000
-}
-
-// storm makes (remove false) or removes n cgroups storm-NNNNN below dir as
-// fast as one goroutine can, and closes half once half are done (or it
-// stopped early). The
-// returned channel has the first error, or nil, once it ends.
-func storm(wg *sync.WaitGroup, dir string, n int, remove bool, half chan<- struct{}) <-chan error {
-	done := make(chan error, 1)
-	wg.Go(func() {
-		var err error
-		halfway := false
-		defer func() {
-			if !halfway {
-				close(half) // stopped early: the caller reads done
-			}
-		}()
-		for i := range n {
-			if i == n/2 {
-				close(half)
-				halfway = true
-			}
-			p := filepath.Join(dir, fmt.Sprintf("storm-%05d", i))
-			if remove {
-				err = os.Remove(p)
-			} else {
-				err = os.Mkdir(p, 0o755)
-			}
-			if err != nil {
-				break
-			}
-		}
-		done <- err
-	})
-	return done
-}
-
-// removeStorm removes every storm-* cgroup below dir (they hold no
-// process).
-func removeStorm(dir string) error {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		return err
-	}
-	var errs []error
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "storm-") {
-			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // drain drops the results a stream has reported so far.
@@ -164,7 +106,7 @@ func TestScopingCgroupStorm(t *testing.T) {
 	var storms sync.WaitGroup
 	t.Cleanup(func() {
 		storms.Wait()
-		if err := removeStorm(f.cg.Path); err != nil {
+		if err := kerneltest.RemoveCgroupStorm(f.cg.Path); err != nil {
 			t.Errorf("removing the storm's cgroups: %v", err)
 		}
 	})
@@ -186,7 +128,7 @@ func TestScopingCgroupStorm(t *testing.T) {
 		}
 		half := make(chan struct{})
 		t0 := time.Now()
-		done := storm(&storms, f.cg.Path, n, remove, half)
+		done := kerneltest.CgroupStorm(&storms, f.cg.Path, n, remove, half)
 		<-half
 		made := time.Now()
 		sel := f.cg.Child(t, fmt.Sprintf("sel-%d", i))
