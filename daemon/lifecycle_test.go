@@ -543,21 +543,6 @@ targets:
 	}
 }
 
-// mountBPFFS mounts a bpffs of the test's own at a new directory under
-// parent and unmounts it when the test ends (if it is still mounted).
-func mountBPFFS(t *testing.T, parent string) string {
-	t.Helper()
-	dir := filepath.Join(parent, "bpffs")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("bpffs", dir, "bpf", 0, ""); err != nil {
-		t.Fatalf("mounting a bpffs of the test's own: %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
-}
-
 // enforcing asserts the lifecycle invariants of svcConfig with svc forced
 // open: its connects are rejected, those to the healthy port 8081 (served
 // by the test) get through.
@@ -661,7 +646,7 @@ func TestPinDirRemoved(t *testing.T) {
 func TestBPFFSUnmountedOverAnother(t *testing.T) {
 	f := newFixture(t, svcConfig)
 	f.srv.ServeHold(t, 8081)
-	inner := mountBPFFS(t, mountBPFFS(t, t.TempDir()))
+	inner := kerneltest.MountBPFFS(t, kerneltest.MountBPFFS(t, t.TempDir()))
 	f.bpffs = filepath.Join(inner, "breakerd")
 	f.checkEvery = -1 // checks run by hand below
 	f.start()

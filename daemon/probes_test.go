@@ -170,16 +170,6 @@ func (g gateResolver) LookupNetIP(ctx context.Context, network, host string) ([]
 	}
 }
 
-// freeAddr is a loopback address with a port nothing listens on now.
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // TestProbesAnswerDuringStartUp: while the start-up waits on DNS (host
 // names whose lookups have not answered), the admin and probe ports are
 // open and answer at once: /readyz 503 saying it waits on DNS, /healthz
@@ -200,7 +190,7 @@ targets:
 	var openOnce sync.Once
 	openGate := func() { openOnce.Do(func() { close(gate.open) }) }
 	f.resolver = gate
-	f.admin, f.probe = freeAddr(t), freeAddr(t)
+	f.admin, f.probe = kerneltest.FreeLoopbackAddr(t), kerneltest.FreeLoopbackAddr(t)
 	type started struct {
 		d   *Daemon
 		err error

@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -490,15 +489,6 @@ targets:
 
 func srvAddr(w *world) netip.AddrPort { return netip.AddrPortFrom(w.topo.Servers[0].IPv4, 8080) }
 
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // 12. Observability with real parts: a real Prometheus scrapes breakerd
 // every second; PromQL through its HTTP API returns the open circuit and
 // the rejection rate. (The alerting rules are checked with promtool in
@@ -508,7 +498,7 @@ func TestPrometheusScrapes(t *testing.T) {
 	w := newWorld(t, 1, strings.Replace(svc, "open_duration: 2s", "open_duration: 1m", 1))
 	w.start()
 	dir := t.TempDir()
-	promAddr := freeAddr(t)
+	promAddr := kerneltest.FreeLoopbackAddr(t)
 	conf := filepath.Join(dir, "prometheus.yml")
 	os.WriteFile(conf, []byte(fmt.Sprintf(`global: {scrape_interval: 1s, evaluation_interval: 1s}
 scrape_configs:

@@ -370,22 +370,6 @@ func TestCheckAndRepairEveryMapPin(t *testing.T) {
 	}
 }
 
-// mountBPFFS mounts a bpffs of the test's own at a new directory under
-// parent (a temporary directory, or a directory of another such mount) and
-// unmounts it when the test ends (if it is still mounted).
-func mountBPFFS(t *testing.T, parent string) string {
-	t.Helper()
-	dir := filepath.Join(parent, "bpffs")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("bpffs", dir, "bpf", 0, ""); err != nil {
-		t.Fatalf("mounting a bpffs of the test's own: %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
-}
-
 // enforcing asserts that the forced-open destination open is rejected and
 // the healthy one ok gets through, from e's cgroup.
 func (e *env) enforcing(t *testing.T, step string, open, ok Dest) {
@@ -404,7 +388,7 @@ func (e *env) enforcing(t *testing.T, step string, open, ok Dest) {
 // before it changes anything; a sibling directory is free.
 func TestNestedPinDirsRefused(t *testing.T) {
 	kerneltest.RequireKernel(t)
-	outer := mountBPFFS(t, t.TempDir())
+	outer := kerneltest.MountBPFFS(t, t.TempDir())
 	e := newEnv(t, Options{Dir: filepath.Join(outer, "a")})
 	e.srv.ServeHold(t, 8216)
 	open, ok := e.dest(8217, false), e.dest(8216, false)
@@ -415,7 +399,7 @@ func TestNestedPinDirsRefused(t *testing.T) {
 	if err := os.Symlink("a", filepath.Join(outer, "alias")); err != nil {
 		t.Fatal(err)
 	}
-	inner := mountBPFFS(t, e.k.PinDir())
+	inner := kerneltest.MountBPFFS(t, e.k.PinDir())
 	for _, dir := range []string{
 		e.k.PinDir(),                         // inside: pins at a/v13/v13
 		filepath.Join(outer, "alias", "v13"), // the same, through a link
@@ -541,8 +525,8 @@ func TestPinDirRemovedAndPinReplaced(t *testing.T) {
 // restart adopts them.
 func TestNoPinsOnTheFilesystemUnderneath(t *testing.T) {
 	kerneltest.RequireKernel(t)
-	outer := mountBPFFS(t, t.TempDir())
-	inner := mountBPFFS(t, outer)
+	outer := kerneltest.MountBPFFS(t, t.TempDir())
+	inner := kerneltest.MountBPFFS(t, outer)
 	e := newEnv(t, Options{Dir: filepath.Join(inner, "breakerd")})
 	e.srv.ServeHold(t, 8220)
 	open, ok := e.dest(8221, false), e.dest(8220, false)
@@ -593,7 +577,7 @@ func TestNoPinsOnTheFilesystemUnderneath(t *testing.T) {
 // programs. Once the first is closed, the cgroup is free.
 func TestSecondKernelOnSameCgroupRefused(t *testing.T) {
 	kerneltest.RequireKernel(t)
-	other := mountBPFFS(t, t.TempDir())
+	other := kerneltest.MountBPFFS(t, t.TempDir())
 	e := newEnv(t, Options{})
 	e.srv.ServeHold(t, 8222)
 	open, ok := e.dest(8223, false), e.dest(8222, false)
@@ -630,7 +614,7 @@ func TestSecondKernelOnSameCgroupRefused(t *testing.T) {
 // it is unmounted, the pins are there again.
 func TestPinsHiddenByAMountOver(t *testing.T) {
 	kerneltest.RequireKernel(t)
-	fs := mountBPFFS(t, t.TempDir())
+	fs := kerneltest.MountBPFFS(t, t.TempDir())
 	e := newEnv(t, Options{Dir: filepath.Join(fs, "breakerd")})
 	e.srv.ServeHold(t, 8224)
 	open, ok := e.dest(8225, false), e.dest(8224, false)

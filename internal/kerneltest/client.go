@@ -197,6 +197,14 @@ type Paced struct {
 func (h *Host) StartPaced(tb testing.TB, cg *Cgroup, spec DialSpec) *Paced {
 	tb.Helper()
 	spec.Op = "http-paced"
+	p, in, out, errOut := h.startPiped(tb, cg, spec)
+	return &Paced{p: p, in: in, out: json.NewDecoder(bufio.NewReader(out)), err: errOut}
+}
+
+// startPiped starts a client helper whose standard input and output the
+// test talks to, its standard error kept in a LogBuffer.
+func (h *Host) startPiped(tb testing.TB, cg *Cgroup, spec DialSpec) (*Process, io.WriteCloser, io.Reader, *LogBuffer) {
+	tb.Helper()
 	p := h.helperCommand(tb, cg, spec)
 	errOut := &LogBuffer{}
 	p.Cmd.Stderr = errOut
@@ -211,7 +219,7 @@ func (h *Host) StartPaced(tb testing.TB, cg *Cgroup, spec DialSpec) *Paced {
 	if err := p.Start(tb); err != nil {
 		tb.Fatal(err)
 	}
-	return &Paced{p: p, in: in, out: json.NewDecoder(bufio.NewReader(out)), err: errOut}
+	return p, in, out, errOut
 }
 
 // Next makes one request and returns its result.

@@ -29,20 +29,7 @@ type Stream struct {
 func (h *Host) StartStream(tb testing.TB, cg *Cgroup, spec DialSpec) *Stream {
 	tb.Helper()
 	spec.Op = "stream"
-	p := h.helperCommand(tb, cg, spec)
-	errOut := &LogBuffer{}
-	p.Cmd.Stderr = errOut
-	in, err := p.Cmd.StdinPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	out, err := p.Cmd.StdoutPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := p.Start(tb); err != nil {
-		tb.Fatal(err)
-	}
+	p, in, out, errOut := h.startPiped(tb, cg, spec)
 	res := make(chan DialResult, 1<<16)
 	go func() {
 		defer close(res)
