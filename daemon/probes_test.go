@@ -226,7 +226,7 @@ targets:
 		var body []byte
 		var took time.Duration
 		var err error
-		if !kerneltest.WaitFor(5*time.Second, func() bool {
+		if !kerneltest.WaitFor(30*time.Second, func() bool {
 			code, body, took, err = getTimed(c, "http://"+addr+"/readyz")
 			if isRefused(err) {
 				return false
