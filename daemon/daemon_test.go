@@ -180,7 +180,9 @@ targets:
 `
 
 func TestRefusedTripsRejectsFastAndRecovers(t *testing.T) {
-	f := newFixture(t, svcConfig)
+	// An open duration no dialling outlasts, however slow the machine:
+	// the test asks for the probe (expire).
+	f := newFixture(t, strings.Replace(svcConfig, "open_duration: 1s", "open_duration: 1m", 1))
 	f.start()
 	// The target names one address and port: its circuit and verdict
 	// coverage exist before any traffic.
@@ -209,9 +211,10 @@ func TestRefusedTripsRejectsFastAndRecovers(t *testing.T) {
 		t.Fatalf("no transition log line:\n%s", f.logs.String())
 	}
 
-	// The server comes back; after the open duration one probe closes it.
+	// The server comes back; at the end of the open duration one probe
+	// closes it.
 	f.srv.ServeHold(t, 8080)
-	time.Sleep(1100 * time.Millisecond)
+	f.expire(8080)
 	if got := errnos(f.dial(8080, 1, 0)); got[0] != 1 {
 		t.Fatalf("probe: %v", got)
 	}
