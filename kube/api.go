@@ -23,10 +23,10 @@
 // watches, which client-go retries with a growing backoff (up to 30 s), so
 // an RBAC denial is logged and counted, not retried in a hot loop.
 //
-// The Kubernetes client is left out of a build with the nokube tag
-// (nokube.go): scripts/demo builds breakerd so, since compiling client-go
-// takes most of a first build. This file holds what the daemon uses in
-// both builds.
+// A build with the nokube tag leaves the Kubernetes client out
+// (nokube.go stands in for it): scripts/demo builds breakerd so, since
+// client-go and the API types are most of what a first build compiles.
+// This file holds what the daemon uses in both builds.
 package kube
 
 import (
