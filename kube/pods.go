@@ -1,3 +1,5 @@
+//go:build !nokube
+
 package kube
 
 import (
@@ -67,13 +69,6 @@ func (c *Client) WaitPodsSynced(ctx context.Context) bool {
 		return true
 	}
 	return cache.WaitForCacheSync(ctx.Done(), p.informer.HasSynced)
-}
-
-// PodSelector selects pods: by namespace (none listed: every namespace)
-// and by labels (every label listed must match; none: every pod).
-type PodSelector struct {
-	Namespaces []string
-	Labels     map[string]string
 }
 
 // SelectPods returns the UIDs of this node's pods, from the cache, that

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -75,5 +76,37 @@ func TestExitCodes(t *testing.T) {
 		if c.code == 0 && (!strings.Contains(stdout.String(), "usage:") || !strings.Contains(stdout.String(), "--admin-socket") || stderr.Len() > 0) {
 			t.Errorf("breakerd %q: stdout %q stderr %q", c.args, stdout.String(), stderr.String())
 		}
+	}
+}
+
+// TestNokubeRefusesKubeconfig builds breakerd as scripts/demo does (-tags
+// nokube, without the Kubernetes client) and checks that it refuses
+// --kubeconfig, naming the tag, rather than run without the API it was
+// asked to use. It fails before touching the kernel.
+func TestNokubeRefusesKubeconfig(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "breakerd")
+	if out, err := exec.Command("go", "build", "-tags", "nokube", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building breakerd -tags nokube: %v\n%s", err, out)
+	}
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// --cgroup names a directory that is no cgroup: nothing could attach
+	// even if the refusal were missing.
+	cmd := exec.Command(bin, "--kubeconfig", kubeconfig, "--cgroup", dir, "--bpffs", filepath.Join(dir, "pins"), "--admin-socket", "", "--admin-addr", "")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("breakerd -tags nokube --kubeconfig: %v, want exit 1 (stderr %s)", err, stderr.String())
+	}
+	if want := "--kubeconfig: this breakerd was built with -tags nokube"; !strings.Contains(stderr.String(), want) {
+		t.Errorf("stderr %q, want it to say %q", stderr.String(), want)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "pins")); !os.IsNotExist(err) {
+		t.Errorf("pins %s: %v, want nothing made", filepath.Join(dir, "pins"), err)
 	}
 }
