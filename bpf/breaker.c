@@ -41,6 +41,13 @@
 #define TCP_LAST_ACK 9
 #define TCP_CLOSING 11
 
+#define NSEC_PER_SEC 1000000000LL
+#define NSEC_PER_MSEC 1000000ULL
+#define NSEC_PER_USEC 1000ULL
+
+/* tcp_sock.srtt_us (bpf_sock_ops.srtt_us) holds the smoothed RTT times 8. */
+#define SRTT_SHIFT 3
+
 #define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_RST 0x04
@@ -165,7 +172,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } stats SEC(".maps");
 
-#define EVENTS_SIZE (1 << 22) /* 4 MiB: 65536 records */
 /* A healthy record wakes the daemon only while between one and two times
  * this much is unread (2048 to 4096 records): at any rate the daemon reads
  * in batches, and a failure behind them waits for at most that many to be
@@ -200,6 +206,8 @@ enum bulk_flags {
 	BULK_CONNECTIONS = 1 << 1, /* counted in bulk_count.connections */
 };
 
+#define HEAD_BYTES 16 /* sock_state.head: a power of two (indexes are masked with it) */
+
 struct sock_state {
 	struct dest_key dest;
 	__u32 flags; /* enum sock_flags */
@@ -216,7 +224,7 @@ struct sock_state {
 	__u64 first_ns;  /* its first response byte (HTTP: while the status line is read) */
 	__u32 snd_end;   /* sequence just past the last request byte sent (SEQ_SND) */
 	__u32 rcv_end;   /* response bytes before this are old (the request's ack) */
-	__u8 head[16];   /* the start of the response (HTTP/1.x status line) */
+	__u8 head[HEAD_BYTES]; /* the start of the response (HTTP/1.x status line) */
 	__u8 phase;      /* enum turn_phase */
 	__u8 head_len;   /* bytes in head */
 	__u8 seq;        /* enum seq_flags */
@@ -321,7 +329,6 @@ struct {
  * with no storage lookup. Bits are never cleared while the layout's pins
  * live: a port no target uses any more costs its packets the storage
  * lookup, as every packet did before. */
-#define RESP_PORT_WORDS (65536 / 64)
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, RESP_PORT_WORDS);
@@ -341,12 +348,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } answered SEC(".maps");
 
+#define RESP_PORT_BITS 64 /* ports per word of resp_ports */
+_Static_assert(RESP_PORT_WORDS * RESP_PORT_BITS == 65536, "resp_ports has a bit per port");
+
 /* resp_port_word is port's word of resp_ports (0 only if the lookup
  * failed) and *bit its bit in it. */
 static __always_inline __u64 *resp_port_word(__u32 port, __u64 *bit)
 {
-	__u32 word = port / 64;
-	*bit = 1ULL << (port % 64);
+	__u32 word = port / RESP_PORT_BITS;
+	*bit = 1ULL << (port % RESP_PORT_BITS);
 	return bpf_map_lookup_elem(&resp_ports, &word);
 }
 
@@ -369,6 +379,7 @@ const struct rejection_key *unused_rejection_key __attribute__((unused));
 const struct rejection_count *unused_rejection_count __attribute__((unused));
 const enum sizes *unused_sizes __attribute__((unused));
 const enum http_failure *unused_http_failure __attribute__((unused));
+const enum defaults *unused_defaults __attribute__((unused));
 
 /* count adds one to a shared counter. */
 #define count(field) __sync_fetch_and_add(&(field), 1)
@@ -385,13 +396,29 @@ static __always_inline struct circuit_counters *counters_of(__u32 id)
 	return bpf_map_lookup_elem(&counters, &id);
 }
 
+/* get_settings is the config array's one entry, or 0: every caller then
+ * acts as with default settings (fail open). */
+static __always_inline struct settings *get_settings(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&config, &zero);
+}
+
+/* get_handoff is this CPU's connect handoff entry, or 0. */
+static __always_inline struct connect_handoff *get_handoff(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&handoff, &zero);
+}
+
 /* Wake-up flags of a record: see struct event. */
 #define WAKE BPF_RB_FORCE_WAKEUP
 #define LAZY 0
 
-static __always_inline void emit(const struct dest_key *dest, __u8 outcome, __u8 flags,
-				 __u64 duration, __u32 count, __u32 err, __u32 round, __u64 cookie,
-				 __u64 cgroup_id, __u64 now, __u32 wake)
+/* emit writes record r to the ring buffer: it wakes the reader (WAKE), or,
+ * LAZY, leaves it for the next batch while the ring is between one and two
+ * watermarks full. A full ring drops it (STAT_EVENTS_LOST). */
+static __always_inline void emit(const struct event *r, __u32 wake)
 {
 	__u64 submit = BPF_RB_FORCE_WAKEUP;
 	if (wake == LAZY) {
@@ -404,16 +431,7 @@ static __always_inline void emit(const struct dest_key *dest, __u8 outcome, __u8
 		stat_inc(STAT_EVENTS_LOST);
 		return;
 	}
-	__builtin_memcpy(&e->dest, dest, sizeof(e->dest));
-	e->outcome = outcome;
-	e->flags = flags;
-	e->err = (__u16)err;
-	e->count = count;
-	e->round = round;
-	e->duration_ns = duration;
-	e->cookie = cookie;
-	e->cgroup_id = cgroup_id;
-	e->ts_ns = now;
+	__builtin_memcpy(e, r, sizeof(*e));
 	bpf_ringbuf_submit(e, submit);
 }
 
@@ -635,7 +653,11 @@ static __always_inline int verdict_allows(struct bpf_sock_addr *ctx, struct dest
 	if (new_round) {
 		if (c)
 			count(c->rounds);
-		emit(key, OUTCOME_PROBE_ROUND, 0, 0, 0, 0, round, 0, bpf_get_current_cgroup_id(), now,
+		emit(&(struct event){.dest = *key,
+				     .outcome = OUTCOME_PROBE_ROUND,
+				     .round = round,
+				     .cgroup_id = bpf_get_current_cgroup_id(),
+				     .ts_ns = now},
 		     WAKE);
 	}
 
@@ -762,13 +784,15 @@ over:;
  * CONFIG_CLASSES). */
 #define WORKLOAD_FLAGS (CONFIG_SCOPED | CONFIG_CLASSES)
 
+#define HANDOFF_CLASS 0xffffffffULL /* the lower half: the class (plus one) */
+
 /* handoff_thread is the handoff's name of the calling thread where sockops
  * can read it (has_sockops_current): its id in the upper half, the class
  * (plus one) in the lower half written with it. A thread id is never 0,
  * so neither is the entry while it names one. */
 static __always_inline __u64 handoff_thread(__u64 pid_tgid)
 {
-	return (pid_tgid & 0xffffffffULL) << 32;
+	return (pid_tgid & 0xffffffffULL) << 32; /* pid_tgid's lower half is the thread id */
 }
 
 /* current_workload is the workload entry of the cgroup the calling
@@ -797,8 +821,7 @@ static __always_inline int scope(struct bpf_sock_addr *ctx, struct dest_key *key
 	struct workload *w = current_workload();
 	int protected = w || !(flags & CONFIG_SCOPED);
 	if (key->proto == IPPROTO_TCP) {
-		__u32 zero = 0;
-		struct connect_handoff *h = bpf_map_lookup_elem(&handoff, &zero);
+		struct connect_handoff *h = get_handoff();
 		__u32 class1 = w ? w->class + 1 : (__u32)protected;
 		if (h && has_sockops_current) {
 			/* One 8-byte store: never half of another connect's. */
@@ -815,10 +838,14 @@ static __always_inline int scope(struct bpf_sock_addr *ctx, struct dest_key *key
 	return protected;
 }
 
+/* A heartbeat this far ahead of the clock read here still counts: the
+ * NMI-safe clock may lag the daemon's CLOCK_MONOTONIC by a tick or so;
+ * more is a clock mix-up. */
+#define HEARTBEAT_AHEAD_NS NSEC_PER_SEC
+
 static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *key)
 {
-	__u32 zero = 0;
-	struct settings *cfg = bpf_map_lookup_elem(&config, &zero);
+	struct settings *cfg = get_settings();
 	if (!cfg)
 		return 1;
 	/* Only a target can cover UDP (no outcome of a datagram is ever seen,
@@ -848,11 +875,9 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 
 	__u64 now = bpf_ktime_get_ns();
 	/* Stale: never written, older than the fail-safe timeout, or from the
-	 * future beyond a second (the NMI-safe clock read here may lag the
-	 * daemon's CLOCK_MONOTONIC by a tick or so; more is a clock mix-up):
-	 * fail open. */
+	 * future beyond HEARTBEAT_AHEAD_NS: fail open. */
 	__s64 age = (__s64)(now - cfg->heartbeat_ns);
-	if (!cfg->heartbeat_ns || age > (__s64)cfg->failsafe_ns || age < -1000000000LL) {
+	if (!cfg->heartbeat_ns || age > (__s64)cfg->failsafe_ns || age < -HEARTBEAT_AHEAD_NS) {
 		stat_inc(STAT_FAILSAFE_ALLOWED);
 		return 1;
 	}
@@ -864,29 +889,25 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 		allowed = bulkhead_admits(ctx, l, flags);
 	if (!allowed && (flags & WORKLOAD_FLAGS) && key->proto == IPPROTO_TCP) {
 		/* Rejected: no connect callback will take this handoff. */
-		__u32 zero = 0;
-		struct connect_handoff *h = bpf_map_lookup_elem(&handoff, &zero);
+		struct connect_handoff *h = get_handoff();
 		if (h)
 			h->cookie = 0;
 	}
 	return allowed;
 }
 
-static __always_inline void key4(struct dest_key *k, __u32 ip, __u32 port, __u32 proto)
+static __always_inline void key4(struct dest_key *k, struct bpf_sock_addr *ctx)
 {
 	__builtin_memset(k, 0, sizeof(*k));
-	k->addr[10] = 0xff;
-	k->addr[11] = 0xff;
-	__builtin_memcpy(&k->addr[12], &ip, 4);
-	k->port = (__u16)port;
-	k->proto = (__u8)proto;
+	dest_ipv4(k, ctx->user_ip4);
+	k->port = (__u16)ctx->user_port;
+	k->proto = (__u8)ctx->protocol;
 }
 
 static __always_inline void key6(struct dest_key *k, struct bpf_sock_addr *ctx)
 {
-	__u32 w[4] = {ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]};
 	__builtin_memset(k, 0, sizeof(*k));
-	__builtin_memcpy(k->addr, w, 16);
+	dest_ipv6(k, ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]);
 	k->port = (__u16)ctx->user_port;
 	k->proto = (__u8)ctx->protocol;
 }
@@ -895,7 +916,7 @@ SEC("cgroup/connect4")
 int connect4(struct bpf_sock_addr *ctx)
 {
 	struct dest_key k;
-	key4(&k, ctx->user_ip4, ctx->user_port, ctx->protocol);
+	key4(&k, ctx);
 	return enforce(ctx, &k);
 }
 
@@ -911,7 +932,7 @@ SEC("cgroup/sendmsg4")
 int sendmsg4(struct bpf_sock_addr *ctx)
 {
 	struct dest_key k;
-	key4(&k, ctx->user_ip4, ctx->user_port, ctx->protocol);
+	key4(&k, ctx);
 	return enforce(ctx, &k);
 }
 
@@ -927,6 +948,13 @@ int sendmsg6(struct bpf_sock_addr *ctx)
  * Outcomes: sockops on the same cgroup.
  */
 
+/* sockops_port is the remote port in network order (remote_port holds it
+ * in its upper half). */
+static __always_inline __u16 sockops_port(struct bpf_sock_ops *ops)
+{
+	return (__u16)(ops->remote_port >> 16);
+}
+
 /* Every address field is read, unconditionally, with a load at its own
  * offset, and the family picks among the values: a compiler that merges
  * the IPv4 and IPv6 reads into one load through a chosen pointer makes a
@@ -938,19 +966,11 @@ static __always_inline void sockops_key(struct dest_key *k, struct bpf_sock_ops 
 	__u32 w2 = ops->remote_ip6[2], w3 = ops->remote_ip6[3];
 	/* Use every value here, so no load can be moved into the branch. */
 	asm volatile("" : "+r"(ip4), "+r"(w0), "+r"(w1), "+r"(w2), "+r"(w3));
-	if (family == AF_INET) {
-		w0 = 0;
-		w1 = 0;
-		w2 = bpf_htonl(0xffff);
-		w3 = ip4;
-	}
-	__u32 *a = (__u32 *)k->addr;
-	a[0] = w0;
-	a[1] = w1;
-	a[2] = w2;
-	a[3] = w3;
-	/* remote_port holds the network-order port in its upper half. */
-	k->port = (__u16)(ops->remote_port >> 16);
+	if (family == AF_INET)
+		dest_ipv4(k, ip4);
+	else
+		dest_ipv6(k, w0, w1, w2, w3);
+	k->port = sockops_port(ops);
 	k->proto = IPPROTO_TCP;
 	k->class = 0;
 }
@@ -987,6 +1007,7 @@ static __always_inline __u64 sock_cgroup(struct sock *sk)
  * maximum of 127 ends near 36 minutes on the default RTO; 2^31 µs is the
  * bound of the microsecond reading below). */
 #define MAX_CONNECTING_MS (35U * 60 * 1000)
+#define MAX_CONNECTING_US 2000000000U /* within 2^31 µs, where a wrapped reading starts */
 
 /* connect_age is how long ago a connecting socket sent its first SYN:
  * tcp_connect() stamps tcp_sock.retrans_stamp with the TCP clock (ktime,
@@ -1001,12 +1022,12 @@ static __always_inline __u64 connect_age(struct sock *sk, __u64 now)
 	__u32 stamp = ((struct tcp_sock *)sk)->retrans_stamp;
 	if (!stamp)
 		return 0;
-	__u32 ms = (__u32)(now / 1000000) - stamp;
+	__u32 ms = (__u32)(now / NSEC_PER_MSEC) - stamp;
 	if (ms <= MAX_CONNECTING_MS)
-		return (__u64)ms * 1000000;
-	__u32 us = (__u32)(now / 1000) - stamp;
-	if (us <= 2000000000U)
-		return (__u64)us * 1000;
+		return (__u64)ms * NSEC_PER_MSEC;
+	__u32 us = (__u32)(now / NSEC_PER_USEC) - stamp;
+	if (us <= MAX_CONNECTING_US)
+		return (__u64)us * NSEC_PER_USEC;
 	return 0;
 }
 
@@ -1015,8 +1036,7 @@ static __always_inline __u64 connect_age(struct sock *sk, __u64 now)
  * socket is protected. */
 static __always_inline __u32 workload_flags(void)
 {
-	__u32 zero = 0;
-	struct settings *cfg = bpf_map_lookup_elem(&config, &zero);
+	struct settings *cfg = get_settings();
 	return cfg ? cfg->flags & WORKLOAD_FLAGS : 0;
 }
 
@@ -1048,11 +1068,10 @@ static __always_inline struct workload *sock_workload(struct sock *sk)
 static __always_inline int sock_class(struct bpf_sock_ops *ops, struct sock *sk, __u32 flags,
 				      __u8 *class)
 {
-	__u32 zero = 0;
-	struct connect_handoff *h = bpf_map_lookup_elem(&handoff, &zero);
+	struct connect_handoff *h = get_handoff();
 	if (has_sockops_current) {
 		__u64 e = h ? h->cookie : 0;
-		if (e && (e & ~0xffffffffULL) == handoff_thread(bpf_get_current_pid_tgid())) {
+		if (e && (e & ~HANDOFF_CLASS) == handoff_thread(bpf_get_current_pid_tgid())) {
 			h->cookie = 0;
 			__u32 class1 = (__u32)e;
 			if (!class1)
@@ -1130,7 +1149,7 @@ static __always_inline void on_connect(struct bpf_sock_ops *ops)
 	track(ops, st, full_sock(ops), bpf_ktime_get_ns(), class);
 	if (st->resp) {
 		__u64 bit;
-		__u64 *bits = resp_port_word(bpf_ntohs((__u16)(ops->remote_port >> 16)), &bit);
+		__u64 *bits = resp_port_word(bpf_ntohs(sockops_port(ops)), &bit);
 		if (bits && !(*bits & bit))
 			__sync_fetch_and_or(bits, bit);
 	}
@@ -1141,15 +1160,22 @@ static __always_inline __u8 probe_flag(struct sock_state *st)
 	return (st && (st->flags & SOCK_PROBE)) ? EVENT_PROBE : 0;
 }
 
+/* report writes record r of a socket sockops follows: r holds what
+ * happened (outcome, flags, duration_ns, count, err; ts_ns is now), report
+ * adds whose it is (dest, cookie, cgroup, and the probe flag and round of
+ * a probe). */
 static __always_inline void report(struct bpf_sock_ops *ops, struct sock_state *st,
-				   struct sock *sk, __u8 outcome, __u8 flags, __u64 duration,
-				   __u32 count, __u32 err, __u64 now, __u32 wake)
+				   struct sock *sk, struct event *r, __u32 wake)
 {
 	struct dest_key k;
 	__u64 cg;
 	if (st && (st->flags & SOCK_TRACKED)) {
 		__builtin_memcpy(&k, &st->dest, sizeof(k));
 		cg = st->cgroup_id;
+		/* Keep this load here: merged with sock_cgroup()'s below into one
+		 * load through either pointer, it is refused ("same insn cannot
+		 * be used with different pointers"). */
+		barrier_var(cg);
 	} else {
 		sockops_key(&k, ops);
 		k.class = report_class(sk);
@@ -1158,14 +1184,13 @@ static __always_inline void report(struct bpf_sock_ops *ops, struct sock_state *
 	/* The circuit's counted successes first (a success of another of its
 	 * sockets may have come before this record; a handshake is no call
 	 * where they are counted, so its record needs no flush). */
-	if (outcome != OUTCOME_ESTABLISHED) {
+	if (r->outcome != OUTCOME_ESTABLISHED) {
 		int ok;
-		__u32 zero = 0;
-		struct settings *c = bpf_map_lookup_elem(&config, &zero);
+		struct settings *c = get_settings();
 		if (st && st->resp && (st->flags & SOCK_TRACKED))
-			ok = flush_socket(st, now);
+			ok = flush_socket(st, r->ts_ns);
 		else if (c && (c->flags & CONFIG_LIMITS))
-			ok = flush_limit(&k, now);
+			ok = flush_limit(&k, r->ts_ns);
 		else
 			ok = 1;
 		if (!ok) {
@@ -1173,8 +1198,12 @@ static __always_inline void report(struct bpf_sock_ops *ops, struct sock_state *
 			return;
 		}
 	}
-	emit(&k, outcome, flags | probe_flag(st), duration, count, err, st ? st->round : 0,
-	     bpf_get_socket_cookie(ops), cg, now, wake);
+	r->flags |= probe_flag(st);
+	r->round = st ? st->round : 0;
+	r->cookie = bpf_get_socket_cookie(ops);
+	r->dest = k;
+	r->cgroup_id = cg;
+	emit(r, wake);
 }
 
 static __always_inline void on_established(struct bpf_sock_ops *ops, __u64 now)
@@ -1199,7 +1228,7 @@ static __always_inline void on_established(struct bpf_sock_ops *ops, __u64 now)
 	else if (!ops->total_retrans && ops->srtt_us)
 		/* No SYN was retransmitted: the first RTT sample is the
 		 * handshake (srtt_us holds 8 times it). */
-		took = (__u64)(ops->srtt_us >> 3) * 1000;
+		took = (__u64)(ops->srtt_us >> SRTT_SHIFT) * NSEC_PER_USEC;
 	else
 		took = connect_age(sk, now);
 	__u32 wake = LAZY;
@@ -1210,11 +1239,12 @@ static __always_inline void on_established(struct bpf_sock_ops *ops, __u64 now)
 		if (st->flags & SOCK_PROBE)
 			wake = WAKE;
 	}
-	__u32 zero = 0;
-	struct settings *c = bpf_map_lookup_elem(&config, &zero);
+	struct settings *c = get_settings();
 	if (wake == LAZY && c && c->wake_slow_ns && took >= c->wake_slow_ns)
 		wake = WAKE;
-	report(ops, st, sk, OUTCOME_ESTABLISHED, 0, took, 0, 0, now, wake);
+	report(ops, st, sk,
+	       &(struct event){.outcome = OUTCOME_ESTABLISHED, .duration_ns = took, .ts_ns = now},
+	       wake);
 	/* Without storage, nothing is left to follow but a reset (which
 	 * reset_seen reports) and RTOs (which make storage, and turn the state
 	 * callbacks on again): no state callback is needed, and the one at the
@@ -1261,20 +1291,60 @@ static __always_inline void on_rto(struct bpf_sock_ops *ops, __u64 now)
 	if (!(st->flags & SOCK_ESTABLISHED)) {
 		if (!(st->flags & SOCK_RETRANS_SENT)) {
 			st->flags |= SOCK_RETRANS_SENT;
-			report(ops, st, sk, OUTCOME_SYN_RETRANS, 0, st->start_ns ? now - st->start_ns : 0,
-			       st->rtos, 0, now, WAKE);
+			report(ops, st, sk,
+			       &(struct event){.outcome = OUTCOME_SYN_RETRANS,
+					       .duration_ns = st->start_ns ? now - st->start_ns : 0,
+					       .count = st->rtos,
+					       .ts_ns = now},
+			       WAKE);
 		}
 	} else if (!(st->flags & SOCK_STALL_SENT)) {
-		__u32 zero = 0, max_rto = 3;
-		struct settings *c = bpf_map_lookup_elem(&config, &zero);
+		__u32 max_rto = DEFAULT_MAX_RTO;
+		struct settings *c = get_settings();
 		if (c && c->max_rto)
 			max_rto = c->max_rto;
 		if (st->rtos >= max_rto) {
 			st->flags |= SOCK_STALL_SENT;
-			report(ops, st, sk, OUTCOME_STALLED, 0, st->start_ns ? now - st->start_ns : 0,
-			       st->rtos, 0, now, WAKE);
+			report(ops, st, sk,
+			       &(struct event){.outcome = OUTCOME_STALLED,
+					       .duration_ns = st->start_ns ? now - st->start_ns : 0,
+					       .count = st->rtos,
+					       .ts_ns = now},
+			       WAKE);
 		}
 	}
+}
+
+/* turn_probe_flag is EVENT_PROBE for a record of the first turn of a
+ * half-open probe: its result. */
+static __always_inline __u8 turn_probe_flag(struct sock_state *st)
+{
+	return st->turn == 1 ? probe_flag(st) : 0;
+}
+
+/* no_response reports the turn the socket awaits a response to as
+ * unanswered (OUTCOME_NO_RESPONSE: how long it waited, err the socket's
+ * errno, flags EVENT_PEER_CLOSED when the peer ended it) and leaves the
+ * socket with no turn awaiting (PHASE_IDLE). */
+static __always_inline void no_response(struct sock_state *st, __u64 cookie, __u32 err, __u8 flags,
+					__u64 now)
+{
+	st->phase = PHASE_IDLE;
+	if (!flush_socket(st, now)) {
+		stat_inc(STAT_EVENTS_LOST);
+		return;
+	}
+	emit(&(struct event){.dest = st->dest,
+			     .outcome = OUTCOME_NO_RESPONSE,
+			     .flags = flags | turn_probe_flag(st),
+			     .err = (__u16)err,
+			     .count = st->turn,
+			     .round = st->round,
+			     .duration_ns = now - st->req_ns,
+			     .cookie = cookie,
+			     .cgroup_id = st->cgroup_id,
+			     .ts_ns = now},
+	     WAKE);
 }
 
 /* end_turn runs as a followed connection ends: a request that still
@@ -1290,15 +1360,7 @@ static __always_inline int end_turn(struct bpf_sock_ops *ops, struct sock_state 
 	int reported = 0;
 	__u64 cookie = bpf_get_socket_cookie(ops);
 	if (st->phase == PHASE_AWAITING) {
-		st->phase = PHASE_IDLE;
-		__u8 flags = peer ? EVENT_PEER_CLOSED : 0;
-		if (st->turn == 1)
-			flags |= probe_flag(st);
-		if (!flush_socket(st, now))
-			stat_inc(STAT_EVENTS_LOST);
-		else
-			emit(&st->dest, OUTCOME_NO_RESPONSE, flags, now - st->req_ns, st->turn, err,
-			     st->round, cookie, st->cgroup_id, now, WAKE);
+		no_response(st, cookie, err, peer ? EVENT_PEER_CLOSED : 0, now);
 		reported = 1;
 	}
 	if (st->resp & RESP_INFLIGHT)
@@ -1355,7 +1417,14 @@ static __always_inline void on_close(struct bpf_sock_ops *ops, __u64 now)
 	if (ended && (outcome == OUTCOME_RESET || outcome == OUTCOME_STALLED))
 		outcome = 0; /* the no_response record stands for it */
 	if (outcome)
-		report(ops, st, sk, outcome, flags, took, st ? st->rtos : 0, err, now, WAKE);
+		report(ops, st, sk,
+		       &(struct event){.outcome = outcome,
+				       .flags = flags,
+				       .err = (__u16)err,
+				       .duration_ns = took,
+				       .count = st ? st->rtos : 0,
+				       .ts_ns = now},
+		       WAKE);
 }
 
 SEC("sockops")
@@ -1428,8 +1497,7 @@ int reset_seen(__u64 *ctx)
 	__u8 state = sk->__sk_common.skc_state;
 	if (state != TCP_ESTABLISHED && state != TCP_CLOSE_WAIT)
 		return 0;
-	__u32 zero = 0;
-	struct settings *cfg = bpf_map_lookup_elem(&config, &zero);
+	struct settings *cfg = get_settings();
 	if (!cfg || !(cfg->flags & CONFIG_RESET_TRACE))
 		return 0;
 	__u64 attach = cfg->attach_cgroup_id;
@@ -1437,19 +1505,13 @@ int reset_seen(__u64 *ctx)
 		return 0; /* another breakerd's socket, or no one's */
 	struct dest_key k;
 	__builtin_memset(&k, 0, sizeof(k));
-	if (sk->__sk_common.skc_family == AF_INET) {
-		__u32 ip = sk->__sk_common.skc_daddr;
-		k.addr[10] = 0xff;
-		k.addr[11] = 0xff;
-		__builtin_memcpy(&k.addr[12], &ip, 4);
-	} else {
-		__u32 *a = (__u32 *)k.addr;
-		a[0] = sk->__sk_common.skc_v6_daddr.u6_addr32[0];
-		a[1] = sk->__sk_common.skc_v6_daddr.u6_addr32[1];
-		a[2] = sk->__sk_common.skc_v6_daddr.u6_addr32[2];
-		a[3] = sk->__sk_common.skc_v6_daddr.u6_addr32[3];
-	}
-	k.port = sk->__sk_common.skc_dport;
+	struct sock_common *skc = &sk->__sk_common;
+	if (skc->skc_family == AF_INET)
+		dest_ipv4(&k, skc->skc_daddr);
+	else
+		dest_ipv6(&k, skc->skc_v6_daddr.u6_addr32[0], skc->skc_v6_daddr.u6_addr32[1],
+			  skc->skc_v6_daddr.u6_addr32[2], skc->skc_v6_daddr.u6_addr32[3]);
+	k.port = skc->skc_dport;
 	k.proto = IPPROTO_TCP;
 	k.class = report_class(sk);
 	__u64 now = bpf_ktime_get_ns();
@@ -1457,8 +1519,14 @@ int reset_seen(__u64 *ctx)
 		stat_inc(STAT_EVENTS_LOST);
 		return 0;
 	}
-	emit(&k, OUTCOME_RESET, EVENT_NO_AGE, 0, 0, state == TCP_CLOSE_WAIT ? EPIPE : ECONNRESET, 0,
-	     bpf_get_socket_cookie(sk), sock_cgroup(sk), now, WAKE);
+	emit(&(struct event){.dest = k,
+			     .outcome = OUTCOME_RESET,
+			     .flags = EVENT_NO_AGE,
+			     .err = state == TCP_CLOSE_WAIT ? EPIPE : ECONNRESET,
+			     .cookie = bpf_get_socket_cookie(sk),
+			     .cgroup_id = sock_cgroup(sk),
+			     .ts_ns = now},
+	     WAKE);
 	return 0;
 }
 
@@ -1507,50 +1575,75 @@ struct segment {
 	__u32 fin; /* the FIN flag */
 };
 
-#define IP_MF_OFFSET 0x3fff /* more-fragments flag and fragment offset */
+/* What tcp_segment reads of the IP and TCP headers: byte offsets, and the
+ * fields packed into a byte. */
+#define IP_VERSION(b) ((b) >> 4) /* the first byte's upper half, in either family */
+#define IPV4_IHL(b) (((b) & 0xf) * 4) /* the first byte's lower half: header bytes / 4 */
+#define IPV4_HLEN 20                  /* an IPv4 header without options */
+#define IPV4_FRAG_OFF 6               /* flags and fragment offset (16 bits) */
+#define IP_MF_OFFSET 0x3fff           /* ... the more-fragments flag and the offset */
+#define IPV4_PROTOCOL 9
+#define IPV6_HLEN 40
+#define IPV6_NEXTHDR 6
+#define TCP_SEQ 4
+#define TCP_ACK_SEQ 8
+#define TCP_DOFF 12 /* upper half: the TCP header's length / 4 */
+#define TCP_DOFF_BYTES(b) (((b) >> 4) * 4)
+#define TCP_FLAGS 13
+#define TCP_HEAD 14 /* the TCP header's bytes read: through its flags */
+
+static __always_inline __u32 be16_at(const __u8 *p)
+{
+	return (__u32)p[0] << 8 | p[1];
+}
+
+static __always_inline __u32 be32_at(const __u8 *p)
+{
+	return (__u32)p[0] << 24 | (__u32)p[1] << 16 | (__u32)p[2] << 8 | p[3];
+}
 
 /* tcp_segment reads the headers with as few loads as it can: the first 34
- * bytes hold an IPv4 header without options and the TCP header's first 14,
- * or the start of an IPv6 header, whose TCP header a second load reads (a
- * TCP packet of either family is at least 40 bytes long). Only an IPv4
- * header with options needs a second load too. */
+ * bytes hold an IPv4 header without options and the TCP header's first 14
+ * (IPV4_HLEN + TCP_HEAD), or the start of an IPv6 header, whose TCP header
+ * a second load reads (a TCP packet of either family is at least 40 bytes
+ * long). Only an IPv4 header with options needs a second load too. */
 static __always_inline int tcp_segment(struct __sk_buff *skb, struct segment *s)
 {
-	__u8 h[34];
-	__u8 th6[14];
+	__u8 h[IPV4_HLEN + TCP_HEAD];
+	__u8 th6[TCP_HEAD];
 	const __u8 *th;
 	__u32 iplen;
 	if (bpf_skb_load_bytes(skb, 0, h, sizeof(h)))
 		return 0;
-	if ((h[0] >> 4) == 4) {
-		if (h[9] != IPPROTO_TCP || (((__u32)h[6] << 8 | h[7]) & IP_MF_OFFSET))
+	if (IP_VERSION(h[0]) == 4) {
+		if (h[IPV4_PROTOCOL] != IPPROTO_TCP || (be16_at(&h[IPV4_FRAG_OFF]) & IP_MF_OFFSET))
 			return 0;
-		iplen = (h[0] & 0xf) * 4;
-		if (iplen == 20) {
-			th = &h[20];
+		iplen = IPV4_IHL(h[0]);
+		if (iplen == IPV4_HLEN) {
+			th = &h[IPV4_HLEN];
 		} else {
-			if (iplen < 20 || bpf_skb_load_bytes(skb, iplen, th6, sizeof(th6)))
+			if (iplen < IPV4_HLEN || bpf_skb_load_bytes(skb, iplen, th6, sizeof(th6)))
 				return 0;
 			th = th6;
 		}
-	} else if ((h[0] >> 4) == 6) {
-		if (h[6] != IPPROTO_TCP)
+	} else if (IP_VERSION(h[0]) == 6) {
+		if (h[IPV6_NEXTHDR] != IPPROTO_TCP)
 			return 0; /* extension headers: not followed */
-		iplen = 40;
+		iplen = IPV6_HLEN;
 		if (bpf_skb_load_bytes(skb, iplen, th6, sizeof(th6)))
 			return 0;
 		th = th6;
 	} else {
 		return 0;
 	}
-	if (th[13] & (TCP_FLAG_SYN | TCP_FLAG_RST))
+	if (th[TCP_FLAGS] & (TCP_FLAG_SYN | TCP_FLAG_RST))
 		return 0;
-	__u32 off = iplen + (th[12] >> 4) * 4;
-	s->fin = th[13] & TCP_FLAG_FIN;
+	__u32 off = iplen + TCP_DOFF_BYTES(th[TCP_DOFF]);
+	s->fin = th[TCP_FLAGS] & TCP_FLAG_FIN;
 	if (skb->len <= off && !s->fin)
 		return 0;
-	s->seq = (__u32)th[4] << 24 | (__u32)th[5] << 16 | (__u32)th[6] << 8 | th[7];
-	s->ack = (__u32)th[8] << 24 | (__u32)th[9] << 16 | (__u32)th[10] << 8 | th[11];
+	s->seq = be32_at(&th[TCP_SEQ]);
+	s->ack = be32_at(&th[TCP_ACK_SEQ]);
 	s->off = off;
 	s->len = skb->len > off ? skb->len - off : 0;
 	return 1;
@@ -1617,29 +1710,39 @@ int resp_egress(struct __sk_buff *skb)
 	return 1;
 }
 
+/* inflight_arm sets the socket's inflight entry's request start: the
+ * request's own after a 1xx (response_timeout runs to the final status),
+ * 0 at the final status's first byte (or when the turn ends unanswered). */
+static __always_inline void inflight_arm(struct sock_state *st, __u64 cookie, __u64 req_ns)
+{
+	if (!(st->resp & RESP_INFLIGHT))
+		return;
+	struct inflight_turn *f = bpf_map_lookup_elem(&inflight, &cookie);
+	if (f)
+		f->req_ns = req_ns;
+}
+
 /* peer_closed reports a request the peer closed the connection on before
  * any byte of its answer (no_response, EVENT_PEER_CLOSED). */
 static __always_inline void peer_closed(struct __sk_buff *skb, struct sock_state *st)
 {
 	__u64 now = bpf_ktime_get_ns();
 	__u64 cookie = bpf_get_socket_cookie(skb);
-	st->phase = PHASE_IDLE;
-	__u8 flags = EVENT_PEER_CLOSED;
-	if (st->turn == 1)
-		flags |= probe_flag(st);
-	if (!flush_socket(st, now))
-		stat_inc(STAT_EVENTS_LOST);
-	else
-		emit(&st->dest, OUTCOME_NO_RESPONSE, flags, now - st->req_ns, st->turn, 0, st->round,
-		     cookie, st->cgroup_id, now, WAKE);
-	if (st->resp & RESP_INFLIGHT) {
-		struct inflight_turn *f = bpf_map_lookup_elem(&inflight, &cookie);
-		if (f)
-			f->req_ns = 0;
-	}
+	no_response(st, cookie, 0, EVENT_PEER_CLOSED, now);
+	inflight_arm(st, cookie, 0);
 }
 
 #define STATUS_LINE 12 /* "HTTP/1.1 503" */
+_Static_assert(STATUS_LINE <= HEAD_BYTES, "sock_state.head holds a status line's start");
+
+#define HTTP_CONTINUE 100 /* the first informational (1xx) status */
+#define HTTP_SWITCHING_PROTOCOLS 101
+
+/* http_1xx reports whether status is informational (0, no status, is not). */
+static __always_inline int http_1xx(__u32 status)
+{
+	return status - HTTP_CONTINUE < 100;
+}
 
 /* http_status parses the status line's start: "HTTP/1.x NNN" (0: not one). */
 static __always_inline __u32 http_status(const __u8 *h)
@@ -1738,18 +1841,6 @@ __attribute__((noinline)) int info_scan(struct __sk_buff *skb, __u32 pos, __u32 
 	return (int)((end << 2) | k);
 }
 
-/* inflight_arm sets the socket's inflight entry's request start: the
- * request's own after a 1xx (response_timeout runs to the final status),
- * 0 at the final status's first byte. */
-static __always_inline void inflight_arm(struct sock_state *st, __u64 cookie, __u64 req_ns)
-{
-	if (!(st->resp & RESP_INFLIGHT))
-		return;
-	struct inflight_turn *f = bpf_map_lookup_elem(&inflight, &cookie);
-	if (f)
-		f->req_ns = req_ns;
-}
-
 /* informational reads a segment on from pos, in a 1xx header block
  * (st->head_len holds HEAD_INFO and the scan state): past the block's end,
  * the next status line, and so on. seq is pos's sequence number. It
@@ -1789,14 +1880,14 @@ static __always_inline __u32 informational(struct __sk_buff *skb, struct sock_st
 		} else {
 #pragma unroll
 			for (int i = 0; i < STATUS_LINE; i++)
-				if ((__u32)i < n && bpf_skb_load_bytes(skb, pos + i, &st->head[i & 15], 1))
+				if ((__u32)i < n && bpf_skb_load_bytes(skb, pos + i, &st->head[i & (HEAD_BYTES - 1)], 1))
 					return 0;
 		}
 		st->head_len = (__u8)n;
 		if (n < STATUS_LINE)
 			break; /* the status line goes on in the next segment */
 		__u32 status = http_status(st->head);
-		if (status - 100 >= 100 || status == 101) {
+		if (!http_1xx(status) || status == HTTP_SWITCHING_PROTOCOLS) {
 			st->rcv_end = seq_end - (end - pos - STATUS_LINE);
 			return status ? status : INFO_FINAL_NOT_HTTP;
 		}
@@ -1840,11 +1931,7 @@ int resp_ingress(struct __sk_buff *skb)
 	__u64 cookie = bpf_get_socket_cookie(skb);
 	if (st->head_len == 0) {
 		st->first_ns = now;
-		if (st->resp & RESP_INFLIGHT) {
-			struct inflight_turn *f = bpf_map_lookup_elem(&inflight, &cookie);
-			if (f)
-				f->req_ns = 0;
-		}
+		inflight_arm(st, cookie, 0);
 	}
 	__u32 status = 0;
 	__u8 flags = 0;
@@ -1868,7 +1955,7 @@ int resp_ingress(struct __sk_buff *skb)
 #pragma unroll
 				for (int i = 0; i < STATUS_LINE; i++)
 					if ((__u32)i < n &&
-					    bpf_skb_load_bytes(skb, pos + i, &st->head[(have + i) & 15], 1))
+					    bpf_skb_load_bytes(skb, pos + i, &st->head[(have + i) & (HEAD_BYTES - 1)], 1))
 						return 1;
 			}
 			st->head_len = (__u8)(have + n);
@@ -1876,8 +1963,8 @@ int resp_ingress(struct __sk_buff *skb)
 			if (have + n < STATUS_LINE)
 				return 1; /* the status line goes on in the next segment */
 			status = http_status(st->head);
-			if (status - 100 < 100) {
-				if (status == 101) {
+			if (http_1xx(status)) {
+				if (status == HTTP_SWITCHING_PROTOCOLS) {
 					phase = PHASE_UPGRADED;
 				} else {
 					/* Informational: read on to the final status. */
@@ -1895,7 +1982,7 @@ int resp_ingress(struct __sk_buff *skb)
 			status = informational(skb, st, pos, s.seq + (pos - s.off), now, cookie);
 			if (!status)
 				return 1;
-			if (status == 101)
+			if (status == HTTP_SWITCHING_PROTOCOLS)
 				phase = PHASE_UPGRADED;
 			else if (status == INFO_FINAL_NOT_HTTP)
 				status = 0;
@@ -1904,8 +1991,7 @@ int resp_ingress(struct __sk_buff *skb)
 			flags |= EVENT_HTTP;
 	}
 	st->phase = phase;
-	if (st->turn == 1)
-		flags |= probe_flag(st);
+	flags |= turn_probe_flag(st);
 	__u64 took = st->first_ns - st->req_ns;
 	/* An ordinary success of a circuit that counts them (RESP_BATCH: the
 	 * default failure statuses) is one atomic add, no record: not a
@@ -1925,19 +2011,28 @@ int resp_ingress(struct __sk_buff *skb)
 	if ((flags & EVENT_PROBE) || http_default_failure(status)) {
 		wake = WAKE;
 	} else {
-		__u32 zero = 0;
-		struct settings *c = bpf_map_lookup_elem(&config, &zero);
+		struct settings *c = get_settings();
 		if (c && c->wake_slow_ns && took >= c->wake_slow_ns)
 			wake = WAKE;
 	}
-	emit(&st->dest, OUTCOME_RESPONSE, flags, took, st->turn, status, st->round, cookie,
-	     st->cgroup_id, st->first_ns, wake);
+	emit(&(struct event){.dest = st->dest,
+			     .outcome = OUTCOME_RESPONSE,
+			     .flags = flags,
+			     .err = (__u16)status,
+			     .count = st->turn,
+			     .round = st->round,
+			     .duration_ns = took,
+			     .cookie = cookie,
+			     .cgroup_id = st->cgroup_id,
+			     .ts_ns = st->first_ns},
+	     wake);
 	return 1;
 }
 
 /* answered_flush writes out the counted successes of the circuit ids in
- * its packet (after a 14-byte Ethernet header: up to ANSWERED_FLUSH_IDS
- * little-endian 32-bit ids), each as one OUTCOME_ANSWERED record. The
+ * its packet (after ANSWERED_FLUSH_HEADER bytes, an Ethernet header: up to
+ * ANSWERED_FLUSH_IDS little-endian 32-bit ids), each as one
+ * OUTCOME_ANSWERED record. The
  * daemon runs it (BPF_PROG_TEST_RUN, never attached) every tick for the
  * circuits whose word holds a count: successes of a circuit that went
  * quiet reach it through the ring too, in their order. */
@@ -1948,7 +2043,7 @@ int answered_flush(struct __sk_buff *skb)
 	__u64 now = bpf_ktime_get_ns();
 	for (int i = 0; i < ANSWERED_FLUSH_IDS; i++) {
 		__u32 id;
-		if (bpf_skb_load_bytes(skb, 14 + i * 4, &id, sizeof(id)))
+		if (bpf_skb_load_bytes(skb, ANSWERED_FLUSH_HEADER + i * sizeof(id), &id, sizeof(id)))
 			break;
 		flush_answered(id, now);
 	}

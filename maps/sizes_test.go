@@ -22,7 +22,11 @@ func TestSizesMatchTheKernel(t *testing.T) {
 		{"MaxInflight", MaxInflight, bpf.BreakerSizesMAX_INFLIGHT},
 		{"MaxRejections", MaxRejections, bpf.BreakerSizesMAX_REJECTIONS},
 		{"AnsweredIDs", AnsweredIDs, bpf.BreakerSizesANSWERED_IDS},
+		{"answeredShift", answeredShift, bpf.BreakerSizesANSWERED_SHIFT},
 		{"answeredFlushIDs", answeredFlushIDs, bpf.BreakerSizesANSWERED_FLUSH_IDS},
+		{"answeredFlushHeader", answeredFlushHeader, bpf.BreakerSizesANSWERED_FLUSH_HEADER},
+		{"respPortWords", respPortWords, bpf.BreakerSizesRESP_PORT_WORDS},
+		{"ringBytes", ringBytes, bpf.BreakerSizesEVENTS_SIZE},
 	} {
 		if c.goValue != int(c.kernelVal) {
 			t.Errorf("%s is %d, breaker.h says %d", c.name, c.goValue, c.kernelVal)
