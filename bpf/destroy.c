@@ -93,7 +93,7 @@ struct {
 	__type(value, struct listen_ports);
 } listeners SEC(".maps");
 
-/* The main object's workloads map (bpf/breaker.c), handed to this object
+/* The main object's workloads map (bpf/maps.h), handed to this object
  * at load (the same definition, so the loader accepts it). */
 #define MAX_WORKLOAD_CGROUPS (1 << 16)
 struct {

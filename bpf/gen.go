@@ -1,5 +1,6 @@
-// Package bpf holds breakerd's kernel programs (breaker.c, with the
-// kernel/user contract in breaker.h) and their bpf2go bindings. The
+// Package bpf holds breakerd's kernel programs (breaker.c, one object
+// built from a header per hook group, with the kernel/user contract in
+// breaker.h) and their bpf2go bindings. The
 // generated breaker_x86_bpfel.go and .o are committed, so building needs no
 // clang; `go generate ./bpf` rebuilds them with Debian's clang.
 package bpf
