@@ -10,6 +10,7 @@
 
 #include <linux/types.h>
 #include <linux/bpf.h>
+#include <bpf/bpf_endian.h>
 
 /* Changing any struct or map below is a new layout: bump the layout version
  * in maps/ (it is part of the pin directory), so a new release never reuses
@@ -28,6 +29,20 @@ struct dest_key {
 	__u8 proto; /* IPPROTO_TCP or IPPROTO_UDP */
 	__u8 class; /* workload class */
 };
+
+/* dest_ipv6 sets k's address from its four 32-bit words (network order). */
+static __always_inline void dest_ipv6(struct dest_key *k, __u32 w0, __u32 w1, __u32 w2, __u32 w3)
+{
+	__u32 w[4] = {w0, w1, w2, w3};
+	__builtin_memcpy(k->addr, w, sizeof(w));
+}
+
+/* dest_ipv4 sets k's address to IPv4 address ip (network order), mapped:
+ * ::ffff:a.b.c.d. */
+static __always_inline void dest_ipv4(struct dest_key *k, __u32 ip)
+{
+	dest_ipv6(k, 0, 0, bpf_htonl(0xffff), ip);
+}
 
 /* Value of the workloads map (key: cgroup id), written by the daemon for
  * every cgroup of a workload and removed with the cgroup. With
@@ -225,7 +240,20 @@ enum sizes {
 	MAX_INFLIGHT = 1 << 16,         /* inflight: sockets awaiting a response */
 	MAX_REJECTIONS = 1 << 15,       /* rejections: (cgroup, circuit) pairs */
 	ANSWERED_IDS = 1 << 16,         /* answered: circuit ids below it count successes */
+	ANSWERED_SHIFT = 40,            /* answered: a word's count bits, below its epoch */
 	ANSWERED_FLUSH_IDS = 64,        /* answered_flush: ids one run takes */
+	ANSWERED_FLUSH_HEADER = 14,     /* answered_flush: bytes before the ids (an Ethernet
+					 * header, which BPF_PROG_TEST_RUN of a tc program
+					 * requires) */
+	RESP_PORT_WORDS = 65536 / 64,   /* resp_ports: a bit per port, 64 to a word */
+	EVENTS_SIZE = 1 << 22,          /* events: ring buffer bytes (4 MiB: 65536 records) */
+};
+
+/* The settings' defaults where the daemon leaves a field 0; each is also
+ * policy's default (policy's TestKernelDefaults checks them through the
+ * generated bindings). */
+enum defaults {
+	DEFAULT_MAX_RTO = 3, /* settings.max_rto: RTOs that make an established socket stalled */
 };
 
 /* The HTTP statuses the kernel itself treats as failures: policy's default
@@ -251,7 +279,6 @@ static __always_inline int http_default_failure(__u32 status)
  * a word (a new epoch, count 0) before a limits entry names it, and again
  * when the circuit gives the id back or its options change; the kernel
  * adds only under the epoch its socket was marked with. */
-#define ANSWERED_SHIFT 40
 #define ANSWERED_COUNT ((1ULL << ANSWERED_SHIFT) - 1)
 
 enum inflight_flags {

@@ -46,6 +46,12 @@ type BreakerConnectHandoff struct {
 	Pad    uint32
 }
 
+type BreakerDefaults uint32
+
+const (
+	BreakerDefaultsDEFAULT_MAX_RTO BreakerDefaults = 3
+)
+
 type BreakerDestKey struct {
 	_     structs.HostLayout
 	Addr  [16]uint8
@@ -194,14 +200,18 @@ type BreakerSettings struct {
 type BreakerSizes uint32
 
 const (
-	BreakerSizesMAX_DESTINATIONS     BreakerSizes = 262144
-	BreakerSizesMAX_CIRCUIT_IDS      BreakerSizes = 262144
-	BreakerSizesMAX_OVERRIDES        BreakerSizes = 4096
-	BreakerSizesMAX_WORKLOAD_CGROUPS BreakerSizes = 65536
-	BreakerSizesMAX_INFLIGHT         BreakerSizes = 65536
-	BreakerSizesMAX_REJECTIONS       BreakerSizes = 32768
-	BreakerSizesANSWERED_IDS         BreakerSizes = 65536
-	BreakerSizesANSWERED_FLUSH_IDS   BreakerSizes = 64
+	BreakerSizesMAX_DESTINATIONS      BreakerSizes = 262144
+	BreakerSizesMAX_CIRCUIT_IDS       BreakerSizes = 262144
+	BreakerSizesMAX_OVERRIDES         BreakerSizes = 4096
+	BreakerSizesMAX_WORKLOAD_CGROUPS  BreakerSizes = 65536
+	BreakerSizesMAX_INFLIGHT          BreakerSizes = 65536
+	BreakerSizesMAX_REJECTIONS        BreakerSizes = 32768
+	BreakerSizesANSWERED_IDS          BreakerSizes = 65536
+	BreakerSizesANSWERED_SHIFT        BreakerSizes = 40
+	BreakerSizesANSWERED_FLUSH_IDS    BreakerSizes = 64
+	BreakerSizesANSWERED_FLUSH_HEADER BreakerSizes = 14
+	BreakerSizesRESP_PORT_WORDS       BreakerSizes = 1024
+	BreakerSizesEVENTS_SIZE           BreakerSizes = 4194304
 )
 
 type BreakerSockState struct {
@@ -301,6 +311,7 @@ const (
 	BreakerVarUnusedBudget         = "unused_budget"
 	BreakerVarUnusedBulk           = "unused_bulk"
 	BreakerVarUnusedConfigFlags    = "unused_config_flags"
+	BreakerVarUnusedDefaults       = "unused_defaults"
 	BreakerVarUnusedEvent          = "unused_event"
 	BreakerVarUnusedEventFlags     = "unused_event_flags"
 	BreakerVarUnusedHandoff        = "unused_handoff"
@@ -404,6 +415,7 @@ type BreakerVariableSpecs struct {
 	UnusedBudget         *ebpf.VariableSpec `ebpf:"unused_budget"`
 	UnusedBulk           *ebpf.VariableSpec `ebpf:"unused_bulk"`
 	UnusedConfigFlags    *ebpf.VariableSpec `ebpf:"unused_config_flags"`
+	UnusedDefaults       *ebpf.VariableSpec `ebpf:"unused_defaults"`
 	UnusedEvent          *ebpf.VariableSpec `ebpf:"unused_event"`
 	UnusedEventFlags     *ebpf.VariableSpec `ebpf:"unused_event_flags"`
 	UnusedHandoff        *ebpf.VariableSpec `ebpf:"unused_handoff"`
@@ -490,6 +502,7 @@ type BreakerVariables struct {
 	UnusedBudget         *ebpf.Variable `ebpf:"unused_budget"`
 	UnusedBulk           *ebpf.Variable `ebpf:"unused_bulk"`
 	UnusedConfigFlags    *ebpf.Variable `ebpf:"unused_config_flags"`
+	UnusedDefaults       *ebpf.Variable `ebpf:"unused_defaults"`
 	UnusedEvent          *ebpf.Variable `ebpf:"unused_event"`
 	UnusedEventFlags     *ebpf.Variable `ebpf:"unused_event_flags"`
 	UnusedHandoff        *ebpf.Variable `ebpf:"unused_handoff"`

@@ -93,7 +93,7 @@ struct {
 	__type(value, struct listen_ports);
 } listeners SEC(".maps");
 
-/* The main object's workloads map (bpf/breaker.c), handed to this object
+/* The main object's workloads map (bpf/maps.h), handed to this object
  * at load (the same definition, so the loader accepts it). */
 #define MAX_WORKLOAD_CGROUPS (1 << 16)
 struct {
@@ -143,10 +143,7 @@ int close_established(struct bpf_iter__tcp *ctx)
 
 	struct dest_key key = {.proto = IPPROTO_TCP, .port = BPF_CORE_READ(skc, skc_dport)};
 	if (family == AF_INET) {
-		__u32 a = BPF_CORE_READ(skc, skc_daddr);
-		key.addr[10] = 0xff;
-		key.addr[11] = 0xff;
-		__builtin_memcpy(&key.addr[12], &a, 4);
+		dest_ipv4(&key, BPF_CORE_READ(skc, skc_daddr));
 	} else {
 		BPF_CORE_READ_INTO(&key.addr, skc, skc_v6_daddr.in6_u.u6_addr8);
 	}

@@ -62,8 +62,7 @@ func (k *Kernel) PutLimit(d Dest, l Limit) error {
 	return nil
 }
 
-// respPortWords is the size of resp_ports (bpf/breaker.c RESP_PORT_WORDS):
-// a bit per port, 64 to a word.
+// respPortWords is the size of resp_ports: a bit per port, 64 to a word.
 const respPortWords = 65536 / 64
 
 // RespPorts reports the ports whose bit is set in resp_ports (the remote

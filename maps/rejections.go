@@ -11,7 +11,7 @@ import (
 
 // MaxRejections is the capacity of the rejections map: how many (circuit,
 // cgroup) pairs the kernel can count rejections of, open-circuit and
-// bulkhead ones alike (MAX_REJECTIONS in bpf/breaker.c). A pair past it is
+// bulkhead ones alike (MAX_REJECTIONS in bpf/breaker.h). A pair past it is
 // not recorded (Stats.RejectionsFull counts those rejections); the
 // circuit's own counters still count it.
 const MaxRejections = 1 << 15

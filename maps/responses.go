@@ -46,11 +46,16 @@ const AnsweredIDs = 1 << 16
 // AnsweredEpochs bounds an answered word's epoch: 1 .. AnsweredEpochs-1.
 const AnsweredEpochs = 1 << (64 - answeredShift)
 
+// answeredShift is the answered word's count bits, below its epoch.
 const answeredShift = 40
 
-// answeredFlushIDs is how many ids one run of answered_flush takes
-// (breaker.h enum sizes, ANSWERED_FLUSH_IDS).
-const answeredFlushIDs = 64
+// answeredFlushIDs is how many ids one run of answered_flush takes, and
+// answeredFlushHeader how many bytes its data carries before them (an
+// Ethernet header's, which BPF_PROG_TEST_RUN requires of a tc program).
+const (
+	answeredFlushIDs    = 64
+	answeredFlushHeader = 14
+)
 
 // Answered reads circuit id's answered word: the epoch it counts under and
 // the successes counted and not yet written out. It reads the kernel's
@@ -105,9 +110,9 @@ func (k *Kernel) SetAnswered(id, epoch uint32) error {
 func (k *Kernel) FlushAnswered(ids []uint32) error {
 	for len(ids) > 0 {
 		n := min(len(ids), answeredFlushIDs)
-		data := make([]byte, 14+4*n)
+		data := make([]byte, answeredFlushHeader+4*n)
 		for i, id := range ids[:n] {
-			binary.LittleEndian.PutUint32(data[14+4*i:], id)
+			binary.LittleEndian.PutUint32(data[answeredFlushHeader+4*i:], id)
 		}
 		if _, err := k.objs.AnsweredFlush.Run(&ebpf.RunOptions{Data: data}); err != nil {
 			return fmt.Errorf("writing out counted successes: %w", err)

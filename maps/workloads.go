@@ -12,7 +12,7 @@ import (
 
 // MaxWorkloadCgroups is the capacity of the workloads map: how many
 // cgroups of protected workloads the kernel can know (MAX_WORKLOAD_CGROUPS
-// in bpf/breaker.c). A cgroup past it is not protected.
+// in bpf/breaker.h). A cgroup past it is not protected.
 const MaxWorkloadCgroups = 1 << 16
 
 // PutWorkload records that processes in the cgroup with id cgroupID

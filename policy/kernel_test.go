@@ -2,6 +2,7 @@ package policy
 
 import (
 	"encoding/json"
+	"strconv"
 	"testing"
 
 	"github.com/breakerd/breakerd/bpf"
@@ -25,6 +26,25 @@ func TestKernelFailureStatuses(t *testing.T) {
 			s >= uint16(bpf.BreakerHttpFailureHTTP_SERVER_ERROR_MIN) && s <= uint16(bpf.BreakerHttpFailureHTTP_SERVER_ERROR_MAX)
 		if policy := o.Responses.FailureStatuses.Has(s); policy != kernel {
 			t.Errorf("status %d: a failure to policy's default %v, to the kernel %v", s, policy, kernel)
+		}
+	}
+}
+
+// TestKernelDefaults checks the defaults the kernel falls back on where
+// the daemon leaves a setting 0 (breaker.h's enum defaults) against
+// policy's defaults and their documentation.
+func TestKernelDefaults(t *testing.T) {
+	c, err := Parse([]byte("mode: enforce\n"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := int(bpf.BreakerDefaultsDEFAULT_MAX_RTO)
+	if c.MaxRTO != want {
+		t.Errorf("max_rto defaults to %d, the kernel's DEFAULT_MAX_RTO is %d", c.MaxRTO, want)
+	}
+	for _, f := range topFields {
+		if f.key == "max_rto" && f.def != strconv.Itoa(want) {
+			t.Errorf("max_rto is documented to default to %s, the kernel's DEFAULT_MAX_RTO is %d", f.def, want)
 		}
 	}
 }
