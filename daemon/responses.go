@@ -11,7 +11,7 @@ import (
 )
 
 // Responses: for a target with response options the kernel follows every
-// connection's request/response turns (bpf/breaker.c, cgroup_skb) and
+// connection's request/response turns (bpf/responses.h, cgroup_skb) and
 // reports each response's first byte (maps.Response) and each connection
 // that ended while a request awaited one (maps.NoResponse). Each turn is
 // one call of the target's circuit; the handshake is not a call of its own
