@@ -176,7 +176,7 @@ func (d *Daemon) creditAnswered(ev *maps.Event, now time.Time) {
 		return
 	}
 	n := ev.AnsweredCount()
-	c.metrics.responseCounter(policy.ResponseAnswered).Add(float64(n))
+	c.metrics.Response(policy.ResponseAnswered).Add(float64(n))
 	d.record(c, policy.Result{Kind: policy.Answered}, int(n), now)
 }
 

@@ -28,7 +28,7 @@ type circuit struct {
 	// What a record touches comes first (see policy.Circuit).
 	// metrics are its target's outcome series (and name its target:
 	// allTarget for a dynamic circuit).
-	metrics *targetMetrics
+	metrics *engine.Series
 	id      uint32
 	inIdle  bool
 	// referenced: it recorded a call since it was last queued in
@@ -85,7 +85,7 @@ func (c *circuit) failedCgroups() []uint64 {
 
 // target is the name of the circuit's target (allTarget for a dynamic
 // circuit).
-func (c *circuit) target() string { return c.metrics.target }
+func (c *circuit) target() string { return c.metrics.Target() }
 
 // removeDest forgets one destination of a named circuit that keeps others
 // (the caller has removed its verdict, limit and registry entry).
@@ -107,7 +107,7 @@ func (c *circuit) name() string {
 
 // workload is policy.SharedWorkload, or the isolated workload whose
 // circuit it is.
-func (c *circuit) workload() string { return c.metrics.workload }
+func (c *circuit) workload() string { return c.metrics.Workload() }
 
 // dests are the destinations whose verdicts the circuit writes
 // (registry.byDest maps back). The slice is the circuit's own: do not

@@ -520,7 +520,7 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 		return
 	}
 	tm := c.metrics
-	tm.outcome(ev.Outcome).Inc()
+	tm.Outcome(ev.Outcome).Inc()
 	if ev.Outcome == maps.SYNRetrans {
 		d.pending[ev.Cookie] = pendingConn{dest: ev.Dest, start: now.Add(-ev.Duration), probe: ev.Probe, round: ev.Round}
 		return
@@ -537,7 +537,7 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 	switch ev.Outcome {
 	case maps.Established:
 		r.Kind = policy.Success
-		tm.handshake.Observe(ev.Duration.Seconds())
+		tm.Handshake().Observe(ev.Duration.Seconds())
 		if c.machine.Options().ResetFailureWindow > 0 {
 			d.recent.add(ev.Cookie, ev.Time)
 		}

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/breakerd/breakerd/engine"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
@@ -30,47 +31,35 @@ type metrics struct {
 	groundProblems     *prometheus.CounterVec
 	closed             *prometheus.CounterVec // close_established: connections closed or not, by target and workload
 	closeMechanism     *prometheus.GaugeVec
-	targets            map[string]*targetMetrics // by target and workload, used under Daemon.mu
-}
-
-// targetMetrics are one target's outcome series (of one workload's
-// circuits), resolved once so that a record costs an atomic add, not a
-// label lookup.
-type targetMetrics struct {
-	target    string
-	workload  string
-	vec       *prometheus.CounterVec
-	outcomes  [16]prometheus.Counter                   // by maps.Outcome, made on first use
-	responses [policy.ResponseKinds]prometheus.Counter // by responseKind, made on first use
-	handshake prometheus.Observer
+	targets            map[string]*engine.Series // by target and workload, used under Daemon.mu
 }
 
 // forTarget returns the series of target's circuits of workload. Used
 // under Daemon.mu.
-func (m *metrics) forTarget(target, workload string) *targetMetrics {
+func (m *metrics) forTarget(target, workload string) *engine.Series {
 	key := target + "\x00" + workload
-	if tm := m.targets[key]; tm != nil {
-		return tm
+	if s := m.targets[key]; s != nil {
+		return s
 	}
-	tm := &targetMetrics{target: target, workload: workload, vec: m.outcomes, handshake: m.handshake.WithLabelValues(target)}
-	m.targets[key] = tm
-	return tm
+	s := engine.NewSeries(m, target, workload)
+	m.targets[key] = s
+	return s
 }
 
-func (tm *targetMetrics) outcome(o maps.Outcome) prometheus.Counter {
-	if int(o) >= len(tm.outcomes) {
-		return tm.vec.WithLabelValues(o.String(), tm.target, tm.workload)
-	}
-	c := tm.outcomes[o]
-	if c == nil {
-		c = tm.vec.WithLabelValues(o.String(), tm.target, tm.workload)
-		tm.outcomes[o] = c
-	}
-	return c
+// Outcome is the series of outcome of target's circuits of workload
+// (engine.Metrics).
+func (m *metrics) Outcome(outcome, target, workload string) engine.Counter {
+	return m.outcomes.WithLabelValues(outcome, target, workload)
+}
+
+// Handshake is the series of target's handshake durations
+// (engine.Metrics).
+func (m *metrics) Handshake(target string) engine.Observer {
+	return m.handshake.WithLabelValues(target)
 }
 
 func newMetrics(d *Daemon) *metrics {
-	m := &metrics{reg: prometheus.NewRegistry(), targets: map[string]*targetMetrics{}}
+	m := &metrics{reg: prometheus.NewRegistry(), targets: map[string]*engine.Series{}}
 	m.transitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_transitions_total", Help: "Circuit state transitions, by from, to, reason and the circuit's workload (shared, or an isolated workload's name)."}, []string{"from", "to", "reason", "workload"})
 	m.outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_connection_outcomes_total", Help: "Outbound connection outcomes seen by the kernel, by outcome, target (all for unnamed destinations) and the circuit's workload."}, []string{"outcome", "target", "workload"})
 	m.handshake = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "breakerd_handshake_duration_seconds", Help: "TCP handshake duration of established connections, by target.",

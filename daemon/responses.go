@@ -4,8 +4,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
@@ -21,16 +19,6 @@ import (
 // the request's start) and counts a request older than response_timeout
 // as failed then. A late answer to it, or the connection's end, is not
 // counted again (timedOut remembers the turn by its start).
-
-// responseCounter is the target's series for kind (made on first use).
-func (tm *targetMetrics) responseCounter(kind policy.ResponseKind) prometheus.Counter {
-	c := tm.responses[kind]
-	if c == nil {
-		c = tm.vec.WithLabelValues(kind.String(), tm.target, tm.workload)
-		tm.responses[kind] = c
-	}
-	return c
-}
 
 // followsResponses reports whether some target of cfg has response options
 // (only then are the response programs attached).
@@ -111,7 +99,7 @@ func (d *Daemon) handleResponse(c *circuit, ev *maps.Event, now time.Time) {
 		r.Kind, r.PeerClosed, r.Err = policy.NoResponse, ev.PeerClosed, ev.Err != 0
 	}
 	call := policy.Classify(c.machine.Options(), r)
-	c.metrics.responseCounter(call.Response).Inc()
+	c.metrics.Response(call.Response).Inc()
 	if !call.Counts {
 		return
 	}
@@ -175,7 +163,7 @@ func (d *Daemon) scanResponseTimeouts(now time.Time) {
 			continue
 		}
 		d.timedOut[a.Cookie] = timedOut{start: a.Since}
-		c.metrics.responseCounter(policy.ResponseTimeout).Inc()
+		c.metrics.Response(policy.ResponseTimeout).Inc()
 		c.noteFailedCgroup(a.CgroupID)
 		d.record(c, policy.Result{Kind: policy.Failure, Duration: waited, Probe: a.Probe, Round: a.Round}, 1, now)
 	}
