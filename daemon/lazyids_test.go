@@ -73,7 +73,7 @@ func TestDynamicCircuitTakesItsIDWhenItOpens(t *testing.T) {
 		t.Fatalf("a healthy dynamic circuit: %+v (found %v), want closed with no kernel id", c, ok)
 	}
 	f.d.mu.Lock()
-	held := f.d.reg.ids.Held()
+	held := f.d.reg.IDs.Held()
 	f.d.mu.Unlock()
 	if held != 0 {
 		t.Fatalf("%d ids held with only healthy dynamic circuits", held)
@@ -132,7 +132,7 @@ func TestScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 	f := newFixture(t, lazyConfig)
 	d := f.start()
 	d.mu.Lock()
-	d.reg.ids.SetLimit(3) // ids 1 and 2; scarce from one held
+	d.reg.IDs.SetLimit(3) // ids 1 and 2; scarce from one held
 	d.mu.Unlock()
 
 	for _, p := range []uint16{9411, 9412} {
@@ -165,8 +165,8 @@ func TestScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 	// circuit unenforced through its whole open duration closes instead:
 	// TestUnenforcedOpenCircuitCloses).
 	d.mu.Lock()
-	c13, _ := d.reg.at(f.dest(9413))
-	c13.machine.Restore(d.now(), d.now().Add(4*time.Second), c13.machine.Round(), false)
+	c13, _ := d.reg.At(f.dest(9413))
+	c13.Machine.Restore(d.now(), d.now().Add(4*time.Second), c13.Machine.Round(), false)
 	d.mu.Unlock()
 
 	// 9411 recovers: its probe closes it and, ids being scarce, its id
@@ -224,10 +224,10 @@ func TestNoIDNoSharedBulkhead(t *testing.T) {
 	d := f.start()
 	ports := []uint16{9431, 9432, 9433, 9434}
 	d.mu.Lock()
-	d.reg.ids.SetLimit(3) // ids 1 and 2
+	d.reg.IDs.SetLimit(3) // ids 1 and 2
 	now := d.now()
 	for _, p := range ports {
-		if c, _ := d.lookup(f.dest(p), now); c == nil || c.id != 0 {
+		if c, _ := d.lookup(f.dest(p), now); c == nil || c.ID != 0 {
 			d.mu.Unlock()
 			t.Fatalf("port %d: %v, want a circuit with no id", p, c)
 		}
@@ -270,7 +270,7 @@ func TestNoIDNoSharedBulkhead(t *testing.T) {
 	// Ids come free: the tick writes the two missing limits, each in a
 	// slot of its own.
 	d.mu.Lock()
-	d.reg.ids.SetLimit(5)
+	d.reg.IDs.SetLimit(5)
 	d.mu.Unlock()
 	if !kerneltest.WaitFor(3*time.Second, func() bool {
 		limits, err := d.k.AllLimits()
@@ -289,7 +289,7 @@ func TestSeatedByReloadIsEnforced(t *testing.T) {
 	f := newFixture(t, lazyConfig)
 	d := f.start()
 	d.mu.Lock()
-	d.reg.ids.SetLimit(3)
+	d.reg.IDs.SetLimit(3)
 	d.mu.Unlock()
 	for _, p := range []uint16{9441, 9442, 9443} {
 		f.dial(p, 2, 0)
@@ -297,7 +297,7 @@ func TestSeatedByReloadIsEnforced(t *testing.T) {
 	}
 	d.mu.Lock()
 	d.lastLostCheck = d.now().Add(time.Hour) // no retry from the tick
-	d.reg.ids.SetLimit(4)                    // id 3 comes free
+	d.reg.IDs.SetLimit(4)                    // id 3 comes free
 	d.mu.Unlock()
 	f.writeConfig(lazyConfig + "  max_connections: 100\n")
 	if err := d.Reload(); err != nil {
@@ -356,7 +356,7 @@ func TestAdoptedWithoutIDIsEnforcedLater(t *testing.T) {
 		t.Fatalf("not logged:\n%s", f.logs.String())
 	}
 	d.mu.Lock()
-	d.reg.ids.SetLimit(svc.CircuitID + 2)
+	d.reg.IDs.SetLimit(svc.CircuitID + 2)
 	d.mu.Unlock()
 	if !kerneltest.WaitFor(3*time.Second, func() bool {
 		v, ok, err := d.k.Verdict(f.dest(orphan))
@@ -376,7 +376,7 @@ func TestUnenforcedOpenCircuitCloses(t *testing.T) {
 	f := newFixture(t, lazyConfig)
 	d := f.start()
 	d.mu.Lock()
-	d.reg.ids.SetLimit(2) // one id
+	d.reg.IDs.SetLimit(2) // one id
 	d.mu.Unlock()
 	f.dial(9421, 2, 0)
 	f.waitState(f.dynName(9421), "open", 2*time.Second)
@@ -401,7 +401,7 @@ func TestUnenforcedOpenCircuitCloses(t *testing.T) {
 	f.dial(9422, 2, 0)
 	f.waitState(f.dynName(9422), "open", 2*time.Second)
 	d.mu.Lock()
-	_, unenforced := d.unenforced[d.reg.byDest.Get(f.dest(9422).Compact())]
+	_, unenforced := d.unenforced[d.reg.ByDest.Get(f.dest(9422).Compact())]
 	d.mu.Unlock()
 	if !unenforced {
 		t.Fatal("reopened with no id free, and not among the unenforced")
@@ -463,7 +463,7 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 	d := f.start()
 	ports := []uint16{9461, 9462, 9463, 9464}
 	d.mu.Lock()
-	d.reg.ids.SetLimit(3) // ids 1 and 2
+	d.reg.IDs.SetLimit(3) // ids 1 and 2
 	now := d.now()
 	for _, p := range ports {
 		d.lookup(f.dest(p), now)
@@ -485,7 +485,7 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 	}
 	d.mu.Lock()
 	waiting = len(d.unlimited)
-	d.reg.ids.SetLimit(4) // id 3 comes free
+	d.reg.IDs.SetLimit(4) // id 3 comes free
 	d.mu.Unlock()
 	if waiting != 0 {
 		t.Fatalf("%d circuits still wait for an id after the limits went", waiting)
@@ -525,7 +525,7 @@ func TestPartlyEnforcedCircuitIsNotClosedAsUnenforced(t *testing.T) {
 	f.dial(9481, 2, 0)
 	f.waitState("svc", "open", 2*time.Second)
 	d.mu.Lock()
-	_, waiting := d.unenforced[d.reg.byName["svc"]]
+	_, waiting := d.unenforced[d.reg.ByName["svc"]]
 	d.mu.Unlock()
 	if !waiting {
 		t.Fatal("svc, one verdict short, is not among the unenforced circuits")

@@ -162,23 +162,23 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			states[t] = map[policy.State]int{}
 		}
 	}
-	maxID, gen := d.reg.ids.Next(), d.reg.ids.Releases()
+	maxID, gen := d.reg.IDs.Next(), d.reg.IDs.Releases()
 	unenforced := len(d.unenforced)
 	// Circuits with a kernel id only: a million closed dynamic ones have none.
-	slots := make([]slot, 0, len(d.reg.byName)+len(d.reg.active))
-	for c := range d.reg.all() {
-		st := c.machine.State()
-		if c.target() == allTarget {
+	slots := make([]slot, 0, len(d.reg.ByName)+len(d.reg.Active))
+	for c := range d.reg.All() {
+		st := c.Machine.State()
+		if c.Target() == allTarget {
 			dynamic[st]++
-		} else if m := states[c.target()]; m != nil {
+		} else if m := states[c.Target()]; m != nil {
 			m[st]++
 		}
-		if perTarget[c.target()] != nil {
-			if c.id != 0 { // 0: a dynamic circuit that never rejected counts nothing in the kernel
-				slots = append(slots, slot{target: c.target(), id: c.id, limits: c.machine.Options().HasLimits()})
+		if perTarget[c.Target()] != nil {
+			if c.ID != 0 { // 0: a dynamic circuit that never rejected counts nothing in the kernel
+				slots = append(slots, slot{target: c.Target(), id: c.ID, limits: c.Machine.Options().HasLimits()})
 			}
-			for _, b := range c.bulkSlots() {
-				slots = append(slots, slot{target: c.target(), id: b.id, limits: true})
+			for _, b := range c.BulkSlots() {
+				slots = append(slots, slot{target: c.Target(), id: b.ID, limits: true})
 			}
 		}
 	}
@@ -190,7 +190,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	d.mu.Lock()
 	// An id given back since the copy may be another circuit's now.
-	moved := d.reg.ids.Releases() != gen
+	moved := d.reg.IDs.Releases() != gen
 	d.mu.Unlock()
 	for _, sl := range slots {
 		sum := perTarget[sl.target]

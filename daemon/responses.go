@@ -84,7 +84,7 @@ func (d *Daemon) setResponses(cfg *policy.Config) {
 
 // handleResponse feeds a Response or NoResponse record to circuit c.
 func (d *Daemon) handleResponse(c *circuit, ev *maps.Event, now time.Time) {
-	o := &c.machine.Options().Responses
+	o := &c.Machine.Options().Responses
 	start := ev.Time - ev.Duration // the request's first byte
 	if !o.Followed() || start < d.respSince {
 		return // the target no longer follows responses, or a stale turn
@@ -98,32 +98,32 @@ func (d *Daemon) handleResponse(c *circuit, ev *maps.Event, now time.Time) {
 	if ev.Outcome == maps.NoResponse {
 		r.Kind, r.PeerClosed, r.Err = policy.NoResponse, ev.PeerClosed, ev.Err != 0
 	}
-	call := policy.Classify(c.machine.Options(), r)
-	c.metrics.Response(call.Response).Inc()
+	call := policy.Classify(c.Machine.Options(), r)
+	c.Metrics.Response(call.Response).Inc()
 	if !call.Counts {
 		return
 	}
 	if call.Failed {
-		c.noteFailedCgroup(ev.CgroupID)
+		c.NoteFailedCgroup(ev.CgroupID)
 	}
 	d.recordCall(c, r, call, now)
 }
 
 // record feeds n calls with result r to c and applies what they change.
 func (d *Daemon) record(c *circuit, r policy.Result, n int, now time.Time) {
-	if t, moved := c.machine.RecordN(now, r, n); moved {
+	if t, moved := c.Machine.RecordN(now, r, n); moved {
 		d.apply(c, t)
-	} else if c.inIdle {
-		c.referenced = true // see evictIdle
+	} else {
+		c.Referenced() // see evictIdle
 	}
 }
 
 // recordCall feeds r, classified as call, to c and applies what it changes.
 func (d *Daemon) recordCall(c *circuit, r policy.Result, call policy.Call, now time.Time) {
-	if t, moved := c.machine.RecordCall(now, r, call); moved {
+	if t, moved := c.Machine.RecordCall(now, r, call); moved {
 		d.apply(c, t)
-	} else if c.inIdle {
-		c.referenced = true // see evictIdle
+	} else {
+		c.Referenced() // see evictIdle
 	}
 }
 
@@ -153,18 +153,18 @@ func (d *Daemon) scanResponseTimeouts(now time.Time) {
 		if m, ok := d.timedOut[a.Cookie]; ok && m.start == a.Since {
 			continue
 		}
-		c, _ := d.reg.at(a.Dest)
+		c, _ := d.reg.At(a.Dest)
 		if c == nil {
 			continue
 		}
-		o := &c.machine.Options().Responses
+		o := &c.Machine.Options().Responses
 		waited := mono - a.Since
 		if o.ResponseTimeout == 0 || waited < o.ResponseTimeout {
 			continue
 		}
 		d.timedOut[a.Cookie] = timedOut{start: a.Since}
-		c.metrics.Response(policy.ResponseTimeout).Inc()
-		c.noteFailedCgroup(a.CgroupID)
+		c.Metrics.Response(policy.ResponseTimeout).Inc()
+		c.NoteFailedCgroup(a.CgroupID)
 		d.record(c, policy.Result{Kind: policy.Failure, Duration: waited, Probe: a.Probe, Round: a.Round}, 1, now)
 	}
 	for cookie, m := range d.timedOut {
@@ -236,22 +236,22 @@ func responseOptions(m map[string]any, r *policy.ResponseOptions) {
 // bulkhead, one under every class connect looks its limits up with (the
 // slot is then unused: an entry with both limits 0 only marks sockets).
 func (d *Daemon) limitEntries(c *circuit, dst maps.Dest) []bulkEntry {
-	if c.machine.Options().HasLimits() {
+	if c.Machine.Options().HasLimits() {
 		return d.bulkheadEntries(c, dst)
 	}
-	if c.id == 0 {
+	if c.ID == 0 {
 		return nil // no id free for it (writeLimit logged it): nothing in slot 0
 	}
 	var out []bulkEntry
-	if c.workload() != policy.SharedWorkload || !d.cfg.Scoped() {
-		out = append(out, bulkEntry{dst: dst, slot: c.id})
+	if c.Workload() != policy.SharedWorkload || !d.cfg.Scoped() {
+		out = append(out, bulkEntry{dst: dst, slot: c.ID})
 	}
-	if c.workload() == policy.SharedWorkload {
+	if c.Workload() == policy.SharedWorkload {
 		for _, k := range d.classes.SharedBulkheads() {
 			b := dst
 			b.Class = uint8(k)
 			if !slices.ContainsFunc(out, func(e bulkEntry) bool { return e.dst == b }) {
-				out = append(out, bulkEntry{dst: b, slot: c.id})
+				out = append(out, bulkEntry{dst: b, slot: c.ID})
 			}
 		}
 	}
