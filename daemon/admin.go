@@ -309,13 +309,13 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	switch action {
 	case "open":
 		t = c.Machine.Override(now, policy.ForceOpen)
-		d.keepOverride(c, policy.ForceOpen)
+		d.eng.KeepOverride(c, policy.ForceOpen)
 	case "close":
 		t = c.Machine.Override(now, policy.ForceClosed)
-		d.keepOverride(c, policy.ForceClosed)
+		d.eng.KeepOverride(c, policy.ForceClosed)
 	case "release":
 		t = c.Machine.Override(now, policy.NoOverride)
-		d.keepOverride(c, policy.NoOverride)
+		d.eng.KeepOverride(c, policy.NoOverride)
 	case "reset":
 		t = c.Machine.Reset(now)
 	default:
@@ -323,13 +323,13 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 		return CircuitInfo{}, fmt.Errorf("unknown action %s (open, close, release, reset)", quote(action))
 	}
 	d.reg.Track(c)
-	d.writeVerdicts(c, t)
+	d.eng.WriteVerdicts(c, t)
 	d.opened(c, t.From, t.To, now)
 	d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.Workload()).Inc()
 	d.log.Info("circuit changed by hand", "circuit", c.Name(), "action", action, "from", t.From.String(), "to", t.To.String())
 	d.events.add(TransitionEvent{Time: now, Circuit: c.Name(), Target: c.Target(), Workload: c.Workload(), From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})
 	if t.From != t.To && t.To == policy.Closed {
-		d.releaseID(c)
+		d.eng.ReleaseID(c)
 	}
 	s := d.snap(c, now)
 	d.mu.Unlock()
@@ -696,6 +696,6 @@ func (d *Daemon) startAdmin() (*adminServers, error) {
 // isUnenforced reports whether c is a rejecting circuit whose verdicts the
 // kernel does not all have yet (d.unenforced). The caller holds d.mu.
 func (d *Daemon) isUnenforced(c *circuit) bool {
-	_, ok := d.unenforced[c]
+	ok := d.eng.Unenforced(c)
 	return ok
 }

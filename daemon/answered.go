@@ -66,7 +66,7 @@ func (d *Daemon) batchOf(c *circuit, o *policy.Options) (batch, bool) {
 	}
 	epoch, err := d.nextAnsweredEpoch(c.ID)
 	if err != nil {
-		d.errorEverySecond("answered", "counting successes in the kernel (each response is recorded instead)", "circuit", c.Name(), "err", err)
+		d.eng.ErrorEverySecond("answered", "counting successes in the kernel (each response is recorded instead)", "circuit", c.Name(), "err", err)
 		return batch{}, false
 	}
 	b = batch{id: c.ID, epoch: epoch, prev: prev, fast: fast}
@@ -83,10 +83,10 @@ func (d *Daemon) batchOf(c *circuit, o *policy.Options) (batch, bool) {
 func (d *Daemon) retireBatch(c *circuit) {
 	b := d.batched[c]
 	if err := d.kernel.FlushAnswered([]uint32{b.id}); err != nil {
-		d.errorEverySecond("answered", "writing out a circuit's counted successes before its options change (they are dropped)", "circuit", c.Name(), "err", err)
+		d.eng.ErrorEverySecond("answered", "writing out a circuit's counted successes before its options change (they are dropped)", "circuit", c.Name(), "err", err)
 	}
 	if _, err := d.nextAnsweredEpoch(b.id); err != nil {
-		d.errorEverySecond("answered", "retiring a circuit's counted successes", "circuit", c.Name(), "err", err)
+		d.eng.ErrorEverySecond("answered", "retiring a circuit's counted successes", "circuit", c.Name(), "err", err)
 	}
 	d.batched[c] = batch{id: b.id, prev: b.epoch, off: true}
 }
@@ -147,7 +147,7 @@ func (d *Daemon) unbatch(c *circuit) {
 	}
 	delete(d.batchedIDs, b.id)
 	if _, err := d.nextAnsweredEpoch(b.id); err != nil {
-		d.errorEverySecond("answered", "retiring a circuit's counted successes", "circuit", c.Name(), "err", err)
+		d.eng.ErrorEverySecond("answered", "retiring a circuit's counted successes", "circuit", c.Name(), "err", err)
 	}
 }
 
@@ -200,6 +200,6 @@ func (d *Daemon) flushAnswered() {
 		return
 	}
 	if err := d.kernel.FlushAnswered(ids); err != nil {
-		d.errorEverySecond("answered-flush", "writing out counted successes (they stay counted for the next try)", "err", err)
+		d.eng.ErrorEverySecond("answered-flush", "writing out counted successes (they stay counted for the next try)", "err", err)
 	}
 }

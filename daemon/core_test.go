@@ -67,14 +67,14 @@ func newCore(t *testing.T, yaml string, k *enginetest.Kernel) *core {
 	d := &Daemon{
 		log: slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})), rand: func() float64 { return 0.5 },
 		kernel: k, clock: e.clk,
-		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, unenforced: map[*circuit]struct{}{}, unlimited: map[*circuit]struct{}{}, batched: map[*circuit]batch{}, batchedIDs: map[uint32]*circuit{}, errorsLogged: map[string]time.Time{},
-		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{}, retired: map[string]maps.Counters{},
+		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, batched: map[*circuit]batch{}, batchedIDs: map[uint32]*circuit{},
+		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{},
 		endpointIdle: endpointIdle, closeJobs: make(chan closeJob, closeQueue),
 	}
 	d.metrics = newMetrics(d)
-	d.reg = newRegistry(k)
+	d.newEngine()
 	d.reg.Classes = &d.classes
-	d.loadKept()
+	d.eng.LoadKept()
 	// What applyConfig does on a first start, without the cgroup watch,
 	// the closer and the response programs (orchestration, not the core).
 	d.cfg = cfg
@@ -182,8 +182,7 @@ func (e *core) unenforced(port uint16) bool {
 	c := e.at(port)
 	e.d.mu.Lock()
 	defer e.d.mu.Unlock()
-	_, ok := e.d.unenforced[c]
-	return ok
+	return e.d.eng.Unenforced(c)
 }
 
 // transitions lists name's events as from>to:reason.
@@ -251,7 +250,7 @@ func TestCoreScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 	if c11.ID != 0 || e.hasVerdict(9411) {
 		t.Fatalf("closed with ids scarce: id %d, verdict %v; want the id given back and no verdict", c11.ID, e.hasVerdict(9411))
 	}
-	if r := e.d.retired[allTarget].Rejected; r != 5 {
+	if r := e.d.eng.Retired(allTarget).Rejected; r != 5 {
 		t.Fatalf("retired rejections of all: %d, want 5", r)
 	}
 

@@ -113,6 +113,9 @@ type Daemon struct {
 	scope    *cgroupWatch              // keeps the kernel's workloads map
 	resolved map[string][]netip.Addr
 	services map[string][]policy.ServiceDest // Service targets' destinations, by target
+	// eng is the event-to-verdict core: the circuits, their ids and
+	// verdicts; reg is its registry.
+	eng      *engine.Engine
 	reg      *registry
 	pending  map[uint64]pendingConn // connecting sockets seen retransmitting SYNs, by cookie
 	counted  map[uint64]bool        // sockets already counted as timed out
@@ -124,9 +127,8 @@ type Daemon struct {
 	respSince    time.Duration
 	respTimeouts bool
 	events       eventRing
-	recent       recentConns              // established connections by cookie, to date their resets
-	warmSum      uintptr                  // see warm
-	retired      map[string]maps.Counters // kernel counts of dropped circuits, by target
+	recent       recentConns // established connections by cookie, to date their resets
+	warmSum      uintptr     // see warm
 	// ready: running with protection in place (written under mu, read
 	// by /readyz without it); phase: what the start-up is doing, nil
 	// once Run has begun (probes.go).
@@ -150,9 +152,6 @@ type Daemon struct {
 	// (lastLostCheck), for reconcileRounds.
 	lostSeen      uint64
 	lastLostCheck time.Time
-	// kept are the overrides kept in the pinned overrides map, by circuit
-	// name (loadKept, keepOverride).
-	kept *engine.Overrides
 	// pages keeps the sorted circuit names for CircuitsPage while the set
 	// of circuits is unchanged (version: registry.version when taken).
 	pages struct {
@@ -161,21 +160,11 @@ type Daemon struct {
 		names    []string
 		at, used time.Time // when names were sorted, and last asked for
 	}
-	// unenforced are the rejecting circuits whose verdicts could not be
-	// written (no kernel id free, or the verdict map refused one); the
-	// tick writes them once it can (retryUnenforced).
-	unenforced map[*circuit]struct{}
-	// unlimited are the circuits whose limits entries could not be
-	// written for want of a kernel id (retryUnenforced).
-	unlimited map[*circuit]struct{}
 	// batched are the circuits whose ordinary successes the kernel counts
 	// in their answered words (answered.go), and batchedIDs the same by
 	// circuit id.
 	batched    map[*circuit]batch
 	batchedIDs map[uint32]*circuit
-	// errorsLogged: when each rate-limited error line was last logged
-	// (errorEverySecond).
-	errorsLogged map[string]time.Time
 	// endpointIdle: see the constant (tests shorten it).
 	endpointIdle time.Duration
 	// closer runs the close passes of close_established (closer.go); nil
@@ -249,8 +238,8 @@ func New(opts Options) (*Daemon, error) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	d := &Daemon{
 		opts: opts, log: opts.Logger, rand: rng.Float64, clock: engine.SystemClock{},
-		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, unenforced: map[*circuit]struct{}{}, unlimited: map[*circuit]struct{}{}, batched: map[*circuit]batch{}, batchedIDs: map[uint32]*circuit{}, errorsLogged: map[string]time.Time{},
-		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{}, retired: map[string]maps.Counters{},
+		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, batched: map[*circuit]batch{}, batchedIDs: map[uint32]*circuit{},
+		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{},
 		endpointIdle: endpointIdle, closeJobs: make(chan closeJob, closeQueue),
 	}
 	d.metrics = newMetrics(d)
@@ -268,7 +257,8 @@ func New(opts Options) (*Daemon, error) {
 		srv.shutdown()
 		return nil, fmt.Errorf("loading the kernel side: %w", err)
 	}
-	d.k, d.kernel, d.reg, d.servers = k, k, newRegistry(k), srv
+	d.k, d.kernel, d.servers = k, k, srv
+	d.newEngine()
 	d.reg.Classes = &d.classes
 	if d.scope, err = newCgroupWatch(k, opts.Logger, opts.Cgroup); err == nil {
 		err = d.start(cfg)
@@ -488,7 +478,7 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 		}
 		if c != nil {
 			if t, moved := c.Machine.BeginHalfOpen(now, ev.Round); moved {
-				d.apply(c, t)
+				d.eng.Apply(c, t)
 			}
 		}
 		return
@@ -560,48 +550,11 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 		c.NoteFailedCgroup(ev.CgroupID) // kube.go: the pods that saw failures
 	}
 	if t, moved := c.Machine.RecordCall(now, r, call); moved {
-		d.apply(c, t)
+		d.eng.Apply(c, t)
 	} else if known {
 		c.Referenced() // see evictIdle
 	}
 }
-
-// apply writes a transition to the kernel, the log, the metrics and the
-// event list.
-func (d *Daemon) apply(c *circuit, t policy.Transition) {
-	d.reg.Track(c)
-	if t.From != t.To {
-		if t.To != policy.HalfOpen { // the kernel began the round itself
-			d.writeVerdicts(c, t)
-			d.opened(c, t.From, t.To, t.At)
-		}
-		d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.Workload()).Inc()
-	} else if t.Reason == policy.ReasonNewRound {
-		d.writeVerdicts(c, t)
-	}
-	attrs := []any{"circuit", c.Name(), "target", c.Target(), "from", t.From.String(), "to", t.To.String(),
-		"reason", string(t.Reason), "failure_ratio", round3(t.FailureRate), "slow_ratio", round3(t.SlowRate), "calls", t.Calls, "workload", c.Workload()}
-	if !t.OpenUntil.IsZero() {
-		attrs = append(attrs, "open_until", t.OpenUntil.UTC().Format(time.RFC3339Nano), "trip", t.Trip)
-	}
-	msg := "circuit transition"
-	if t.Reason == policy.ReasonNewRound {
-		msg = "new half-open round"
-		attrs = append(attrs, "round", t.Round)
-	} else if t.From == t.To {
-		msg = "circuit kept " + t.To.String()
-	}
-	d.log.Info(msg, attrs...)
-	d.kubeEvent(c, t)
-	ev := TransitionEvent{Time: t.At, Circuit: c.Name(), Target: c.Target(), Workload: c.Workload(), From: t.From.String(), To: t.To.String(),
-		Reason: string(t.Reason), FailureRate: t.FailureRate, SlowRate: t.SlowRate, Calls: t.Calls, OpenUntil: t.OpenUntil, Trip: t.Trip}
-	d.events.add(ev)
-	if t.From != t.To && t.To == policy.Closed {
-		d.releaseID(c) // after the Event named whom it rejected
-	}
-}
-
-func round3(f float64) float64 { return float64(int(f*1000+0.5)) / 1000 }
 
 // tickLoop runs tick every TickInterval, and wakes the reader when the
 // ring holds records that did not wake it (healthy ones, see readEvents).
@@ -638,7 +591,7 @@ func (d *Daemon) tick(now time.Time) {
 		d.counted[cookie] = true
 		d.metrics.outcomes.WithLabelValues("connect_timeout", c.Target(), c.Workload()).Inc()
 		if t, moved := c.Machine.Record(now, policy.Result{Kind: policy.Failure, Duration: now.Sub(p.start), Probe: p.probe, Round: p.round}); moved {
-			d.apply(c, t)
+			d.eng.Apply(c, t)
 		}
 	}
 	if len(d.counted) > 100000 {
@@ -647,7 +600,7 @@ func (d *Daemon) tick(now time.Time) {
 	d.scanResponseTimeouts(now)
 	for c := range d.reg.Active { // only a half-open circuit has timers
 		if t, moved := c.Machine.Tick(now); moved {
-			d.apply(c, t)
+			d.eng.Apply(c, t)
 		}
 	}
 	if now.Sub(d.lastSweep) >= d.endpointIdle/10 {
@@ -656,7 +609,7 @@ func (d *Daemon) tick(now time.Time) {
 	}
 	if now.Sub(d.lastLostCheck) >= time.Second {
 		d.lastLostCheck = now
-		d.retryUnenforced()
+		d.eng.RetryUnenforced()
 		d.dropIdlePages()
 		if st, err := d.kernel.Stats(); err == nil && st.EventsLost != d.lostSeen {
 			d.lostSeen = st.EventsLost
@@ -684,7 +637,7 @@ func (d *Daemon) reconcileRounds(now time.Time) {
 			continue
 		}
 		if t, moved := c.Machine.BeginHalfOpen(now, b.Round); moved {
-			d.apply(c, t)
+			d.eng.Apply(c, t)
 		}
 	}
 }
@@ -737,15 +690,15 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 			}
 			nt, ot := cfg.Targets[c.Target()], old.Targets[c.Target()]
 			if nt == nil || nt.Scope != ot.Scope {
-				d.drop(c)
+				d.eng.Drop(c)
 				continue
 			}
 			d.setOptions(c, &nt.Options, now)
 			if nt.State != ot.State {
 				// The configuration's new state wins over one set
 				// through the API.
-				d.apply(c, c.Machine.Override(now, nt.State))
-				d.keepOverride(c, policy.NoOverride)
+				d.eng.Apply(c, c.Machine.Override(now, nt.State))
+				d.eng.KeepOverride(c, policy.NoOverride)
 			}
 		}
 		for name, g := range d.reg.Groups {
@@ -767,9 +720,9 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 // setOptions gives a kept circuit its reloaded options and rewrites its
 // bulkhead limits.
 func (d *Daemon) setOptions(c *circuit, o *policy.Options, now time.Time) {
-	had := needsLimitEntry(c.Machine.Options())
+	had := engine.NeedsLimitEntry(c.Machine.Options())
 	c.Machine.SetOptions(o, now)
-	if !had && !needsLimitEntry(o) && c.BulkSlots() == nil {
+	if !had && !engine.NeedsLimitEntry(o) && c.BulkSlots() == nil {
 		return // no limits entry before or now: nothing to write or delete
 	}
 	for _, dst := range c.Dests() {
@@ -809,7 +762,7 @@ func (d *Daemon) rematch() {
 			// state; only the departed destinations leave it.
 			d.detach(c, stale)
 		default:
-			d.drop(c)
+			d.eng.Drop(c)
 		}
 	}
 	for _, class := range d.classList() {
@@ -851,7 +804,7 @@ func hasLimits(cfg *policy.Config) bool {
 		return true
 	}
 	for _, t := range cfg.Targets {
-		if needsLimitEntry(&t.Options) {
+		if engine.NeedsLimitEntry(&t.Options) {
 			return true
 		}
 	}

@@ -204,7 +204,7 @@ func (d *Daemon) detach(c *circuit, gone []maps.Dest) {
 		if err := d.k.DeleteVerdict(dst); err != nil {
 			d.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
-		d.deleteLimits(c, dst)
+		d.eng.DeleteLimits(c, dst)
 		d.reg.ByDest.Del(dst.Compact())
 		d.reg.Version++
 		c.RemoveDest(dst)

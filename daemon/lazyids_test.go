@@ -401,7 +401,7 @@ func TestUnenforcedOpenCircuitCloses(t *testing.T) {
 	f.dial(9422, 2, 0)
 	f.waitState(f.dynName(9422), "open", 2*time.Second)
 	d.mu.Lock()
-	_, unenforced := d.unenforced[d.reg.ByDest.Get(f.dest(9422).Compact())]
+	unenforced := d.eng.Unenforced(d.reg.ByDest.Get(f.dest(9422).Compact()))
 	d.mu.Unlock()
 	if !unenforced {
 		t.Fatal("reopened with no id free, and not among the unenforced")
@@ -474,7 +474,7 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.mu.Lock()
-	waiting := len(d.unlimited)
+	waiting := d.eng.UnlimitedCount()
 	d.mu.Unlock()
 	if waiting != 2 {
 		t.Fatalf("%d circuits wait for an id for their limits, want 2", waiting)
@@ -484,7 +484,7 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.mu.Lock()
-	waiting = len(d.unlimited)
+	waiting = d.eng.UnlimitedCount()
 	d.reg.IDs.SetLimit(4) // id 3 comes free
 	d.mu.Unlock()
 	if waiting != 0 {
@@ -525,7 +525,7 @@ func TestPartlyEnforcedCircuitIsNotClosedAsUnenforced(t *testing.T) {
 	f.dial(9481, 2, 0)
 	f.waitState("svc", "open", 2*time.Second)
 	d.mu.Lock()
-	_, waiting := d.unenforced[d.reg.ByName["svc"]]
+	waiting := d.eng.Unenforced(d.reg.ByName["svc"])
 	d.mu.Unlock()
 	if !waiting {
 		t.Fatal("svc, one verdict short, is not among the unenforced circuits")

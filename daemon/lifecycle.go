@@ -9,6 +9,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
+	"github.com/breakerd/breakerd/engine"
 	"github.com/breakerd/breakerd/internal/cgroup2"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
@@ -118,7 +119,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 			"classes", len(moved), "rejecting_verdicts_dropped", droppedVerdicts, "bulkhead_limits_dropped", droppedLimits)
 	}
 	d.retirePinnedBatches(limits)
-	d.loadKept()
+	d.eng.LoadKept()
 	d.applyConfig(cfg)
 	d.applyResolved(resolved)
 	d.applyServices(services)
@@ -162,7 +163,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 				_ = d.k.DeleteVerdict(dst)
 				continue
 			}
-			if !d.ensureID(c) {
+			if !d.eng.EnsureID(c) {
 				// Its verdict names an id it does not hold (another
 				// circuit's, or a free one): gone, and the circuit is
 				// open here, enforced once an id is free.
@@ -171,9 +172,9 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 					c.Machine.Restore(now, now.Add(v.Due-mono), c.Machine.Round()+1, false)
 					d.reg.Track(c)
 				}
-				d.unenforced[c] = struct{}{}
+				d.eng.MarkUnenforced(c)
 				d.metrics.verdictWriteErrors.Inc()
-				d.errorEverySecond("", "no circuit id free for an adopted open circuit; it is not enforced until one is", "circuit", c.Name(), "dest", dst)
+				d.eng.ErrorEverySecond("", "no circuit id free for an adopted open circuit; it is not enforced until one is", "circuit", c.Name(), "dest", dst)
 				continue
 			}
 			if c.Machine.State() == policy.Closed {
@@ -195,7 +196,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 				d.log.Debug("adopted open circuit", "circuit", c.Name(), "dest", dst, "round", round, "half_open", begun, "due_in", (v.Due - mono).String())
 				adopted++
 			}
-			if e := d.epochOf(c); v.CircuitID != c.ID || v.Round != c.Machine.Round() || v.Epoch != e {
+			if e := d.eng.EpochOf(c); v.CircuitID != c.ID || v.Round != c.Machine.Round() || v.Epoch != e {
 				// Re-point counters, the probe budget and the rejected
 				// cgroups' counts to the circuit's slot and epoch, in its
 				// round; the due time stays.
@@ -243,16 +244,16 @@ func (d *Daemon) keepAlive() {
 func (d *Daemon) reconcileLimits() error {
 	want := map[maps.Dest]maps.Limit{}
 	for c := range d.reg.All() {
-		d.syncBulkSlots(c)
+		d.eng.SyncBulkSlots(c)
 		o := c.Machine.Options()
-		if !needsLimitEntry(o) {
-			delete(d.unlimited, c)
+		if !engine.NeedsLimitEntry(o) {
+			d.eng.NoLimits(c)
 			if b, ok := d.batched[c]; ok && !b.off {
 				d.retireBatch(c)
 			}
 			continue
 		}
-		if !d.seatForLimits(c) {
+		if !d.eng.SeatForLimits(c) {
 			continue // logged and counted by writeLimit
 		}
 		for _, dst := range c.Dests() {

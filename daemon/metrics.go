@@ -58,6 +58,23 @@ func (m *metrics) Handshake(target string) engine.Observer {
 	return m.handshake.WithLabelValues(target)
 }
 
+// Transition is the count of transitions (engine.Metrics).
+func (m *metrics) Transition(from, to, reason, workload string) engine.Counter {
+	return m.transitions.WithLabelValues(from, to, reason, workload)
+}
+
+// Refused is the count of target's destinations refused (engine.Metrics).
+func (m *metrics) Refused(target string) engine.Counter {
+	return m.circuitsRefused.WithLabelValues(target)
+}
+
+// Evicted is the count of circuits evicted (engine.Metrics).
+func (m *metrics) Evicted() engine.Counter { return m.circuitsEvicted }
+
+// VerdictWriteErrors is the count of failed verdict and limits writes
+// (engine.Metrics).
+func (m *metrics) VerdictWriteErrors() engine.Counter { return m.verdictWriteErrors }
+
 func newMetrics(d *Daemon) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry(), targets: map[string]*engine.Series{}}
 	m.transitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_transitions_total", Help: "Circuit state transitions, by from, to, reason and the circuit's workload (shared, or an isolated workload's name)."}, []string{"from", "to", "reason", "workload"})
@@ -156,14 +173,14 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	perTarget := map[string]*sums{}
 	d.mu.Lock()
 	for _, t := range counterTargets(d) {
-		r := d.retired[t]
+		r := d.eng.Retired(t)
 		perTarget[t] = &sums{rej: r.Rejected, shadow: r.ShadowRejected, probes: r.Probes, bulkRej: r.BulkheadRejected}
 		if t != allTarget {
 			states[t] = map[policy.State]int{}
 		}
 	}
 	maxID, gen := d.reg.IDs.Next(), d.reg.IDs.Releases()
-	unenforced := len(d.unenforced)
+	unenforced := d.eng.UnenforcedCount()
 	// Circuits with a kernel id only: a million closed dynamic ones have none.
 	slots := make([]slot, 0, len(d.reg.ByName)+len(d.reg.Active))
 	for c := range d.reg.All() {

@@ -75,7 +75,7 @@ targets:
 	d.mu.Lock()
 	c, _ := d.reg.At(dynamicDest(2))
 	if tr, moved := c.Machine.BeginHalfOpen(time.Now(), c.Machine.Round()); moved {
-		d.apply(c, tr)
+		d.eng.Apply(c, tr)
 	}
 	checkRegistry(t, d.reg)
 	d.handle(&maps.Event{Dest: dynamicDest(2), Outcome: maps.Established, Probe: true, Round: c.Machine.Round()}, time.Now(), nil)

@@ -96,35 +96,6 @@ func (x *rejectionIndex) of(id, epoch uint32) []cgroupRejections {
 	return slices.Clone(x.byCircuit[owner{id, epoch}])
 }
 
-// setEpoch gives c epoch e and files it among the circuits whose
-// rejections are recorded.
-func (d *Daemon) setEpoch(c *circuit, e uint32) {
-	c.SetEpoch(e)
-	d.reg.Recording[c.ID] = c
-}
-
-// epochOf returns c's epoch, giving it one first if it has none. Under
-// d.mu.
-func (d *Daemon) epochOf(c *circuit) uint32 {
-	if e := c.Epoch(); e != 0 {
-		return e
-	}
-	if c.ID == 0 {
-		return 0 // nothing of it in the kernel to key: see ensureID
-	}
-	e := d.reg.NewEpoch()
-	d.setEpoch(c, e)
-	return e
-}
-
-// forgetEpoch is called when c is dropped: its entries are stale from now
-// on (its verdicts are gone) and the next sweep deletes them.
-func (d *Daemon) forgetEpoch(c *circuit) {
-	if c.Epoch() != 0 && d.reg.Recording[c.ID] == c {
-		delete(d.reg.Recording, c.ID)
-	}
-}
-
 // rejectionsLoop sweeps the rejections map until ctx ends.
 func (d *Daemon) rejectionsLoop(ctx context.Context) {
 	t := time.NewTicker(rejectionsEvery)

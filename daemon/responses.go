@@ -31,11 +31,6 @@ func followsResponses(cfg *policy.Config) bool {
 	return false
 }
 
-// needsLimitEntry reports whether a circuit with options o puts its TCP
-// destinations in the kernel's limits map: for a bulkhead, or to have
-// connect mark their sockets for the response programs.
-func needsLimitEntry(o *policy.Options) bool { return o.HasLimits() || o.Responses.Followed() }
-
 // limitOf is the limits entry of a circuit with id and options o.
 func limitOf(id uint32, o *policy.Options) maps.Limit {
 	l := maps.Limit{Slot: id, MaxConnections: uint32(o.MaxConnections), MaxConnecting: uint32(o.MaxConnecting), Errno: o.BulkheadRejectErrno}
@@ -112,7 +107,7 @@ func (d *Daemon) handleResponse(c *circuit, ev *maps.Event, now time.Time) {
 // record feeds n calls with result r to c and applies what they change.
 func (d *Daemon) record(c *circuit, r policy.Result, n int, now time.Time) {
 	if t, moved := c.Machine.RecordN(now, r, n); moved {
-		d.apply(c, t)
+		d.eng.Apply(c, t)
 	} else {
 		c.Referenced() // see evictIdle
 	}
@@ -121,7 +116,7 @@ func (d *Daemon) record(c *circuit, r policy.Result, n int, now time.Time) {
 // recordCall feeds r, classified as call, to c and applies what it changes.
 func (d *Daemon) recordCall(c *circuit, r policy.Result, call policy.Call, now time.Time) {
 	if t, moved := c.Machine.RecordCall(now, r, call); moved {
-		d.apply(c, t)
+		d.eng.Apply(c, t)
 	} else {
 		c.Referenced() // see evictIdle
 	}

@@ -28,6 +28,18 @@ type Metrics interface {
 	// Handshake is the series of target's handshake durations, in
 	// seconds.
 	Handshake(target string) Observer
+	// Transition is the count of transitions from, to, for reason, of
+	// circuits of workload.
+	Transition(from, to, reason, workload string) Counter
+	// Refused is the count of target's new destinations left
+	// unprotected (max_circuits reached with nothing to evict, or no
+	// circuit id free).
+	Refused(target string) Counter
+	// Evicted is the count of idle closed dynamic circuits evicted.
+	Evicted() Counter
+	// VerdictWriteErrors is the count of verdict and limits writes that
+	// failed.
+	VerdictWriteErrors() Counter
 }
 
 // Series are one target's outcome series of one workload's circuits,
