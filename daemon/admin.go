@@ -308,6 +308,7 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	var t policy.Transition
 	switch action {
 	case "open":
+		d.eng.EnsureID(c) // its verdict needs one (none free: it waits, unenforced)
 		t = c.Machine.Override(now, policy.ForceOpen)
 		d.eng.KeepOverride(c, policy.ForceOpen)
 	case "close":

@@ -177,7 +177,8 @@ func (d *Daemon) creditAnswered(ev *maps.Event, now time.Time) {
 	}
 	n := ev.AnsweredCount()
 	c.Metrics.Response(policy.ResponseAnswered).Add(float64(n))
-	d.record(c, policy.Result{Kind: policy.Answered}, int(n), now)
+	r := policy.Result{Kind: policy.Answered}
+	d.record(c, r, policy.Classify(c.Machine.Options(), r), int(n), now)
 }
 
 // flushAnswered has the kernel write out the successes counted for every

@@ -212,6 +212,7 @@ func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.O
 	}
 	d.reg.Track(c)
 	if ov == policy.ForceOpen {
+		d.eng.EnsureID(c) // its verdict needs one (none free: it waits, unenforced)
 		d.eng.WriteVerdicts(c, policy.Transition{To: policy.ForcedOpen, At: now})
 		d.opened(c, policy.Closed, policy.ForcedOpen, now)
 	}

@@ -549,9 +549,7 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 	if call.Failed {
 		c.NoteFailedCgroup(ev.CgroupID) // kube.go: the pods that saw failures
 	}
-	if t, moved := c.Machine.RecordCall(now, r, call); moved {
-		d.eng.Apply(c, t)
-	} else if known {
+	if !d.eng.Record(c, now, r, call, 1) && known {
 		c.Referenced() // see evictIdle
 	}
 }
@@ -590,9 +588,8 @@ func (d *Daemon) tick(now time.Time) {
 		delete(d.pending, cookie)
 		d.counted[cookie] = true
 		d.metrics.outcomes.WithLabelValues("connect_timeout", c.Target(), c.Workload()).Inc()
-		if t, moved := c.Machine.Record(now, policy.Result{Kind: policy.Failure, Duration: now.Sub(p.start), Probe: p.probe, Round: p.round}); moved {
-			d.eng.Apply(c, t)
-		}
+		r := policy.Result{Kind: policy.Failure, Duration: now.Sub(p.start), Probe: p.probe, Round: p.round}
+		d.eng.Record(c, now, r, policy.Classify(c.Machine.Options(), r), 1)
 	}
 	if len(d.counted) > 100000 {
 		clear(d.counted) // final records of those sockets were lost

@@ -101,23 +101,14 @@ func (d *Daemon) handleResponse(c *circuit, ev *maps.Event, now time.Time) {
 	if call.Failed {
 		c.NoteFailedCgroup(ev.CgroupID)
 	}
-	d.recordCall(c, r, call, now)
+	d.record(c, r, call, 1, now)
 }
 
-// record feeds n calls with result r to c and applies what they change.
-func (d *Daemon) record(c *circuit, r policy.Result, n int, now time.Time) {
-	if t, moved := c.Machine.RecordN(now, r, n); moved {
-		d.eng.Apply(c, t)
-	} else {
-		c.Referenced() // see evictIdle
-	}
-}
-
-// recordCall feeds r, classified as call, to c and applies what it changes.
-func (d *Daemon) recordCall(c *circuit, r policy.Result, call policy.Call, now time.Time) {
-	if t, moved := c.Machine.RecordCall(now, r, call); moved {
-		d.eng.Apply(c, t)
-	} else {
+// record feeds n calls with result r, classified as call, to c
+// (engine.Record); calls that move nothing give c its second chance at
+// eviction.
+func (d *Daemon) record(c *circuit, r policy.Result, call policy.Call, n int, now time.Time) {
+	if !d.eng.Record(c, now, r, call, n) {
 		c.Referenced() // see evictIdle
 	}
 }
@@ -160,7 +151,8 @@ func (d *Daemon) scanResponseTimeouts(now time.Time) {
 		d.timedOut[a.Cookie] = timedOut{start: a.Since}
 		c.Metrics.Response(policy.ResponseTimeout).Inc()
 		c.NoteFailedCgroup(a.CgroupID)
-		d.record(c, policy.Result{Kind: policy.Failure, Duration: waited, Probe: a.Probe, Round: a.Round}, 1, now)
+		r := policy.Result{Kind: policy.Failure, Duration: waited, Probe: a.Probe, Round: a.Round}
+		d.record(c, r, policy.Classify(c.Machine.Options(), r), 1, now)
 	}
 	for cookie, m := range d.timedOut {
 		if seen[cookie] {

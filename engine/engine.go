@@ -34,6 +34,9 @@ type Engine struct {
 	kept *Overrides
 	// retired are the kernel counts of dropped circuits, by target.
 	retired map[string]maps.Counters
+	// seating is the circuit Record feeds while it has no kernel id (the
+	// seater's).
+	seating *Circuit
 	// errorsLogged: when each rate-limited error line was last logged
 	// (ErrorEverySecond).
 	errorsLogged map[string]time.Time

@@ -11,11 +11,27 @@ import (
 // errNoID: a circuit that has to reject found no kernel circuit id free.
 var errNoID = errors.New("no circuit id free")
 
-// Seat gives c the kernel circuit id id: a new one's counters are zeroed;
-// an inherited one's carry on, with its rejections' epoch. c's rounds
-// continue after the slot's probe budget, so its next open verdict begins
-// a new round there (also when c is open already: see ensureID).
+// Seat gives c the kernel circuit id id (seat) and continues c's rounds
+// after the slot's probe budget: a closed circuit's next open verdict
+// begins a new round there, and so does the verdict of an open one that
+// waited for an id (enforce), written next.
 func (e *Engine) Seat(c *Circuit, id uint32, inherited bool) {
+	round, ok := e.seat(c, id, inherited)
+	if !ok {
+		return
+	}
+	if c.Machine.State().Rejects() {
+		c.Machine.RoundAfter(round)
+	} else {
+		c.Machine.SeedRound(round)
+	}
+}
+
+// seat gives c the kernel circuit id id: a new one's counters are zeroed;
+// an inherited one's carry on, with its rejections' epoch. It returns the
+// round of the slot's probe budget (false: unread), which c's rounds must
+// continue after; c's state machine is the caller's.
+func (e *Engine) seat(c *Circuit, id uint32, inherited bool) (round uint32, ok bool) {
 	c.ID = id
 	if c.Epoch() != 0 {
 		e.reg.Recording[id] = c // its rejections are recorded under its id
@@ -27,19 +43,14 @@ func (e *Engine) Seat(c *Circuit, id uint32, inherited bool) {
 	} else if ep := e.reg.IDs.PinnedEpoch(id); ep != 0 {
 		e.setEpoch(c, ep) // its rejections carry on with its counters
 	}
-	if b, err := e.k.Budget(id); err == nil {
-		if c.Machine.State().Rejects() {
-			c.Machine.RoundAfter(b.Round)
-		} else {
-			c.Machine.SeedRound(b.Round)
-		}
-	}
+	b, err := e.k.Budget(id)
+	return b.Round, err == nil
 }
 
-// EnsureID gives c a kernel circuit id if it has none (a dynamic circuit
-// that is about to reject for the first time), and reports whether it has
-// one. Without one, nothing of c can be written to the kernel: the caller
-// logs and counts it, and the tick tries again (retryUnenforced).
+// EnsureID gives c a kernel circuit id if it has none (Seat), and reports
+// whether it has one. Without one, nothing of c can be written to the
+// kernel: the caller logs and counts it, and the tick tries again
+// (RetryUnenforced).
 func (e *Engine) EnsureID(c *Circuit) bool {
 	if c.ID != 0 {
 		return true
@@ -50,6 +61,44 @@ func (e *Engine) EnsureID(c *Circuit) bool {
 	}
 	e.Seat(c, id, inherited)
 	return true
+}
+
+// Record feeds n calls with result r, classified as call, to c, applies
+// the transition they cause and reports whether they caused one. A
+// circuit without a kernel id is given one as it is about to open, before
+// its transition is computed (policy.Seat), so that the transition's
+// round is the one its verdict admits probes of.
+func (e *Engine) Record(c *Circuit, now time.Time, r policy.Result, call policy.Call, n int) bool {
+	var seat policy.Seat
+	if c.ID == 0 {
+		e.seating, seat = c, (*seater)(e)
+	}
+	t, moved := c.Machine.RecordN(now, r, call, n, seat)
+	if seat != nil {
+		e.seating = nil
+	}
+	if moved {
+		e.Apply(c, t)
+	}
+	return moved
+}
+
+// seater is the engine as the policy.Seat of the circuit being recorded
+// (Engine.seating): a pointer, so passing it costs a record no
+// allocation.
+type seater Engine
+
+// Seat gives the circuit being recorded a kernel id, and returns the
+// round of its slot's probe budget.
+func (s *seater) Seat() (uint32, bool) {
+	e := (*Engine)(s)
+	c := e.seating
+	id, inherited, ok := e.reg.IDs.Alloc(c.Name(), c.First())
+	if !ok {
+		return 0, false
+	}
+	round, _ := e.seat(c, id, inherited)
+	return round, true
 }
 
 // ReleaseID gives back the kernel id of a dynamic circuit that closed,
@@ -215,15 +264,13 @@ func (e *Engine) partlyEnforced(c *Circuit) bool {
 	return false
 }
 
-// putVerdict writes what state s means for dst (see writeVerdict), giving
-// c a kernel id first if it rejects and has none.
+// putVerdict writes what state s means for dst (see WriteVerdict), with
+// round, the transition's; it never changes c. A circuit without an id
+// writes no rejecting verdict (errNoID): Record seats one before it opens.
 func (e *Engine) putVerdict(c *Circuit, dst maps.Dest, s policy.State, openUntil time.Time, round uint32) error {
 	o := c.Machine.Options()
 	if s.Rejects() && c.ID == 0 {
-		if !e.EnsureID(c) {
-			return errNoID
-		}
-		round = c.Machine.Round() // continued after the slot's (seat)
+		return errNoID // seated before its transition, or waiting for an id
 	}
 	switch s {
 	case policy.Open, policy.HalfOpen:
