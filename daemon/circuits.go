@@ -50,7 +50,7 @@ func (d *Daemon) newEngine() {
 	if idLimitForTest != 0 {
 		limit = idLimitForTest
 	}
-	d.eng = engine.New(engine.Config{Kernel: d.kernel, Clock: d.clock, Log: d.log, Metrics: d.metrics, Hooks: hooks{d}, IDs: limit})
+	d.eng = engine.New(engine.Config{Kernel: d.kernel, Clock: d.clock, Log: d.log, Metrics: d.metrics, Hooks: hooks{d}, Rand: d.rand, IDs: limit})
 	d.reg = d.eng.Registry()
 }
 
@@ -122,12 +122,11 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) (c *circuit, made bool) {
 		return nil, false
 	}
 	if target == "" {
-		c := d.newCircuit("", allTarget, "", &cfg.All, policy.NoOverride, nil, dst, now)
+		c := d.eng.Make("", allTarget, "", &cfg.All, policy.NoOverride, nil, dst, now)
 		if c == nil {
 			return nil, false
 		}
-		d.reg.Dynamic++
-		d.attach(c, dst)
+		d.eng.Attach(c, dst)
 		return c, true
 	}
 	t := cfg.Targets[target]
@@ -144,79 +143,26 @@ func (d *Daemon) lookup(dst maps.Dest, now time.Time) (c *circuit, made bool) {
 				g = policy.NewGroup(t.MaxEjectionPercent)
 				d.reg.Groups[group] = g
 			}
-			c = d.newCircuit(name, target, policy.EndpointScope, &t.Options, t.State, g, dst, now)
+			c = d.eng.Make(name, target, policy.EndpointScope, &t.Options, t.State, g, dst, now)
 			if c == nil {
 				return nil, false
 			}
 		}
-		d.attach(c, dst)
+		d.eng.Attach(c, dst)
 		return c, made
 	default:
 		name := engine.Classed(target, workload)
 		c, ok := d.reg.ByName[name]
 		made := !ok
 		if !ok {
-			c = d.newCircuit(name, target, policy.ServiceScope, &t.Options, t.State, nil, dst, now)
+			c = d.eng.Make(name, target, policy.ServiceScope, &t.Options, t.State, nil, dst, now)
 			if c == nil {
 				return nil, false
 			}
 		}
-		d.attach(c, dst)
+		d.eng.Attach(c, dst)
 		return c, made
 	}
-}
-
-// newCircuit makes a circuit whose first destination is dst (named name;
-// "" for a dynamic circuit, named by dst); nil when no circuit id is free.
-func (d *Daemon) newCircuit(name, target string, scope policy.Scope, o *policy.Options, ov policy.Override, g *policy.Group, dst maps.Dest, now time.Time) *circuit {
-	workload := d.classes.Name(policy.Class(dst.Class))
-	dynamic := name == ""
-	if dynamic {
-		name = engine.Classed(engine.DynamicName(dst), workload)
-	}
-	// A dynamic circuit without limits entries takes its kernel id when it
-	// first rejects (ensureID), unless it inherits one now.
-	var id uint32
-	var inherited bool
-	if !dynamic || engine.NeedsLimitEntry(o) || d.reg.IDs.PinnedFor(dst) {
-		var ok bool
-		id, inherited, ok = d.reg.IDs.Alloc(name, dst)
-		if !ok {
-			d.metrics.circuitsRefused.WithLabelValues(target).Inc()
-			// At most a line a second a target: every new destination
-			// of a target with limits meets this once ids run out.
-			d.eng.ErrorEverySecond(target, "no circuit id free (every id is in use or held by open sockets); destination not protected (breakerd_circuits_refused_total counts each)", "circuit", name, "target", target)
-			return nil
-		}
-	}
-	// An override set through the API before a restart (or before the
-	// circuit was last dropped and made again) comes back.
-	if kept, ok := d.eng.Kept(name); ok {
-		ov = kept
-	}
-	cname := name
-	if dynamic {
-		cname = ""
-	}
-	c := engine.NewCircuit(cname, scope == policy.EndpointScope, id, d.metrics.forTarget(target, workload), dst)
-	c.Machine.Init(o, ov, g, now, d.rand)
-	if id != 0 {
-		d.eng.Seat(c, id, inherited)
-	}
-	if !dynamic {
-		d.reg.ByName[name] = c
-		d.reg.Version++
-	}
-	if scope == policy.EndpointScope {
-		d.reg.Endpoints[c] = struct{}{}
-	}
-	d.reg.Track(c)
-	if ov == policy.ForceOpen {
-		d.eng.EnsureID(c) // its verdict needs one (none free: it waits, unenforced)
-		d.eng.WriteVerdicts(c, policy.Transition{To: policy.ForcedOpen, At: now})
-		d.opened(c, policy.Closed, policy.ForcedOpen, now)
-	}
-	return c
 }
 
 // writeLimit writes (or removes) the bulkhead limits of one destination of
@@ -272,19 +218,4 @@ func (d *Daemon) orderedCircuits() []*circuit {
 		}
 	}
 	return out
-}
-
-// attach adds dst to c; if c already rejects, the new destination's
-// verdict is written at once.
-func (d *Daemon) attach(c *circuit, dst maps.Dest) {
-	if cur, _ := d.reg.At(dst); cur == c {
-		return
-	}
-	d.reg.Attach(c, dst)
-	if o := c.Machine.Options(); engine.NeedsLimitEntry(o) {
-		d.writeLimit(c, dst)
-	}
-	if s := c.Machine.State(); s.Rejects() {
-		d.eng.WriteVerdict(c, dst, s, c.Machine.Status(d.now()).OpenUntil, c.Machine.Round())
-	}
 }

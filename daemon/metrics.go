@@ -31,19 +31,6 @@ type metrics struct {
 	groundProblems     *prometheus.CounterVec
 	closed             *prometheus.CounterVec // close_established: connections closed or not, by target and workload
 	closeMechanism     *prometheus.GaugeVec
-	targets            map[string]*engine.Series // by target and workload, used under Daemon.mu
-}
-
-// forTarget returns the series of target's circuits of workload. Used
-// under Daemon.mu.
-func (m *metrics) forTarget(target, workload string) *engine.Series {
-	key := target + "\x00" + workload
-	if s := m.targets[key]; s != nil {
-		return s
-	}
-	s := engine.NewSeries(m, target, workload)
-	m.targets[key] = s
-	return s
 }
 
 // Outcome is the series of outcome of target's circuits of workload
@@ -76,7 +63,7 @@ func (m *metrics) Evicted() engine.Counter { return m.circuitsEvicted }
 func (m *metrics) VerdictWriteErrors() engine.Counter { return m.verdictWriteErrors }
 
 func newMetrics(d *Daemon) *metrics {
-	m := &metrics{reg: prometheus.NewRegistry(), targets: map[string]*engine.Series{}}
+	m := &metrics{reg: prometheus.NewRegistry()}
 	m.transitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_transitions_total", Help: "Circuit state transitions, by from, to, reason and the circuit's workload (shared, or an isolated workload's name)."}, []string{"from", "to", "reason", "workload"})
 	m.outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_connection_outcomes_total", Help: "Outbound connection outcomes seen by the kernel, by outcome, target (all for unnamed destinations) and the circuit's workload."}, []string{"outcome", "target", "workload"})
 	m.handshake = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "breakerd_handshake_duration_seconds", Help: "TCP handshake duration of established connections, by target.",

@@ -82,10 +82,10 @@ type BulkSlot struct {
 	Workload string
 }
 
-// NewCircuit makes a circuit whose first destination is dst, named name
+// newCircuit makes a circuit whose first destination is dst, named name
 // ("" for a dynamic circuit, named by dst), counting in series m. Its
 // state machine is the caller's to initialise.
-func NewCircuit(name string, endpoint bool, id uint32, m *Series, dst maps.Dest) *Circuit {
+func newCircuit(name string, endpoint bool, id uint32, m *Series, dst maps.Dest) *Circuit {
 	c := &Circuit{endpoint: endpoint, ID: id, Metrics: m}
 	c.first[0] = dst
 	if name != "" {

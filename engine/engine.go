@@ -22,6 +22,9 @@ type Engine struct {
 	log     *slog.Logger
 	metrics Metrics
 	hooks   Hooks
+	rand    func() float64
+	// seriesOf are the outcome series, by target and workload.
+	seriesOf map[string]*Series
 	// unenforced are the rejecting circuits whose verdicts could not be
 	// written (no kernel id free, or the verdict map refused one); the
 	// tick writes them once it can (RetryUnenforced).
@@ -66,6 +69,8 @@ type Config struct {
 	Log     *slog.Logger
 	Metrics Metrics
 	Hooks   Hooks
+	// Rand returns numbers in [0, 1) for the circuits' jitter.
+	Rand func() float64
 	// IDs is the number of circuit ids (maps.MaxCircuitIDs; fewer in
 	// tests that run out of them).
 	IDs uint32
@@ -73,7 +78,7 @@ type Config struct {
 
 // New returns an engine with no circuits.
 func New(cfg Config) *Engine {
-	return &Engine{reg: NewRegistry(cfg.Kernel, cfg.IDs), k: cfg.Kernel, clock: cfg.Clock, log: cfg.Log, metrics: cfg.Metrics, hooks: cfg.Hooks,
+	return &Engine{reg: NewRegistry(cfg.Kernel, cfg.IDs), k: cfg.Kernel, clock: cfg.Clock, log: cfg.Log, metrics: cfg.Metrics, hooks: cfg.Hooks, rand: cfg.Rand, seriesOf: map[string]*Series{},
 		unenforced: map[*Circuit]struct{}{}, unlimited: map[*Circuit]struct{}{}, retired: map[string]maps.Counters{}, errorsLogged: map[string]time.Time{}}
 }
 
