@@ -4,6 +4,9 @@
 # The logic is in vmtest/main.go.
 set -e
 root=$(cd "$(dirname "$0")/.." && pwd)
-mkdir -p "$root/vmtest/cache"
-(cd "$root" && go build -o vmtest/cache/vmtest ./vmtest)
+# scripts/vmtest builds it once (VMTEST_BUILT) for VMs started side by side.
+if [ -z "${VMTEST_BUILT:-}" ]; then
+  mkdir -p "$root/vmtest/cache"
+  (cd "$root" && go build -o vmtest/cache/vmtest ./vmtest)
+fi
 exec "$root/vmtest/cache/vmtest" "$@"
