@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,27 +22,10 @@ type core struct {
 	e       *engine.Engine
 	k       *enginetest.Kernel
 	clk     *enginetest.Clock
-	logs    *syncBuffer
+	logs    *bytes.Buffer // the engine is used by this goroutine alone
 	hooks   *hooks
 	metrics *metrics
 	classes policy.Classes
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // hooks remember the transitions the engine applied.
@@ -90,7 +72,7 @@ func newCore(t *testing.T, ids uint32, k *enginetest.Kernel) *core {
 	if k == nil {
 		k = enginetest.NewKernel()
 	}
-	c := &core{t: t, k: k, clk: enginetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), logs: &syncBuffer{},
+	c := &core{t: t, k: k, clk: enginetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), logs: &bytes.Buffer{},
 		hooks: &hooks{}, metrics: &metrics{series: map[string]*count{}}}
 	c.e = engine.New(engine.Config{Kernel: k, Clock: c.clk, Log: slog.New(slog.NewTextHandler(c.logs, nil)), Metrics: c.metrics,
 		Hooks: c.hooks, Rand: func() float64 { return 0.5 }, IDs: ids})
