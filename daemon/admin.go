@@ -695,8 +695,6 @@ func (d *Daemon) startAdmin() (*adminServers, error) {
 }
 
 // isUnenforced reports whether c is a rejecting circuit whose verdicts the
-// kernel does not all have yet (d.unenforced). The caller holds d.mu.
-func (d *Daemon) isUnenforced(c *circuit) bool {
-	ok := d.eng.Unenforced(c)
-	return ok
-}
+// kernel does not all have yet (engine.Engine.Unenforced). The caller
+// holds d.mu.
+func (d *Daemon) isUnenforced(c *circuit) bool { return d.eng.Unenforced(c) }

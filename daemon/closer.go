@@ -103,7 +103,7 @@ func (d *Daemon) opened(c *circuit, from, to policy.State, at time.Time) {
 	if !isOpen(to) || isOpen(from) || !c.Machine.Options().CloseEstablished || d.runCtx == nil {
 		return
 	}
-	if ok := d.eng.Unenforced(c); ok {
+	if d.eng.Unenforced(c) {
 		// New connects are let through: closing the established ones
 		// would only make them reconnect.
 		d.log.Warn("circuit opened but is not enforced; its established connections are left open", "circuit", c.Name())

@@ -550,7 +550,7 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 		c.NoteFailedCgroup(ev.CgroupID) // kube.go: the pods that saw failures
 	}
 	if !d.eng.Record(c, now, r, call, 1) && known {
-		c.Referenced() // see evictIdle
+		c.Referenced() // see engine.Registry.Victim
 	}
 }
 

@@ -156,7 +156,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 		case maps.Open:
 			switch c.Machine.State() {
 			case policy.ForcedOpen:
-				continue // newCircuit wrote its forced-open verdict: kept
+				continue // the engine's Make wrote its forced-open verdict: kept
 			case policy.ForcedClosed, policy.Disabled:
 				// The configuration (or a kept override) says it
 				// rejects nothing now.

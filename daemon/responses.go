@@ -109,7 +109,7 @@ func (d *Daemon) handleResponse(c *circuit, ev *maps.Event, now time.Time) {
 // eviction.
 func (d *Daemon) record(c *circuit, r policy.Result, call policy.Call, n int, now time.Time) {
 	if !d.eng.Record(c, now, r, call, n) {
-		c.Referenced() // see evictIdle
+		c.Referenced() // see engine.Registry.Victim
 	}
 }
 

@@ -143,7 +143,7 @@ func (e *Engine) RetryUnenforced() {
 			return
 		}
 		for _, dst := range c.Dests() {
-			e.hooks.WriteLimit(c, dst) // takes it out of the set (seatForLimits)
+			e.hooks.WriteLimit(c, dst) // takes it out of the set (SeatForLimits)
 		}
 	}
 }
