@@ -298,7 +298,22 @@ func (c *Circuit) RecordN(now time.Time, r Result, call Call, n int, seat Seat) 
 		c.win.recordN(now, failed, slow, n)
 		return Transition{}, false
 	}
-	if n == 1 || !c.win.timed() {
+	if n == 1 { // a record's one call: the common case, kept short
+		c.win.record(now, failed, slow)
+		if failed {
+			c.consecutive++
+		} else {
+			c.consecutive = 0
+		}
+		reason, open := c.shouldOpen()
+		if !open {
+			c.blocked = false
+			return Transition{}, false
+		}
+		t, ok, _ := c.opening(now, reason, seat)
+		return t, ok
+	}
+	if !c.win.timed() {
 		return c.recordClosed(now, failed, slow, n, seat)
 	}
 	return c.recordClosedTimed(now, failed, slow, n, seat)
@@ -356,6 +371,13 @@ func (c *Circuit) decide(now time.Time, seat Seat) (t Transition, ok, opened boo
 		c.blocked = false
 		return Transition{}, false, false
 	}
+	return c.opening(now, reason, seat)
+}
+
+// opening opens the circuit for reason, which shouldOpen gave, unless its
+// endpoint group may eject no more: then it notes the ejection limit once
+// (ok without opened).
+func (c *Circuit) opening(now time.Time, reason Reason, seat Seat) (t Transition, ok, opened bool) {
 	if c.group != nil && !c.group.mayEject() {
 		if c.blocked {
 			return Transition{}, false, false
