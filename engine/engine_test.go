@@ -313,3 +313,28 @@ func TestCountedSuccessesEndAFailureRun(t *testing.T) {
 		t.Fatal("opened on one failure after the successes")
 	}
 }
+
+// A circuit whose verdict map had room for some of its destinations only
+// rejected some traffic: past its open duration it is not closed as
+// not_enforced, and its last verdict is written once there is room.
+func TestPartlyEnforcedCircuitIsNotClosed(t *testing.T) {
+	c := newCore(t, 8, nil)
+	c.k.SetMaxVerdicts(1)
+	x := c.e.Make("svc", "svc", policy.ServiceScope, options(), policy.NoOverride, nil, dest(9431), c.clk.Now())
+	c.e.Attach(x, dest(9431))
+	c.e.Attach(x, dest(9432))
+	c.fail(x, 2)
+	if !c.hasVerdict(dest(9431)) || c.hasVerdict(dest(9432)) || !c.e.Unenforced(x) {
+		t.Fatalf("one verdict of room: %v, %v, unenforced %v", c.hasVerdict(dest(9431)), c.hasVerdict(dest(9432)), c.e.Unenforced(x))
+	}
+	c.clk.Advance(time.Second)
+	c.e.RetryUnenforced()
+	if x.Machine.State() == policy.Closed {
+		t.Fatalf("a partly enforced circuit closed: %+v", c.hooks.transitions)
+	}
+	c.k.SetMaxVerdicts(0)
+	c.e.RetryUnenforced()
+	if !c.hasVerdict(dest(9432)) || c.e.Unenforced(x) {
+		t.Fatalf("room made: verdict %v, unenforced %v", c.hasVerdict(dest(9432)), c.e.Unenforced(x))
+	}
+}
