@@ -78,22 +78,22 @@ type circuitSnap struct {
 
 // snap copies what the API shows of c. Called under d.mu; no kernel reads.
 func (d *Daemon) snap(c *circuit, now time.Time) circuitSnap {
-	st := c.machine.Status(now)
-	scope := string(c.scope())
-	if c.target() == allTarget {
+	st := c.Machine.Status(now)
+	scope := string(c.Scope())
+	if c.Target() == allTarget {
 		scope = "dynamic"
 	}
 	return circuitSnap{
-		info: CircuitInfo{Name: c.name(), Target: c.target(), Workload: c.workload(), Scope: scope, State: st.State.String(),
+		info: CircuitInfo{Name: c.Name(), Target: c.Target(), Workload: c.Workload(), Scope: scope, State: st.State.String(),
 			FailureRate: st.FailureRate, SlowRate: st.SlowRate, Calls: st.Calls, Failures: st.Failures, Slow: st.Slow,
-			ConsecutiveFailures: st.ConsecutiveFailures, OpenUntil: st.OpenUntil, Trip: st.Trip, CircuitID: c.id,
-			DestinationsTotal: len(c.dests()), ClosedEstablished: c.closedEstablished(), Unenforced: d.isUnenforced(c)},
-		opts:    c.machine.Options(),
-		dests:   slices.Clone(c.dests()[:min(len(c.dests()), listedDests)]),
+			ConsecutiveFailures: st.ConsecutiveFailures, OpenUntil: st.OpenUntil, Trip: st.Trip, CircuitID: c.ID,
+			DestinationsTotal: len(c.Dests()), ClosedEstablished: c.ClosedEstablished(), Unenforced: d.isUnenforced(c)},
+		opts:    c.Machine.Options(),
+		dests:   slices.Clone(c.Dests()[:min(len(c.Dests()), listedDests)]),
 		round:   st.Round,
-		cgroups: c.failedCgroups(),
-		bulk:    c.bulkSlots(),
-		owners:  c.owners(),
+		cgroups: c.FailedCgroups(),
+		bulk:    c.BulkSlots(),
+		owners:  owners(c),
 	}
 }
 
@@ -179,7 +179,7 @@ func (d *Daemon) CircuitsPage(after string, limit int) (_ []CircuitInfo, more bo
 	d.mu.Lock()
 	now := d.now()
 	for _, name := range names {
-		if c, ok := d.reg.get(name); ok { // it may have gone in between
+		if c, ok := d.reg.Get(name); ok { // it may have gone in between
 			snaps = append(snaps, d.snap(c, now))
 		}
 	}
@@ -199,7 +199,7 @@ func (d *Daemon) sortedNames(stale bool) []string {
 	// Under the lock only copies: a named circuit's name, a dynamic one's
 	// destination (its name is made outside).
 	d.mu.Lock()
-	version := d.reg.version
+	version := d.reg.Version
 	d.pages.mu.Lock()
 	d.pages.used = time.Now()
 	if d.pages.names != nil && (d.pages.version == version || stale && time.Since(d.pages.at) < pagesStale) {
@@ -210,18 +210,18 @@ func (d *Daemon) sortedNames(stale bool) []string {
 	}
 	d.pages.mu.Unlock()
 	at := time.Now()
-	named := make([]string, 0, len(d.reg.byName))
-	for name := range d.reg.byName {
+	named := make([]string, 0, len(d.reg.ByName))
+	for name := range d.reg.ByName {
 		named = append(named, name)
 	}
 	type dyn struct {
 		dst      maps.Dest
 		workload string
 	}
-	dynamic := make([]dyn, 0, d.reg.dynamic)
-	for c := range d.reg.all() {
-		if !c.isNamed() {
-			dynamic = append(dynamic, dyn{c.first[0], c.workload()})
+	dynamic := make([]dyn, 0, d.reg.Dynamic)
+	for c := range d.reg.All() {
+		if !c.IsNamed() {
+			dynamic = append(dynamic, dyn{c.First(), c.Workload()})
 		}
 	}
 	d.mu.Unlock()
@@ -273,7 +273,7 @@ func (d *Daemon) Circuits() []CircuitInfo {
 // Circuit returns one circuit's state.
 func (d *Daemon) Circuit(name string) (CircuitInfo, bool) {
 	d.mu.Lock()
-	c, ok := d.reg.get(name)
+	c, ok := d.reg.Get(name)
 	var s circuitSnap
 	if ok {
 		s = d.snap(c, d.now())
@@ -299,7 +299,7 @@ var ErrNoCircuit = errors.New("no such circuit")
 // "release" (back to the configured behaviour) or "reset".
 func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	d.mu.Lock()
-	c, ok := d.reg.get(name)
+	c, ok := d.reg.Get(name)
 	if !ok {
 		d.mu.Unlock()
 		return CircuitInfo{}, fmt.Errorf("%w: %s", ErrNoCircuit, quote(name))
@@ -308,28 +308,29 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	var t policy.Transition
 	switch action {
 	case "open":
-		t = c.machine.Override(now, policy.ForceOpen)
-		d.keepOverride(c, policy.ForceOpen)
+		d.eng.EnsureID(c) // its verdict needs one (none free: it waits, unenforced)
+		t = c.Machine.Override(now, policy.ForceOpen)
+		d.eng.KeepOverride(c, policy.ForceOpen)
 	case "close":
-		t = c.machine.Override(now, policy.ForceClosed)
-		d.keepOverride(c, policy.ForceClosed)
+		t = c.Machine.Override(now, policy.ForceClosed)
+		d.eng.KeepOverride(c, policy.ForceClosed)
 	case "release":
-		t = c.machine.Override(now, policy.NoOverride)
-		d.keepOverride(c, policy.NoOverride)
+		t = c.Machine.Override(now, policy.NoOverride)
+		d.eng.KeepOverride(c, policy.NoOverride)
 	case "reset":
-		t = c.machine.Reset(now)
+		t = c.Machine.Reset(now)
 	default:
 		d.mu.Unlock()
 		return CircuitInfo{}, fmt.Errorf("unknown action %s (open, close, release, reset)", quote(action))
 	}
-	d.reg.track(c)
-	d.writeVerdicts(c, t)
+	d.reg.Track(c)
+	d.eng.WriteVerdicts(c, t)
 	d.opened(c, t.From, t.To, now)
-	d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.workload()).Inc()
-	d.log.Info("circuit changed by hand", "circuit", c.name(), "action", action, "from", t.From.String(), "to", t.To.String())
-	d.events.add(TransitionEvent{Time: now, Circuit: c.name(), Target: c.target(), Workload: c.workload(), From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})
+	d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.Workload()).Inc()
+	d.log.Info("circuit changed by hand", "circuit", c.Name(), "action", action, "from", t.From.String(), "to", t.To.String())
+	d.events.add(TransitionEvent{Time: now, Circuit: c.Name(), Target: c.Target(), Workload: c.Workload(), From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})
 	if t.From != t.To && t.To == policy.Closed {
-		d.releaseID(c)
+		d.eng.ReleaseID(c)
 	}
 	s := d.snap(c, now)
 	d.mu.Unlock()
@@ -694,8 +695,6 @@ func (d *Daemon) startAdmin() (*adminServers, error) {
 }
 
 // isUnenforced reports whether c is a rejecting circuit whose verdicts the
-// kernel does not all have yet (d.unenforced). The caller holds d.mu.
-func (d *Daemon) isUnenforced(c *circuit) bool {
-	_, ok := d.unenforced[c]
-	return ok
-}
+// kernel does not all have yet (engine.Engine.Unenforced). The caller
+// holds d.mu.
+func (d *Daemon) isUnenforced(c *circuit) bool { return d.eng.Unenforced(c) }

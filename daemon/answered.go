@@ -26,7 +26,7 @@ type batch struct {
 // failure statuses are among those the kernel records anyway (5xx, 429).
 func batchable(c *circuit, o *policy.Options) (time.Duration, bool) {
 	r := &o.Responses
-	if !r.Followed() || c.id == 0 || c.id >= maps.AnsweredIDs || (r.HTTP && !r.FailureStatuses.OnlyServerErrorsAnd429()) {
+	if !r.Followed() || c.ID == 0 || c.ID >= maps.AnsweredIDs || (r.HTTP && !r.FailureStatuses.OnlyServerErrorsAnd429()) {
 		return 0, false
 	}
 	fast := r.SlowResponseDuration
@@ -46,7 +46,7 @@ func batchable(c *circuit, o *policy.Options) (time.Duration, bool) {
 func (d *Daemon) batchOf(c *circuit, o *policy.Options) (batch, bool) {
 	fast, ok := batchable(c, o)
 	b, had := d.batched[c]
-	if had && !b.off && ok && b.id == c.id && b.fast == fast {
+	if had && !b.off && ok && b.id == c.ID && b.fast == fast {
 		return b, true
 	}
 	if !ok {
@@ -56,7 +56,7 @@ func (d *Daemon) batchOf(c *circuit, o *policy.Options) (batch, bool) {
 		return batch{}, false
 	}
 	var prev uint32
-	if had && b.id == c.id {
+	if had && b.id == c.ID {
 		if !b.off {
 			d.retireBatch(c)
 		}
@@ -64,14 +64,14 @@ func (d *Daemon) batchOf(c *circuit, o *policy.Options) (batch, bool) {
 	} else if had {
 		d.unbatch(c)
 	}
-	epoch, err := d.nextAnsweredEpoch(c.id)
+	epoch, err := d.nextAnsweredEpoch(c.ID)
 	if err != nil {
-		d.errorEverySecond("answered", "counting successes in the kernel (each response is recorded instead)", "circuit", c.name(), "err", err)
+		d.eng.ErrorEverySecond("answered", "counting successes in the kernel (each response is recorded instead)", "circuit", c.Name(), "err", err)
 		return batch{}, false
 	}
-	b = batch{id: c.id, epoch: epoch, prev: prev, fast: fast}
+	b = batch{id: c.ID, epoch: epoch, prev: prev, fast: fast}
 	d.batched[c] = b
-	d.batchedIDs[c.id] = c
+	d.batchedIDs[c.ID] = c
 	return b, true
 }
 
@@ -83,10 +83,10 @@ func (d *Daemon) batchOf(c *circuit, o *policy.Options) (batch, bool) {
 func (d *Daemon) retireBatch(c *circuit) {
 	b := d.batched[c]
 	if err := d.kernel.FlushAnswered([]uint32{b.id}); err != nil {
-		d.errorEverySecond("answered", "writing out a circuit's counted successes before its options change (they are dropped)", "circuit", c.name(), "err", err)
+		d.eng.ErrorEverySecond("answered", "writing out a circuit's counted successes before its options change (they are dropped)", "circuit", c.Name(), "err", err)
 	}
 	if _, err := d.nextAnsweredEpoch(b.id); err != nil {
-		d.errorEverySecond("answered", "retiring a circuit's counted successes", "circuit", c.name(), "err", err)
+		d.eng.ErrorEverySecond("answered", "retiring a circuit's counted successes", "circuit", c.Name(), "err", err)
 	}
 	d.batched[c] = batch{id: b.id, prev: b.epoch, off: true}
 }
@@ -147,7 +147,7 @@ func (d *Daemon) unbatch(c *circuit) {
 	}
 	delete(d.batchedIDs, b.id)
 	if _, err := d.nextAnsweredEpoch(b.id); err != nil {
-		d.errorEverySecond("answered", "retiring a circuit's counted successes", "circuit", c.name(), "err", err)
+		d.eng.ErrorEverySecond("answered", "retiring a circuit's counted successes", "circuit", c.Name(), "err", err)
 	}
 }
 
@@ -169,15 +169,16 @@ func (d *Daemon) unbatchAll() {
 // holds d.mu.
 func (d *Daemon) creditAnswered(ev *maps.Event, now time.Time) {
 	c := d.batchedIDs[ev.Round]
-	if c == nil || !c.machine.Options().Responses.Followed() {
+	if c == nil || !c.Machine.Options().Responses.Followed() {
 		return
 	}
 	if b := d.batched[c]; ev.Count == 0 || (ev.Count != b.prev && (b.off || ev.Count != b.epoch)) {
 		return
 	}
 	n := ev.AnsweredCount()
-	c.metrics.responseCounter(policy.ResponseAnswered).Add(float64(n))
-	d.record(c, policy.Result{Kind: policy.Answered}, int(n), now)
+	c.Metrics.Response(policy.ResponseAnswered).Add(float64(n))
+	r := policy.Result{Kind: policy.Answered}
+	d.record(c, r, policy.Classify(c.Machine.Options(), r), int(n), now)
 }
 
 // flushAnswered has the kernel write out the successes counted for every
@@ -200,6 +201,6 @@ func (d *Daemon) flushAnswered() {
 		return
 	}
 	if err := d.kernel.FlushAnswered(ids); err != nil {
-		d.errorEverySecond("answered-flush", "writing out counted successes (they stay counted for the next try)", "err", err)
+		d.eng.ErrorEverySecond("answered-flush", "writing out counted successes (they stay counted for the next try)", "err", err)
 	}
 }

@@ -110,7 +110,7 @@ func BenchmarkCircuitFootprint(b *testing.B) {
 				d.mu.Unlock()
 				runtime.GC()
 				runtime.ReadMemStats(&after)
-				index := d.reg.byDest.Bytes()
+				index := d.reg.ByDest.Bytes()
 				b.ReportMetric((float64(after.HeapAlloc-before.HeapAlloc)+float64(index))/float64(n), "bytes/circuit")
 				f.stop()
 			}

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"github.com/breakerd/breakerd/api"
-	"sort"
 
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
@@ -20,15 +19,6 @@ import (
 // bulkhead of the processes of no workload (class 0). An isolated
 // workload's circuit is its own bulkhead, as before.
 
-// bulkSlot is one sharing workload's bulkhead slot of a circuit. Its
-// epoch keys the cgroups its limits turn away in the rejections map
-// (rejections.go); a slot a previous daemon left keeps its epoch.
-type bulkSlot struct {
-	id       uint32
-	epoch    uint32
-	workload string
-}
-
 // bulkEntry is one limits-map entry of a circuit: its key, slot and the
 // epoch its rejections are recorded under (0: none, an entry for
 // responses only).
@@ -36,117 +26,6 @@ type bulkEntry struct {
 	dst   maps.Dest
 	slot  uint32
 	epoch uint32
-}
-
-// bulkSlotName names a workload's bulkhead slot of circuit c for the id
-// allocator (a reload that keeps it takes the same slot back).
-func bulkSlotName(c *circuit, workload string) string { return c.name() + "#" + workload }
-
-// syncBulkSlots gives a shared circuit with limits one bulkhead slot per
-// sharing workload of the current configuration, and releases the slots
-// of workloads that no longer share it (or all, without limits). Stale
-// limits entries are left to reconcileLimits, which follows every change
-// of the configuration.
-func (d *Daemon) syncBulkSlots(c *circuit) {
-	sharing := c.workload() == policy.SharedWorkload && c.machine.Options().HasLimits() && len(d.classes.SharedBulkheads()) > 0
-	if !sharing && (c.extra == nil || len(c.extra.bulkSlots) == 0) {
-		return // the usual case: nothing to give or take back
-	}
-	want := map[uint8]string{}
-	if sharing {
-		for _, k := range d.classes.SharedBulkheads() {
-			want[uint8(k)] = d.classes.SharedOfBulkhead(k)
-		}
-	}
-	// A workload that still shares under another class (a reordered
-	// list) keeps its slot: its id, with the sockets it counts and its
-	// counters, and its epoch, with the cgroups it turned away. Released
-	// and taken again, an idle slot could come back as another's id, and
-	// both workloads' rejected cgroups would be forgotten.
-	wanted := map[string]bool{}
-	for _, w := range want {
-		wanted[w] = true
-	}
-	moved := map[string]bulkSlot{}
-	if c.extra != nil {
-		for k, s := range c.extra.bulkSlots {
-			if want[k] != s.workload {
-				delete(c.extra.bulkSlots, k)
-				if wanted[s.workload] {
-					moved[s.workload] = s
-					continue
-				}
-				d.releaseBulkSlot(c, s)
-			}
-		}
-	}
-	if len(want) == 0 {
-		return
-	}
-	if c.extra == nil {
-		c.extra = &circuitExtra{}
-	}
-	if c.extra.bulkSlots == nil {
-		c.extra.bulkSlots = map[uint8]bulkSlot{}
-	}
-	for k, w := range want {
-		if _, ok := c.extra.bulkSlots[k]; ok {
-			continue
-		}
-		if s, ok := moved[w]; ok {
-			c.extra.bulkSlots[k] = s
-			continue
-		}
-		// A slot a previous daemon left for this workload's entry is
-		// inherited, with the sockets it counts.
-		dst := c.first[0]
-		if ds := c.dests(); len(ds) > 0 {
-			dst = ds[0]
-		}
-		dst.Class = k
-		name := bulkSlotName(c, w)
-		id, inherited, ok := d.reg.ids.Alloc(name, dst)
-		if !ok {
-			d.metrics.circuitsRefused.WithLabelValues(c.target()).Inc()
-			d.log.Error("no circuit id free for a workload's bulkhead; its connections are not limited", "circuit", c.name(), "workload", w)
-			continue
-		}
-		var epoch uint32
-		if inherited {
-			epoch = d.reg.ids.PinnedEpoch(id) // its rejected cgroups carry on
-		} else if err := d.kernel.ResetCounters(id); err != nil {
-			d.log.Warn("resetting counters", "circuit", name, "err", err)
-		}
-		if epoch == 0 {
-			epoch = d.reg.newEpoch()
-		}
-		c.extra.bulkSlots[k] = bulkSlot{id: id, epoch: epoch, workload: w}
-		d.reg.recording[id] = c
-	}
-}
-
-// releaseBulkSlot gives a workload's bulkhead slot back, keeping its
-// kernel counts in the target's retired counters; the cgroups it
-// rejected are no longer c's (the next sweep deletes their entries).
-func (d *Daemon) releaseBulkSlot(c *circuit, s bulkSlot) {
-	d.retire(c.target(), s.id)
-	if d.reg.recording[s.id] == c {
-		delete(d.reg.recording, s.id)
-	}
-	d.reg.ids.Release(s.id, bulkSlotName(c, s.workload))
-}
-
-// retire adds the kernel counts of slot id to target's retired counters,
-// so the per-target counters never go down when a circuit goes.
-func (d *Daemon) retire(target string, id uint32) {
-	if cnt, err := d.kernel.Counters(id); err == nil {
-		r := d.retired[target]
-		r.Rejected += cnt.Rejected
-		r.ShadowRejected += cnt.ShadowRejected
-		r.Probes += cnt.Probes
-		r.BulkheadRejected += cnt.BulkheadRejected
-		d.retired[target] = r
-	}
 }
 
 // bulkheadEntries are the limits entries of destination dst of c (which
@@ -157,47 +36,14 @@ func (d *Daemon) retire(target string, id uint32) {
 // besides, with the slot's id and epoch (syncBulkSlots first). Under d.mu.
 func (d *Daemon) bulkheadEntries(c *circuit, dst maps.Dest) []bulkEntry {
 	var out []bulkEntry
-	if c.id != 0 && (c.workload() != policy.SharedWorkload || !d.cfg.Scoped()) {
-		out = append(out, bulkEntry{dst: dst, slot: c.id, epoch: d.epochOf(c)})
+	if c.ID != 0 && (c.Workload() != policy.SharedWorkload || !d.cfg.Scoped()) {
+		out = append(out, bulkEntry{dst: dst, slot: c.ID, epoch: d.eng.EpochOf(c)})
 	}
-	if c.extra == nil {
-		return out
-	}
-	for k, s := range c.extra.bulkSlots {
+	for k, s := range c.SharedSlots() {
 		b := dst
 		b.Class = k
-		out = append(out, bulkEntry{dst: b, slot: s.id, epoch: s.epoch})
+		out = append(out, bulkEntry{dst: b, slot: s.ID, epoch: s.Epoch})
 	}
-	return out
-}
-
-// deleteLimits removes every limits entry of dst of c.
-func (d *Daemon) deleteLimits(c *circuit, dst maps.Dest) {
-	keys := []maps.Dest{dst}
-	if c.extra != nil {
-		for k := range c.extra.bulkSlots {
-			b := dst
-			b.Class = k
-			keys = append(keys, b)
-		}
-	}
-	for _, k := range keys {
-		if err := d.kernel.DeleteLimit(k); err != nil {
-			d.log.Warn("deleting bulkhead limits", "circuit", c.name(), "dest", k, "err", err)
-		}
-	}
-}
-
-// bulkSlots lists c's sharing workloads' slots by workload name (a copy).
-func (c *circuit) bulkSlots() []bulkSlot {
-	if c.extra == nil || len(c.extra.bulkSlots) == 0 {
-		return nil
-	}
-	out := make([]bulkSlot, 0, len(c.extra.bulkSlots))
-	for _, s := range c.extra.bulkSlots {
-		out = append(out, s)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].workload < out[j].workload })
 	return out
 }
 
@@ -213,13 +59,13 @@ func (d *Daemon) completeBulkheads(ci *CircuitInfo, slots []bulkSlot) {
 	ci.Bulkheads = map[string]BulkheadCount{}
 	for _, s := range slots {
 		var b BulkheadCount
-		if cnt, err := d.kernel.Counters(s.id); err == nil {
+		if cnt, err := d.kernel.Counters(s.ID); err == nil {
 			b.BulkheadRejected = cnt.BulkheadRejected
 		}
-		if n, err := d.kernel.BulkCount(s.id); err == nil {
+		if n, err := d.kernel.BulkCount(s.ID); err == nil {
 			b.Connections, b.Connecting = n.Connections, n.Connecting
 		}
-		ci.Bulkheads[s.workload] = b
+		ci.Bulkheads[s.Workload] = b
 		ci.Connections += b.Connections
 		ci.Connecting += b.Connecting
 		ci.BulkheadRejected += b.BulkheadRejected

@@ -83,14 +83,6 @@ func wantsClose(cfg *policy.Config) bool {
 	return false
 }
 
-// closedEstablished is how many connections c's close passes closed.
-func (c *circuit) closedEstablished() uint64 {
-	if c.extra == nil {
-		return 0
-	}
-	return c.extra.closed
-}
-
 // closeWorkloads is how a pass classes sockets under cfg, as the kernel
 // programs do (the settings' Scoped and Classes).
 func closeWorkloads(cfg *policy.Config) maps.CloseWorkloads {
@@ -108,24 +100,24 @@ func isOpen(s policy.State) bool { return s == policy.Open || s == policy.Forced
 // opened queues c's close pass when it has just opened (from a state that
 // does not reject) and asks for it. Used under d.mu.
 func (d *Daemon) opened(c *circuit, from, to policy.State, at time.Time) {
-	if !isOpen(to) || isOpen(from) || !c.machine.Options().CloseEstablished || d.runCtx == nil {
+	if !isOpen(to) || isOpen(from) || !c.Machine.Options().CloseEstablished || d.runCtx == nil {
 		return
 	}
-	if _, ok := d.unenforced[c]; ok {
+	if d.eng.Unenforced(c) {
 		// New connects are let through: closing the established ones
 		// would only make them reconnect.
-		d.log.Warn("circuit opened but is not enforced; its established connections are left open", "circuit", c.name())
+		d.log.Warn("circuit opened but is not enforced; its established connections are left open", "circuit", c.Name())
 		return
 	}
 	if d.closer == nil || d.closer.Mechanism() == maps.CloseNone {
-		d.log.Warn("circuit opened; this kernel cannot close its established connections (see the close_established start-up line)", "circuit", c.name())
+		d.log.Warn("circuit opened; this kernel cannot close its established connections (see the close_established start-up line)", "circuit", c.Name())
 		return
 	}
-	job := closeJob{circuit: c.name(), target: c.target(), workload: c.workload(), dests: c.dests(), workloads: closeWorkloads(d.cfg), at: at}
+	job := closeJob{circuit: c.Name(), target: c.Target(), workload: c.Workload(), dests: c.Dests(), workloads: closeWorkloads(d.cfg), at: at}
 	select {
 	case d.closeJobs <- job:
 	default:
-		d.log.Error("close pass queue full; established connections of this circuit stay open", "circuit", c.name())
+		d.log.Error("close pass queue full; established connections of this circuit stay open", "circuit", c.Name())
 	}
 }
 
@@ -160,8 +152,8 @@ func (d *Daemon) runClose(batch []closeJob) {
 	owner := map[maps.Dest]int{}
 	var dests [3][]maps.Dest // by workloads
 	for i, j := range batch {
-		c, ok := d.reg.get(j.circuit)
-		if !ok || !isOpen(c.machine.State()) {
+		c, ok := d.reg.Get(j.circuit)
+		if !ok || !isOpen(c.Machine.State()) {
 			batch[i].dests = nil
 			continue
 		}
@@ -211,11 +203,8 @@ func (d *Daemon) runClose(batch []closeJob) {
 		}
 		d.metrics.closed.WithLabelValues(j.target, j.workload, "closed").Add(float64(closed[i]))
 		d.metrics.closed.WithLabelValues(j.target, j.workload, "failed").Add(float64(failed[i]))
-		if c, ok := d.reg.get(j.circuit); ok {
-			if c.extra == nil {
-				c.extra = &circuitExtra{}
-			}
-			c.extra.closed += closed[i]
+		if c, ok := d.reg.Get(j.circuit); ok {
+			c.AddClosedEstablished(closed[i])
 		}
 		d.events.noteClosed(j.circuit, j.at, closed[i])
 	}

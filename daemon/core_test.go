@@ -67,18 +67,18 @@ func newCore(t *testing.T, yaml string, k *enginetest.Kernel) *core {
 	d := &Daemon{
 		log: slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})), rand: func() float64 { return 0.5 },
 		kernel: k, clock: e.clk,
-		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, unenforced: map[*circuit]struct{}{}, unlimited: map[*circuit]struct{}{}, batched: map[*circuit]batch{}, batchedIDs: map[uint32]*circuit{}, errorsLogged: map[string]time.Time{},
-		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{}, retired: map[string]maps.Counters{},
+		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, batched: map[*circuit]batch{}, batchedIDs: map[uint32]*circuit{},
+		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{},
 		endpointIdle: endpointIdle, closeJobs: make(chan closeJob, closeQueue),
 	}
 	d.metrics = newMetrics(d)
-	d.reg = newRegistry(k)
-	d.reg.classes = &d.classes
-	d.loadKept()
+	d.newEngine()
+	d.reg.Classes = &d.classes
+	d.eng.LoadKept()
 	// What applyConfig does on a first start, without the cgroup watch,
 	// the closer and the response programs (orchestration, not the core).
 	d.cfg = cfg
-	d.reg.byDest.Reserve(cfg.MaxCircuits)
+	d.reg.ByDest.Reserve(cfg.MaxCircuits)
 	d.classes = cfg.Classes()
 	d.respTimeouts = hasResponseTimeouts(cfg)
 	d.rematch()
@@ -140,7 +140,7 @@ func (e *core) tick() {
 func (e *core) at(port uint16) *circuit {
 	e.d.mu.Lock()
 	defer e.d.mu.Unlock()
-	c, _ := e.d.reg.at(coreDest(port))
+	c, _ := e.d.reg.At(coreDest(port))
 	return c
 }
 
@@ -153,7 +153,7 @@ func (e *core) state(port uint16) policy.State {
 	}
 	e.d.mu.Lock()
 	defer e.d.mu.Unlock()
-	return c.machine.State()
+	return c.Machine.State()
 }
 
 func (e *core) wantState(port uint16, want policy.State) {
@@ -182,8 +182,7 @@ func (e *core) unenforced(port uint16) bool {
 	c := e.at(port)
 	e.d.mu.Lock()
 	defer e.d.mu.Unlock()
-	_, ok := e.d.unenforced[c]
-	return ok
+	return e.d.eng.Unenforced(c)
 }
 
 // transitions lists name's events as from>to:reason.
@@ -208,7 +207,7 @@ func coreName(port uint16) string { return engine.DynamicName(coreDest(port)) }
 // keeps its id and verdict throughout.
 func TestCoreScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 	e := newCore(t, lazyConfig, nil)
-	e.d.reg.ids.SetLimit(3) // ids 1 and 2; scarce from one held
+	e.d.reg.IDs.SetLimit(3) // ids 1 and 2; scarce from one held
 	for _, p := range []uint16{9411, 9412} {
 		e.fail(p, 2)
 		e.wantState(p, policy.Open)
@@ -217,7 +216,7 @@ func TestCoreScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 		}
 	}
 	c11, c12 := e.at(9411), e.at(9412)
-	id11, id12 := c11.id, c12.id
+	id11, id12 := c11.ID, c12.ID
 	if id11 == id12 {
 		t.Fatalf("two open circuits share id %d", id11)
 	}
@@ -227,8 +226,8 @@ func TestCoreScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 	puts := e.k.Calls("PutVerdict")
 	e.fail(9413, 2)
 	e.wantState(9413, policy.Open)
-	if c := e.at(9413); c.id != 0 {
-		t.Fatalf("a third open circuit with two ids: id %d", c.id)
+	if c := e.at(9413); c.ID != 0 {
+		t.Fatalf("a third open circuit with two ids: id %d", c.ID)
 	}
 	if e.hasVerdict(9413) || e.k.Calls("PutVerdict") != puts {
 		t.Fatalf("an open circuit with no id: verdict %v, %d verdict writes tried, want none", e.hasVerdict(9413), e.k.Calls("PutVerdict")-puts)
@@ -248,10 +247,10 @@ func TestCoreScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 	round11 := e.verdict(9411).Round
 	e.probe(9411, true)
 	e.wantState(9411, policy.Closed)
-	if c11.id != 0 || e.hasVerdict(9411) {
-		t.Fatalf("closed with ids scarce: id %d, verdict %v; want the id given back and no verdict", c11.id, e.hasVerdict(9411))
+	if c11.ID != 0 || e.hasVerdict(9411) {
+		t.Fatalf("closed with ids scarce: id %d, verdict %v; want the id given back and no verdict", c11.ID, e.hasVerdict(9411))
 	}
-	if r := e.d.retired[allTarget].Rejected; r != 5 {
+	if r := e.d.eng.Retired(allTarget).Rejected; r != 5 {
 		t.Fatalf("retired rejections of all: %d, want 5", r)
 	}
 
@@ -259,8 +258,8 @@ func TestCoreScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 	// after those 9411 used.
 	e.tick()
 	c13 := e.at(9413)
-	if c13.id != id11 || e.unenforced(9413) {
-		t.Fatalf("9413 after an id was freed: id %d (want %d), unenforced %v (logs:\n%s)", c13.id, id11, e.unenforced(9413), e.logs.String())
+	if c13.ID != id11 || e.unenforced(9413) {
+		t.Fatalf("9413 after an id was freed: id %d (want %d), unenforced %v (logs:\n%s)", c13.ID, id11, e.unenforced(9413), e.logs.String())
 	}
 	if v := e.verdict(9413); v.State != maps.Open || v.CircuitID != id11 || v.Round <= round11 {
 		t.Fatalf("9413's verdict %+v, want open under id %d in a round after %d", v, id11, round11)
@@ -274,12 +273,12 @@ func TestCoreScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 	e.clk.Advance(500 * time.Millisecond)
 	e.probe(9413, true)
 	e.wantState(9413, policy.Closed)
-	if c13.id != 0 || e.hasVerdict(9413) {
-		t.Fatalf("9413 closed: id %d, verdict %v", c13.id, e.hasVerdict(9413))
+	if c13.ID != 0 || e.hasVerdict(9413) {
+		t.Fatalf("9413 closed: id %d, verdict %v", c13.ID, e.hasVerdict(9413))
 	}
 	// The other open circuit kept its id and its verdict throughout.
-	if v := e.verdict(9412); c12.id != id12 || v.CircuitID != id12 {
-		t.Fatalf("9412: id %d, verdict %+v, want id %d", c12.id, v, id12)
+	if v := e.verdict(9412); c12.ID != id12 || v.CircuitID != id12 {
+		t.Fatalf("9412: id %d, verdict %+v, want id %d", c12.ID, v, id12)
 	}
 }
 
@@ -289,12 +288,12 @@ func TestCoreScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 // failures.
 func TestCoreUnenforcedOpenCircuitCloses(t *testing.T) {
 	e := newCore(t, lazyConfig, nil)
-	e.d.reg.ids.SetLimit(2) // one id
+	e.d.reg.IDs.SetLimit(2) // one id
 	e.fail(9421, 2)
 	e.fail(9422, 2)
 	e.wantState(9422, policy.Open)
-	if c := e.at(9422); c.id != 0 || !e.unenforced(9422) {
-		t.Fatalf("9422 with the one id taken: id %d, unenforced %v", c.id, e.unenforced(9422))
+	if c := e.at(9422); c.ID != 0 || !e.unenforced(9422) {
+		t.Fatalf("9422 with the one id taken: id %d, unenforced %v", c.ID, e.unenforced(9422))
 	}
 	e.tick() // within its open duration: it waits
 	e.wantState(9422, policy.Open)
@@ -440,7 +439,7 @@ targets:
     open_duration: 1m
 `, nil)
 	for _, p := range []uint16{8101, 8102, 8103} {
-		if c := e.at(p); c == nil || !c.enumerated {
+		if c := e.at(p); c == nil || !c.Enumerated {
 			t.Fatalf("endpoint %d not made from the match", p)
 		}
 	}
@@ -470,7 +469,7 @@ func (e *core) status(port uint16) policy.Status {
 	}
 	e.d.mu.Lock()
 	defer e.d.mu.Unlock()
-	return c.machine.Status(e.d.now())
+	return c.Machine.Status(e.d.now())
 }
 
 // A circuit whose ordinary successes the kernel counts gets an answered
@@ -609,7 +608,7 @@ all:
   max_connections: 10
   consecutive_failures: 2
 `, nil)
-	e.d.reg.ids.SetLimit(3) // ids 1 and 2
+	e.d.reg.IDs.SetLimit(3) // ids 1 and 2
 	for _, p := range []uint16{9481, 9482, 9483} {
 		e.ok(p, 1)
 	}
@@ -618,8 +617,8 @@ all:
 		t.Fatalf("limits %v after %d writes, want two", limits, e.k.Calls("PutLimit"))
 	}
 	for _, p := range []uint16{9481, 9482} {
-		if l := limits[coreDest(p)]; l.Slot == 0 || l.Slot != e.at(p).id || l.MaxConnections != 10 {
-			t.Fatalf("port %d: limits %+v, circuit id %d", p, l, e.at(p).id)
+		if l := limits[coreDest(p)]; l.Slot == 0 || l.Slot != e.at(p).ID || l.MaxConnections != 10 {
+			t.Fatalf("port %d: limits %+v, circuit id %d", p, l, e.at(p).ID)
 		}
 	}
 	if e.at(9483) != nil {
@@ -628,9 +627,9 @@ all:
 	if n := testutil.ToFloat64(e.d.metrics.circuitsRefused.WithLabelValues(allTarget)); n != 1 {
 		t.Fatalf("refused %v, want 1", n)
 	}
-	e.d.reg.ids.SetLimit(4) // id 3 comes free
+	e.d.reg.IDs.SetLimit(4) // id 3 comes free
 	e.ok(9483, 1)
-	if c := e.at(9483); c == nil || c.id != 3 || e.k.Limits()[coreDest(9483)].Slot != 3 {
+	if c := e.at(9483); c == nil || c.ID != 3 || e.k.Limits()[coreDest(9483)].Slot != 3 {
 		t.Fatalf("9483 once id 3 is free: %v, limits %+v", c, e.k.Limits()[coreDest(9483)])
 	}
 }
@@ -654,7 +653,7 @@ targets:
 	if e.at(8500) == nil || e.at(9001) == nil {
 		t.Fatal("no endpoint circuits")
 	}
-	count := func(group string) int { n, _ := e.d.reg.groups[group].Counts(); return n }
+	count := func(group string) int { n, _ := e.d.reg.Groups[group].Counts(); return n }
 	if count("wide") != 1 || count("pinned") != 1 {
 		t.Fatalf("endpoints: wide %d, pinned %d, want 1 each", count("wide"), count("pinned"))
 	}

@@ -113,6 +113,9 @@ type Daemon struct {
 	scope    *cgroupWatch              // keeps the kernel's workloads map
 	resolved map[string][]netip.Addr
 	services map[string][]policy.ServiceDest // Service targets' destinations, by target
+	// eng is the event-to-verdict core: the circuits, their ids and
+	// verdicts; reg is its registry.
+	eng      *engine.Engine
 	reg      *registry
 	pending  map[uint64]pendingConn // connecting sockets seen retransmitting SYNs, by cookie
 	counted  map[uint64]bool        // sockets already counted as timed out
@@ -124,9 +127,8 @@ type Daemon struct {
 	respSince    time.Duration
 	respTimeouts bool
 	events       eventRing
-	recent       recentConns              // established connections by cookie, to date their resets
-	warmSum      uintptr                  // see warm
-	retired      map[string]maps.Counters // kernel counts of dropped circuits, by target
+	recent       recentConns // established connections by cookie, to date their resets
+	warmSum      uintptr     // see warm
 	// ready: running with protection in place (written under mu, read
 	// by /readyz without it); phase: what the start-up is doing, nil
 	// once Run has begun (probes.go).
@@ -150,9 +152,6 @@ type Daemon struct {
 	// (lastLostCheck), for reconcileRounds.
 	lostSeen      uint64
 	lastLostCheck time.Time
-	// kept are the overrides kept in the pinned overrides map, by circuit
-	// name (loadKept, keepOverride).
-	kept *engine.Overrides
 	// pages keeps the sorted circuit names for CircuitsPage while the set
 	// of circuits is unchanged (version: registry.version when taken).
 	pages struct {
@@ -161,21 +160,11 @@ type Daemon struct {
 		names    []string
 		at, used time.Time // when names were sorted, and last asked for
 	}
-	// unenforced are the rejecting circuits whose verdicts could not be
-	// written (no kernel id free, or the verdict map refused one); the
-	// tick writes them once it can (retryUnenforced).
-	unenforced map[*circuit]struct{}
-	// unlimited are the circuits whose limits entries could not be
-	// written for want of a kernel id (retryUnenforced).
-	unlimited map[*circuit]struct{}
 	// batched are the circuits whose ordinary successes the kernel counts
 	// in their answered words (answered.go), and batchedIDs the same by
 	// circuit id.
 	batched    map[*circuit]batch
 	batchedIDs map[uint32]*circuit
-	// errorsLogged: when each rate-limited error line was last logged
-	// (errorEverySecond).
-	errorsLogged map[string]time.Time
 	// endpointIdle: see the constant (tests shorten it).
 	endpointIdle time.Duration
 	// closer runs the close passes of close_established (closer.go); nil
@@ -249,8 +238,8 @@ func New(opts Options) (*Daemon, error) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	d := &Daemon{
 		opts: opts, log: opts.Logger, rand: rng.Float64, clock: engine.SystemClock{},
-		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, unenforced: map[*circuit]struct{}{}, unlimited: map[*circuit]struct{}{}, batched: map[*circuit]batch{}, batchedIDs: map[uint32]*circuit{}, errorsLogged: map[string]time.Time{},
-		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{}, retired: map[string]maps.Counters{},
+		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, batched: map[*circuit]batch{}, batchedIDs: map[uint32]*circuit{},
+		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{},
 		endpointIdle: endpointIdle, closeJobs: make(chan closeJob, closeQueue),
 	}
 	d.metrics = newMetrics(d)
@@ -268,8 +257,9 @@ func New(opts Options) (*Daemon, error) {
 		srv.shutdown()
 		return nil, fmt.Errorf("loading the kernel side: %w", err)
 	}
-	d.k, d.kernel, d.reg, d.servers = k, k, newRegistry(k), srv
-	d.reg.classes = &d.classes
+	d.k, d.kernel, d.servers = k, k, srv
+	d.newEngine()
+	d.reg.Classes = &d.classes
 	if d.scope, err = newCgroupWatch(k, opts.Logger, opts.Cgroup); err == nil {
 		err = d.start(cfg)
 	}
@@ -407,7 +397,7 @@ const prefetchChunk = 256
 // each chunk is first walked with loads that do not depend on one
 // another, which the CPU overlaps, and then handled from warm caches.
 func (d *Daemon) handleBatch(evs []maps.Event, now time.Time) {
-	if len(evs) < 2 || d.reg.byDest.Len() < prefetchFrom {
+	if len(evs) < 2 || d.reg.ByDest.Len() < prefetchFrom {
 		for i := range evs {
 			d.handle(&evs[i], now, nil)
 		}
@@ -420,10 +410,10 @@ func (d *Daemon) handleBatch(evs []maps.Event, now time.Time) {
 		d.warm(chunk, found[:len(chunk)])
 		// What warm found stays each record's circuit until the map
 		// changes (a record can make, and evict, circuits).
-		v := d.reg.version
+		v := d.reg.Version
 		for i := range chunk {
 			var c *circuit
-			if d.reg.version == v {
+			if d.reg.Version == v {
 				c = found[i]
 			}
 			d.handle(&chunk[i], now, c)
@@ -447,7 +437,7 @@ func (d *Daemon) handleBatch(evs []maps.Event, now time.Time) {
 func (d *Daemon) warm(evs []maps.Event, found []*circuit) {
 	var keys [prefetchChunk]maps.DestKey
 	var hs [prefetchChunk]uint32
-	x := &d.reg.byDest
+	x := &d.reg.ByDest
 	if x.Len() == 0 {
 		clear(found)
 		return
@@ -467,7 +457,7 @@ func (d *Daemon) warm(evs []maps.Event, found []*circuit) {
 	}
 	for i, c := range found {
 		if c != nil {
-			sum += uintptr(c.id) + uintptr(*(*byte)(unsafe.Add(unsafe.Pointer(c), 64)))
+			sum += uintptr(c.ID) + uintptr(*(*byte)(unsafe.Add(unsafe.Pointer(c), 64)))
 		}
 		sum += uintptr(d.recent.peek(evs[i].Cookie))
 	}
@@ -484,11 +474,11 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 	}
 	if ev.Outcome == maps.ProbeRound {
 		if c == nil {
-			c, _ = d.reg.at(ev.Dest)
+			c, _ = d.reg.At(ev.Dest)
 		}
 		if c != nil {
-			if t, moved := c.machine.BeginHalfOpen(now, ev.Round); moved {
-				d.apply(c, t)
+			if t, moved := c.Machine.BeginHalfOpen(now, ev.Round); moved {
+				d.eng.Apply(c, t)
 			}
 		}
 		return
@@ -519,8 +509,8 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 		d.handleResponse(c, ev, now)
 		return
 	}
-	tm := c.metrics
-	tm.outcome(ev.Outcome).Inc()
+	tm := c.Metrics
+	tm.Outcome(ev.Outcome).Inc()
 	if ev.Outcome == maps.SYNRetrans {
 		d.pending[ev.Cookie] = pendingConn{dest: ev.Dest, start: now.Add(-ev.Duration), probe: ev.Probe, round: ev.Round}
 		return
@@ -537,8 +527,8 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 	switch ev.Outcome {
 	case maps.Established:
 		r.Kind = policy.Success
-		tm.handshake.Observe(ev.Duration.Seconds())
-		if c.machine.Options().ResetFailureWindow > 0 {
+		tm.Handshake().Observe(ev.Duration.Seconds())
+		if c.Machine.Options().ResetFailureWindow > 0 {
 			d.recent.add(ev.Cookie, ev.Time)
 		}
 	case maps.Abandoned:
@@ -555,53 +545,14 @@ func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
 	default:
 		return
 	}
-	call := policy.Classify(c.machine.Options(), r)
+	call := policy.Classify(c.Machine.Options(), r)
 	if call.Failed {
-		c.noteFailedCgroup(ev.CgroupID) // kube.go: the pods that saw failures
+		c.NoteFailedCgroup(ev.CgroupID) // kube.go: the pods that saw failures
 	}
-	if t, moved := c.machine.RecordCall(now, r, call); moved {
-		d.apply(c, t)
-	} else if c.inIdle && known {
-		c.referenced = true // see evictIdle
+	if !d.eng.Record(c, now, r, call, 1) && known {
+		c.Referenced() // see engine.Registry.Victim
 	}
 }
-
-// apply writes a transition to the kernel, the log, the metrics and the
-// event list.
-func (d *Daemon) apply(c *circuit, t policy.Transition) {
-	d.reg.track(c)
-	if t.From != t.To {
-		if t.To != policy.HalfOpen { // the kernel began the round itself
-			d.writeVerdicts(c, t)
-			d.opened(c, t.From, t.To, t.At)
-		}
-		d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.workload()).Inc()
-	} else if t.Reason == policy.ReasonNewRound {
-		d.writeVerdicts(c, t)
-	}
-	attrs := []any{"circuit", c.name(), "target", c.target(), "from", t.From.String(), "to", t.To.String(),
-		"reason", string(t.Reason), "failure_ratio", round3(t.FailureRate), "slow_ratio", round3(t.SlowRate), "calls", t.Calls, "workload", c.workload()}
-	if !t.OpenUntil.IsZero() {
-		attrs = append(attrs, "open_until", t.OpenUntil.UTC().Format(time.RFC3339Nano), "trip", t.Trip)
-	}
-	msg := "circuit transition"
-	if t.Reason == policy.ReasonNewRound {
-		msg = "new half-open round"
-		attrs = append(attrs, "round", t.Round)
-	} else if t.From == t.To {
-		msg = "circuit kept " + t.To.String()
-	}
-	d.log.Info(msg, attrs...)
-	d.kubeEvent(c, t)
-	ev := TransitionEvent{Time: t.At, Circuit: c.name(), Target: c.target(), Workload: c.workload(), From: t.From.String(), To: t.To.String(),
-		Reason: string(t.Reason), FailureRate: t.FailureRate, SlowRate: t.SlowRate, Calls: t.Calls, OpenUntil: t.OpenUntil, Trip: t.Trip}
-	d.events.add(ev)
-	if t.From != t.To && t.To == policy.Closed {
-		d.releaseID(c) // after the Event named whom it rejected
-	}
-}
-
-func round3(f float64) float64 { return float64(int(f*1000+0.5)) / 1000 }
 
 // tickLoop runs tick every TickInterval, and wakes the reader when the
 // ring holds records that did not wake it (healthy ones, see readEvents).
@@ -626,28 +577,27 @@ func (d *Daemon) tickLoop(ctx context.Context, rd *maps.EventReader) {
 // has its own goroutine: heartbeat.go).
 func (d *Daemon) tick(now time.Time) {
 	for cookie, p := range d.pending {
-		c, _ := d.reg.at(p.dest)
+		c, _ := d.reg.At(p.dest)
 		if c == nil {
 			delete(d.pending, cookie)
 			continue
 		}
-		if now.Sub(p.start) < c.machine.Options().ConnectTimeout {
+		if now.Sub(p.start) < c.Machine.Options().ConnectTimeout {
 			continue
 		}
 		delete(d.pending, cookie)
 		d.counted[cookie] = true
-		d.metrics.outcomes.WithLabelValues("connect_timeout", c.target(), c.workload()).Inc()
-		if t, moved := c.machine.Record(now, policy.Result{Kind: policy.Failure, Duration: now.Sub(p.start), Probe: p.probe, Round: p.round}); moved {
-			d.apply(c, t)
-		}
+		d.metrics.outcomes.WithLabelValues("connect_timeout", c.Target(), c.Workload()).Inc()
+		r := policy.Result{Kind: policy.Failure, Duration: now.Sub(p.start), Probe: p.probe, Round: p.round}
+		d.eng.Record(c, now, r, policy.Classify(c.Machine.Options(), r), 1)
 	}
 	if len(d.counted) > 100000 {
 		clear(d.counted) // final records of those sockets were lost
 	}
 	d.scanResponseTimeouts(now)
-	for c := range d.reg.active { // only a half-open circuit has timers
-		if t, moved := c.machine.Tick(now); moved {
-			d.apply(c, t)
+	for c := range d.reg.Active { // only a half-open circuit has timers
+		if t, moved := c.Machine.Tick(now); moved {
+			d.eng.Apply(c, t)
 		}
 	}
 	if now.Sub(d.lastSweep) >= d.endpointIdle/10 {
@@ -656,7 +606,7 @@ func (d *Daemon) tick(now time.Time) {
 	}
 	if now.Sub(d.lastLostCheck) >= time.Second {
 		d.lastLostCheck = now
-		d.retryUnenforced()
+		d.eng.RetryUnenforced()
 		d.dropIdlePages()
 		if st, err := d.kernel.Stats(); err == nil && st.EventsLost != d.lostSeen {
 			d.lostSeen = st.EventsLost
@@ -672,19 +622,19 @@ func (d *Daemon) tick(now time.Time) {
 // circuit whose probe budget has reached its round begins that round
 // here, so probe_timeout applies to it.
 func (d *Daemon) reconcileRounds(now time.Time) {
-	for c := range d.reg.active {
-		if s := c.machine.State(); s != policy.Open && s != policy.HalfOpen {
+	for c := range d.reg.Active {
+		if s := c.Machine.State(); s != policy.Open && s != policy.HalfOpen {
 			continue
 		}
-		if c.id == 0 {
+		if c.ID == 0 {
 			continue // no verdict: nothing of it in the kernel
 		}
-		b, err := d.kernel.Budget(c.id)
-		if err != nil || b.Round != c.machine.Round() {
+		b, err := d.kernel.Budget(c.ID)
+		if err != nil || b.Round != c.Machine.Round() {
 			continue
 		}
-		if t, moved := c.machine.BeginHalfOpen(now, b.Round); moved {
-			d.apply(c, t)
+		if t, moved := c.Machine.BeginHalfOpen(now, b.Round); moved {
+			d.eng.Apply(c, t)
 		}
 	}
 }
@@ -702,7 +652,7 @@ func (d *Daemon) reconcileRounds(now time.Time) {
 func (d *Daemon) applyConfig(cfg *policy.Config) {
 	old, oldClasses := d.cfg, d.classes
 	d.cfg = cfg
-	d.reg.byDest.Reserve(cfg.MaxCircuits)
+	d.reg.ByDest.Reserve(cfg.MaxCircuits)
 	if cfg.MaxCircuits > policy.GuaranteedCircuits && (old == nil || old.MaxCircuits <= policy.GuaranteedCircuits) {
 		d.log.Warn("max_circuits is above the number of circuits that can all reject at once; a circuit that opens when the kernel has no circuit id or verdict entry left is not enforced, logged and counted in breakerd_verdict_write_errors_total",
 			"max_circuits", cfg.MaxCircuits, "guaranteed", policy.GuaranteedCircuits)
@@ -726,29 +676,29 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 		now := d.now()
 		ch := policy.Diff(old, cfg)
 		for _, c := range d.orderedCircuits() {
-			if c.target() == allTarget {
+			if c.Target() == allTarget {
 				if ch.AllChanged {
 					d.setOptions(c, &cfg.All, now)
 				}
 				continue
 			}
-			if !contains(ch.Changed, c.target()) && !contains(ch.Removed, c.target()) {
+			if !contains(ch.Changed, c.Target()) && !contains(ch.Removed, c.Target()) {
 				continue
 			}
-			nt, ot := cfg.Targets[c.target()], old.Targets[c.target()]
+			nt, ot := cfg.Targets[c.Target()], old.Targets[c.Target()]
 			if nt == nil || nt.Scope != ot.Scope {
-				d.drop(c)
+				d.eng.Drop(c)
 				continue
 			}
 			d.setOptions(c, &nt.Options, now)
 			if nt.State != ot.State {
 				// The configuration's new state wins over one set
 				// through the API.
-				d.apply(c, c.machine.Override(now, nt.State))
-				d.keepOverride(c, policy.NoOverride)
+				d.eng.Apply(c, c.Machine.Override(now, nt.State))
+				d.eng.KeepOverride(c, policy.NoOverride)
 			}
 		}
-		for name, g := range d.reg.groups {
+		for name, g := range d.reg.Groups {
 			tname, _, _ := strings.Cut(name, "@") // target@workload
 			if t := cfg.Targets[tname]; t != nil && t.Scope == policy.EndpointScope {
 				g.MaxEjectionPercent = t.MaxEjectionPercent
@@ -767,12 +717,12 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 // setOptions gives a kept circuit its reloaded options and rewrites its
 // bulkhead limits.
 func (d *Daemon) setOptions(c *circuit, o *policy.Options, now time.Time) {
-	had := needsLimitEntry(c.machine.Options())
-	c.machine.SetOptions(o, now)
-	if !had && !needsLimitEntry(o) && c.bulkSlots() == nil {
+	had := engine.NeedsLimitEntry(c.Machine.Options())
+	c.Machine.SetOptions(o, now)
+	if !had && !engine.NeedsLimitEntry(o) && c.BulkSlots() == nil {
 		return // no limits entry before or now: nothing to write or delete
 	}
-	for _, dst := range c.dests() {
+	for _, dst := range c.Dests() {
 		d.writeLimit(c, dst)
 	}
 }
@@ -786,30 +736,30 @@ func (d *Daemon) rematch() {
 	now := d.now()
 	for _, c := range d.orderedCircuits() {
 		var stale []maps.Dest
-		for _, dst := range c.dests() {
+		for _, dst := range c.Dests() {
 			// A circuit of a class that now names another workload
 			// (or none) goes too.
 			m, workload := d.matcherOf(dst.Class)
-			if m == nil || workload != c.workload() {
-				stale = c.dests()
+			if m == nil || workload != c.Workload() {
+				stale = c.Dests()
 				break
 			}
 			target, excluded := m.Match(dst.Addr.Addr(), dst.Addr.Port(), dst.Proto.String())
 			if target == "" {
 				target = allTarget
 			}
-			if excluded || target != c.target() {
+			if excluded || target != c.Target() {
 				stale = append(stale, dst)
 			}
 		}
 		switch {
 		case len(stale) == 0:
-		case len(stale) < len(c.dests()) && isServiceTarget(d.cfg, c.target()):
+		case len(stale) < len(c.Dests()) && isServiceTarget(d.cfg, c.Target()):
 			// A Service's endpoints come and go: the circuit keeps its
 			// state; only the departed destinations leave it.
 			d.detach(c, stale)
 		default:
-			d.drop(c)
+			d.eng.Drop(c)
 		}
 	}
 	for _, class := range d.classList() {
@@ -817,7 +767,7 @@ func (d *Daemon) rematch() {
 			for _, dst := range append(engine.StaticDests(d.cfg.Targets[name], d.resolved), serviceStaticDests(d.services[name])...) {
 				dst.Class = class
 				if c, _ := d.lookup(dst, now); c != nil {
-					c.enumerated = true
+					c.Enumerated = true
 				}
 			}
 		}
@@ -851,7 +801,7 @@ func hasLimits(cfg *policy.Config) bool {
 		return true
 	}
 	for _, t := range cfg.Targets {
-		if needsLimitEntry(&t.Options) {
+		if engine.NeedsLimitEntry(&t.Options) {
 			return true
 		}
 	}

@@ -90,7 +90,7 @@ targets:
 	makeCircuits(t, d, n-1) // and guard
 	d.mu.Lock()
 	addr := d.admin.String()
-	total := d.reg.count()
+	total := d.reg.Count()
 	d.mu.Unlock()
 	if total != n {
 		t.Fatalf("%d circuits, want %d", total, n)

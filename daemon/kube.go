@@ -179,14 +179,14 @@ func (d *Daemon) kubeEvent(c *circuit, t policy.Transition) {
 	if !opened && !closed {
 		return
 	}
-	ev := kube.Transition{Circuit: c.name(), Target: c.target(), Opened: opened, Reason: string(t.Reason),
-		FailureRatio: t.FailureRate, SlowRatio: t.SlowRate, Calls: t.Calls, Workload: c.workload()}
+	ev := kube.Transition{Circuit: c.Name(), Target: c.Target(), Opened: opened, Reason: string(t.Reason),
+		FailureRatio: t.FailureRate, SlowRatio: t.SlowRate, Calls: t.Calls, Workload: c.Workload()}
 	if opened {
-		ev.Pods = d.podNames(c.failedCgroups())
+		ev.Pods = d.podNames(c.FailedCgroups())
 	} else {
 		ev.Rejected = d.rejectedPods(c)
 	}
-	if tg := d.cfg.Targets[c.target()]; tg != nil {
+	if tg := d.cfg.Targets[c.Target()]; tg != nil {
 		ev.Service = tg.Match.Service
 	}
 	cl.CircuitEvent(ev)
@@ -204,10 +204,10 @@ func (d *Daemon) detach(c *circuit, gone []maps.Dest) {
 		if err := d.k.DeleteVerdict(dst); err != nil {
 			d.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
-		d.deleteLimits(c, dst)
-		d.reg.byDest.Del(dst.Compact())
-		d.reg.version++
-		c.removeDest(dst)
+		d.eng.DeleteLimits(c, dst)
+		d.reg.ByDest.Del(dst.Compact())
+		d.reg.Version++
+		c.RemoveDest(dst)
 	}
 }
 
@@ -285,27 +285,6 @@ func (d *Daemon) resolvePods() {
 		return
 	}
 	d.scope.setPods(d.lookupPods(cfg))
-}
-
-// maxFailedCgroups bounds the cgroups a circuit remembers failures of.
-const maxFailedCgroups = 8
-
-// noteFailedCgroup remembers that a connection of cgroup id to c failed
-// (0: the kernel did not say). Under d.mu; no lookup here.
-func (c *circuit) noteFailedCgroup(id uint64) {
-	if id == 0 {
-		return
-	}
-	if c.extra == nil {
-		c.extra = &circuitExtra{}
-	}
-	x := c.extra
-	if i := slices.Index(x.failedCgroups, id); i >= 0 {
-		x.failedCgroups = slices.Delete(x.failedCgroups, i, i+1)
-	} else if len(x.failedCgroups) >= maxFailedCgroups {
-		x.failedCgroups = slices.Delete(x.failedCgroups, 0, 1)
-	}
-	x.failedCgroups = append(x.failedCgroups, id)
 }
 
 // podNames names the pods of cgroup ids, where known: the cgroup watch

@@ -310,7 +310,7 @@ targets:
 	counts := func() (int, int) {
 		kf.d.mu.Lock()
 		defer kf.d.mu.Unlock()
-		g := kf.d.reg.groups["pay"]
+		g := kf.d.reg.Groups["pay"]
 		if g == nil {
 			return 0, 0
 		}

@@ -79,7 +79,7 @@ func TestDynamicCircuitTakesItsIDWhenItOpens(t *testing.T) {
 		t.Fatalf("a healthy dynamic circuit: %+v (found %v), want closed with no kernel id", c, ok)
 	}
 	f.d.mu.Lock()
-	held := f.d.reg.ids.Held()
+	held := f.d.reg.IDs.Held()
 	f.d.mu.Unlock()
 	if held != 0 {
 		t.Fatalf("%d ids held with only healthy dynamic circuits", held)
@@ -137,14 +137,14 @@ func (f *fixture) expire(port uint16) {
 	d := f.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	c, ok := d.reg.at(f.dest(port))
-	if !ok || c.machine.State() != policy.Open {
+	c, ok := d.reg.At(f.dest(port))
+	if !ok || c.Machine.State() != policy.Open {
 		f.t.Fatalf("port %d: no open circuit to expire (%v)", port, c)
 	}
 	now := d.now()
-	round := c.machine.Round()
-	c.machine.Restore(now, now, round, false)
-	d.writeVerdicts(c, policy.Transition{To: policy.Open, At: now, OpenUntil: now, Round: round})
+	round := c.Machine.Round()
+	c.Machine.Restore(now, now, round, false)
+	d.eng.WriteVerdicts(c, policy.Transition{To: policy.Open, At: now, OpenUntil: now, Round: round})
 }
 
 // With ids scarce, what only the kernel shows (the decisions are
@@ -157,7 +157,7 @@ func TestScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 	f := newFixture(t, lazyLongConfig)
 	d := f.start()
 	d.mu.Lock()
-	d.reg.ids.SetLimit(3) // ids 1 and 2; scarce from one held
+	d.reg.IDs.SetLimit(3) // ids 1 and 2; scarce from one held
 	d.mu.Unlock()
 
 	for _, p := range []uint16{9411, 9412} {
@@ -238,10 +238,10 @@ func TestNoIDNoSharedBulkhead(t *testing.T) {
 	d := f.start()
 	ports := []uint16{9431, 9432, 9433, 9434}
 	d.mu.Lock()
-	d.reg.ids.SetLimit(3) // ids 1 and 2
+	d.reg.IDs.SetLimit(3) // ids 1 and 2
 	now := d.now()
 	for _, p := range ports {
-		if c, _ := d.lookup(f.dest(p), now); c == nil || c.id != 0 {
+		if c, _ := d.lookup(f.dest(p), now); c == nil || c.ID != 0 {
 			d.mu.Unlock()
 			t.Fatalf("port %d: %v, want a circuit with no id", p, c)
 		}
@@ -284,7 +284,7 @@ func TestNoIDNoSharedBulkhead(t *testing.T) {
 	// Ids come free: the tick writes the two missing limits, each in a
 	// slot of its own.
 	d.mu.Lock()
-	d.reg.ids.SetLimit(5)
+	d.reg.IDs.SetLimit(5)
 	d.mu.Unlock()
 	if !kerneltest.WaitFor(3*time.Second, func() bool {
 		limits, err := d.k.AllLimits()
@@ -303,7 +303,7 @@ func TestSeatedByReloadIsEnforced(t *testing.T) {
 	f := newFixture(t, lazyConfig)
 	d := f.start()
 	d.mu.Lock()
-	d.reg.ids.SetLimit(3)
+	d.reg.IDs.SetLimit(3)
 	d.mu.Unlock()
 	for _, p := range []uint16{9441, 9442, 9443} {
 		f.dial(p, 2, 0)
@@ -311,7 +311,7 @@ func TestSeatedByReloadIsEnforced(t *testing.T) {
 	}
 	d.mu.Lock()
 	d.lastLostCheck = d.now().Add(time.Hour) // no retry from the tick
-	d.reg.ids.SetLimit(4)                    // id 3 comes free
+	d.reg.IDs.SetLimit(4)                    // id 3 comes free
 	d.mu.Unlock()
 	f.writeConfig(lazyConfig + "  max_connections: 100\n")
 	if err := d.Reload(); err != nil {
@@ -370,7 +370,7 @@ func TestAdoptedWithoutIDIsEnforcedLater(t *testing.T) {
 		t.Fatalf("not logged:\n%s", f.logs.String())
 	}
 	d.mu.Lock()
-	d.reg.ids.SetLimit(svc.CircuitID + 2)
+	d.reg.IDs.SetLimit(svc.CircuitID + 2)
 	d.mu.Unlock()
 	if !kerneltest.WaitFor(3*time.Second, func() bool {
 		v, ok, err := d.k.Verdict(f.dest(orphan))
@@ -390,7 +390,7 @@ func TestUnenforcedOpenCircuitCloses(t *testing.T) {
 	f := newFixture(t, lazyConfig)
 	d := f.start()
 	d.mu.Lock()
-	d.reg.ids.SetLimit(2) // one id
+	d.reg.IDs.SetLimit(2) // one id
 	d.mu.Unlock()
 	f.dial(9421, 2, 0)
 	f.waitState(f.dynName(9421), "open", 2*time.Second)
@@ -415,7 +415,7 @@ func TestUnenforcedOpenCircuitCloses(t *testing.T) {
 	f.dial(9422, 2, 0)
 	f.waitState(f.dynName(9422), "open", 2*time.Second)
 	d.mu.Lock()
-	_, unenforced := d.unenforced[d.reg.byDest.Get(f.dest(9422).Compact())]
+	unenforced := d.eng.Unenforced(d.reg.ByDest.Get(f.dest(9422).Compact()))
 	d.mu.Unlock()
 	if !unenforced {
 		t.Fatal("reopened with no id free, and not among the unenforced")
@@ -477,7 +477,7 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 	d := f.start()
 	ports := []uint16{9461, 9462, 9463, 9464}
 	d.mu.Lock()
-	d.reg.ids.SetLimit(3) // ids 1 and 2
+	d.reg.IDs.SetLimit(3) // ids 1 and 2
 	now := d.now()
 	for _, p := range ports {
 		d.lookup(f.dest(p), now)
@@ -488,7 +488,7 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.mu.Lock()
-	waiting := len(d.unlimited)
+	waiting := d.eng.UnlimitedCount()
 	d.mu.Unlock()
 	if waiting != 2 {
 		t.Fatalf("%d circuits wait for an id for their limits, want 2", waiting)
@@ -498,8 +498,8 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.mu.Lock()
-	waiting = len(d.unlimited)
-	d.reg.ids.SetLimit(4) // id 3 comes free
+	waiting = d.eng.UnlimitedCount()
+	d.reg.IDs.SetLimit(4) // id 3 comes free
 	d.mu.Unlock()
 	if waiting != 0 {
 		t.Fatalf("%d circuits still wait for an id after the limits went", waiting)
@@ -539,7 +539,7 @@ func TestPartlyEnforcedCircuitIsNotClosedAsUnenforced(t *testing.T) {
 	f.dial(9481, 2, 0)
 	f.waitState("svc", "open", 2*time.Second)
 	d.mu.Lock()
-	_, waiting := d.unenforced[d.reg.byName["svc"]]
+	waiting := d.eng.Unenforced(d.reg.ByName["svc"])
 	d.mu.Unlock()
 	if !waiting {
 		t.Fatal("svc, one verdict short, is not among the unenforced circuits")

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
+	"github.com/breakerd/breakerd/engine"
 	"github.com/breakerd/breakerd/internal/cgroup2"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
@@ -47,7 +48,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	if err != nil {
 		return fmt.Errorf("reading bulkhead counts: %w", err)
 	}
-	d.reg.ids.LoadPinned(verdicts, limits, busy)
+	d.reg.IDs.LoadPinned(verdicts, limits, busy)
 	// Host names are looked up first, in parallel and each bounded,
 	// keeping a fresh previous heartbeat fresh meanwhile.
 	hosts := hostNamesOf(cfg)
@@ -86,7 +87,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	// open circuit or the sockets counted in its bulkhead.
 	moved := d.scope.movedClasses(cfg, pinnedEntries(pinnedClasses, pinnedBulkheads))
 	if len(moved) > 0 {
-		d.reg.ids.ForgetClasses(moved)
+		d.reg.IDs.ForgetClasses(moved)
 		// Gone before the workloads map says the new classes, so no
 		// connection is judged by another workload's entry meanwhile.
 		droppedVerdicts, droppedLimits := 0, 0
@@ -118,14 +119,14 @@ func (d *Daemon) start(cfg *policy.Config) error {
 			"classes", len(moved), "rejecting_verdicts_dropped", droppedVerdicts, "bulkhead_limits_dropped", droppedLimits)
 	}
 	d.retirePinnedBatches(limits)
-	d.loadKept()
+	d.eng.LoadKept()
 	d.applyConfig(cfg)
 	d.applyResolved(resolved)
 	d.applyServices(services)
-	d.reg.adopting = true // max_circuits never drops an adopted verdict
+	d.reg.Adopting = true // max_circuits never drops an adopted verdict
 	d.adopt(verdicts, limits)
-	d.reg.adopting = false
-	d.reg.ids.EndStartup()
+	d.reg.Adopting = false
+	d.reg.IDs.EndStartup()
 	if err := d.reconcileLimits(); err != nil {
 		return err
 	}
@@ -153,57 +154,57 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 		}
 		switch v.State {
 		case maps.Open:
-			switch c.machine.State() {
+			switch c.Machine.State() {
 			case policy.ForcedOpen:
-				continue // newCircuit wrote its forced-open verdict: kept
+				continue // the engine's Make wrote its forced-open verdict: kept
 			case policy.ForcedClosed, policy.Disabled:
 				// The configuration (or a kept override) says it
 				// rejects nothing now.
 				_ = d.k.DeleteVerdict(dst)
 				continue
 			}
-			if !d.ensureID(c) {
+			if !d.eng.EnsureID(c) {
 				// Its verdict names an id it does not hold (another
 				// circuit's, or a free one): gone, and the circuit is
 				// open here, enforced once an id is free.
 				_ = d.k.DeleteVerdict(dst)
-				if c.machine.State() == policy.Closed {
-					c.machine.Restore(now, now.Add(v.Due-mono), c.machine.Round()+1, false)
-					d.reg.track(c)
+				if c.Machine.State() == policy.Closed {
+					c.Machine.Restore(now, now.Add(v.Due-mono), c.Machine.Round()+1, false)
+					d.reg.Track(c)
 				}
-				d.unenforced[c] = struct{}{}
+				d.eng.MarkUnenforced(c)
 				d.metrics.verdictWriteErrors.Inc()
-				d.errorEverySecond("", "no circuit id free for an adopted open circuit; it is not enforced until one is", "circuit", c.name(), "dest", dst)
+				d.eng.ErrorEverySecond("", "no circuit id free for an adopted open circuit; it is not enforced until one is", "circuit", c.Name(), "dest", dst)
 				continue
 			}
-			if c.machine.State() == policy.Closed {
+			if c.Machine.State() == policy.Closed {
 				round, begun := v.Round, false
 				if b, err := d.k.Budget(v.CircuitID); err == nil && b.Round == v.Round {
 					begun = true
 				}
-				if v.CircuitID != c.id {
+				if v.CircuitID != c.ID {
 					// Another slot: continue its rounds, from a round
 					// not begun there.
-					c.machine.SeedRound(v.Round)
-					if b, err := d.k.Budget(c.id); err == nil {
-						c.machine.SeedRound(b.Round)
+					c.Machine.SeedRound(v.Round)
+					if b, err := d.k.Budget(c.ID); err == nil {
+						c.Machine.SeedRound(b.Round)
 					}
-					round, begun = c.machine.Round()+1, false
+					round, begun = c.Machine.Round()+1, false
 				}
-				c.machine.Restore(now, now.Add(v.Due-mono), round, begun)
-				d.reg.track(c)
-				d.log.Debug("adopted open circuit", "circuit", c.name(), "dest", dst, "round", round, "half_open", begun, "due_in", (v.Due - mono).String())
+				c.Machine.Restore(now, now.Add(v.Due-mono), round, begun)
+				d.reg.Track(c)
+				d.log.Debug("adopted open circuit", "circuit", c.Name(), "dest", dst, "round", round, "half_open", begun, "due_in", (v.Due - mono).String())
 				adopted++
 			}
-			if e := d.epochOf(c); v.CircuitID != c.id || v.Round != c.machine.Round() || v.Epoch != e {
+			if e := d.eng.EpochOf(c); v.CircuitID != c.ID || v.Round != c.Machine.Round() || v.Epoch != e {
 				// Re-point counters, the probe budget and the rejected
 				// cgroups' counts to the circuit's slot and epoch, in its
 				// round; the due time stays.
-				v.CircuitID, v.Round, v.Epoch = c.id, c.machine.Round(), e
+				v.CircuitID, v.Round, v.Epoch = c.ID, c.Machine.Round(), e
 				_ = d.k.PutVerdict(dst, v)
 			}
 		case maps.ForcedOpen:
-			if c.machine.State() != policy.ForcedOpen {
+			if c.Machine.State() != policy.ForcedOpen {
 				// The override was not in the new configuration.
 				_ = d.k.DeleteVerdict(dst)
 			}
@@ -220,8 +221,8 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 	if adopted > 0 {
 		d.log.Info("adopted open circuit(s) from the pinned verdict map", "count", adopted)
 	}
-	if over := d.reg.byDest.Len() - d.cfg.MaxCircuits; over > 0 {
-		d.log.Warn("more destinations adopted than max_circuits allows; idle closed circuits are evicted as new ones come", "destinations", d.reg.byDest.Len(), "max_circuits", d.cfg.MaxCircuits)
+	if over := d.reg.ByDest.Len() - d.cfg.MaxCircuits; over > 0 {
+		d.log.Warn("more destinations adopted than max_circuits allows; idle closed circuits are evicted as new ones come", "destinations", d.reg.ByDest.Len(), "max_circuits", d.cfg.MaxCircuits)
 	}
 }
 
@@ -242,20 +243,20 @@ func (d *Daemon) keepAlive() {
 // release into their slot.
 func (d *Daemon) reconcileLimits() error {
 	want := map[maps.Dest]maps.Limit{}
-	for c := range d.reg.all() {
-		d.syncBulkSlots(c)
-		o := c.machine.Options()
-		if !needsLimitEntry(o) {
-			delete(d.unlimited, c)
+	for c := range d.reg.All() {
+		d.eng.SyncBulkSlots(c)
+		o := c.Machine.Options()
+		if !engine.NeedsLimitEntry(o) {
+			d.eng.NoLimits(c)
 			if b, ok := d.batched[c]; ok && !b.off {
 				d.retireBatch(c)
 			}
 			continue
 		}
-		if !d.seatForLimits(c) {
+		if !d.eng.SeatForLimits(c) {
 			continue // logged and counted by writeLimit
 		}
-		for _, dst := range c.dests() {
+		for _, dst := range c.Dests() {
 			if dst.Proto != maps.TCP {
 				continue
 			}

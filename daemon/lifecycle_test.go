@@ -240,7 +240,7 @@ all:
 		t.Fatalf("%d verdicts after adoption, want all %d", cnt, n)
 	}
 	f.d.mu.Lock()
-	circuits := f.d.reg.count()
+	circuits := f.d.reg.Count()
 	f.d.mu.Unlock()
 	if circuits != n {
 		t.Fatalf("%d circuits adopted, want %d", circuits, n)
@@ -389,14 +389,14 @@ all:
 		}
 	}
 	ids := map[uint32]string{}
-	for c := range f.d.reg.all() {
-		if c.id == 0 {
-			t.Errorf("circuit %s has id 0", c.name())
+	for c := range f.d.reg.All() {
+		if c.ID == 0 {
+			t.Errorf("circuit %s has id 0", c.Name())
 		}
-		if other, dup := ids[c.id]; dup {
-			t.Errorf("circuits %s and %s share id %d", c.name(), other, c.id)
+		if other, dup := ids[c.ID]; dup {
+			t.Errorf("circuits %s and %s share id %d", c.Name(), other, c.ID)
 		}
-		ids[c.id] = c.name()
+		ids[c.ID] = c.Name()
 	}
 	f.d.mu.Unlock()
 	if len(ids) != n {
@@ -411,8 +411,8 @@ all:
 	if !kerneltest.WaitFor(3*time.Second, func() bool {
 		f.d.mu.Lock()
 		defer f.d.mu.Unlock()
-		if c, _ := f.d.reg.get(name); c != nil {
-			id = c.id
+		if c, _ := f.d.reg.Get(name); c != nil {
+			id = c.ID
 		}
 		return id != 0
 	}) {
@@ -462,7 +462,7 @@ targets:
 			f.d.lookup(maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, net, 0, byte(i)}), 443)}, now)
 		}
 	}
-	dests, circuits := f.d.reg.byDest.Len(), f.d.reg.count()
+	dests, circuits := f.d.reg.ByDest.Len(), f.d.reg.Count()
 	f.d.mu.Unlock()
 	if dests != 10 {
 		t.Fatalf("%d destinations tracked (%d circuits), want max_circuits = 10", dests, circuits)

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/breakerd/breakerd/engine"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
@@ -30,47 +31,39 @@ type metrics struct {
 	groundProblems     *prometheus.CounterVec
 	closed             *prometheus.CounterVec // close_established: connections closed or not, by target and workload
 	closeMechanism     *prometheus.GaugeVec
-	targets            map[string]*targetMetrics // by target and workload, used under Daemon.mu
 }
 
-// targetMetrics are one target's outcome series (of one workload's
-// circuits), resolved once so that a record costs an atomic add, not a
-// label lookup.
-type targetMetrics struct {
-	target    string
-	workload  string
-	vec       *prometheus.CounterVec
-	outcomes  [16]prometheus.Counter                   // by maps.Outcome, made on first use
-	responses [policy.ResponseKinds]prometheus.Counter // by responseKind, made on first use
-	handshake prometheus.Observer
+// Outcome is the series of outcome of target's circuits of workload
+// (engine.Metrics).
+func (m *metrics) Outcome(outcome, target, workload string) engine.Counter {
+	return m.outcomes.WithLabelValues(outcome, target, workload)
 }
 
-// forTarget returns the series of target's circuits of workload. Used
-// under Daemon.mu.
-func (m *metrics) forTarget(target, workload string) *targetMetrics {
-	key := target + "\x00" + workload
-	if tm := m.targets[key]; tm != nil {
-		return tm
-	}
-	tm := &targetMetrics{target: target, workload: workload, vec: m.outcomes, handshake: m.handshake.WithLabelValues(target)}
-	m.targets[key] = tm
-	return tm
+// Handshake is the series of target's handshake durations
+// (engine.Metrics).
+func (m *metrics) Handshake(target string) engine.Observer {
+	return m.handshake.WithLabelValues(target)
 }
 
-func (tm *targetMetrics) outcome(o maps.Outcome) prometheus.Counter {
-	if int(o) >= len(tm.outcomes) {
-		return tm.vec.WithLabelValues(o.String(), tm.target, tm.workload)
-	}
-	c := tm.outcomes[o]
-	if c == nil {
-		c = tm.vec.WithLabelValues(o.String(), tm.target, tm.workload)
-		tm.outcomes[o] = c
-	}
-	return c
+// Transition is the count of transitions (engine.Metrics).
+func (m *metrics) Transition(from, to, reason, workload string) engine.Counter {
+	return m.transitions.WithLabelValues(from, to, reason, workload)
 }
+
+// Refused is the count of target's destinations refused (engine.Metrics).
+func (m *metrics) Refused(target string) engine.Counter {
+	return m.circuitsRefused.WithLabelValues(target)
+}
+
+// Evicted is the count of circuits evicted (engine.Metrics).
+func (m *metrics) Evicted() engine.Counter { return m.circuitsEvicted }
+
+// VerdictWriteErrors is the count of failed verdict and limits writes
+// (engine.Metrics).
+func (m *metrics) VerdictWriteErrors() engine.Counter { return m.verdictWriteErrors }
 
 func newMetrics(d *Daemon) *metrics {
-	m := &metrics{reg: prometheus.NewRegistry(), targets: map[string]*targetMetrics{}}
+	m := &metrics{reg: prometheus.NewRegistry()}
 	m.transitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_transitions_total", Help: "Circuit state transitions, by from, to, reason and the circuit's workload (shared, or an isolated workload's name)."}, []string{"from", "to", "reason", "workload"})
 	m.outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_connection_outcomes_total", Help: "Outbound connection outcomes seen by the kernel, by outcome, target (all for unnamed destinations) and the circuit's workload."}, []string{"outcome", "target", "workload"})
 	m.handshake = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "breakerd_handshake_duration_seconds", Help: "TCP handshake duration of established connections, by target.",
@@ -167,29 +160,29 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	perTarget := map[string]*sums{}
 	d.mu.Lock()
 	for _, t := range counterTargets(d) {
-		r := d.retired[t]
+		r := d.eng.Retired(t)
 		perTarget[t] = &sums{rej: r.Rejected, shadow: r.ShadowRejected, probes: r.Probes, bulkRej: r.BulkheadRejected}
 		if t != allTarget {
 			states[t] = map[policy.State]int{}
 		}
 	}
-	maxID, gen := d.reg.ids.Next(), d.reg.ids.Releases()
-	unenforced := len(d.unenforced)
+	maxID, gen := d.reg.IDs.Next(), d.reg.IDs.Releases()
+	unenforced := d.eng.UnenforcedCount()
 	// Circuits with a kernel id only: a million closed dynamic ones have none.
-	slots := make([]slot, 0, len(d.reg.byName)+len(d.reg.active))
-	for c := range d.reg.all() {
-		st := c.machine.State()
-		if c.target() == allTarget {
+	slots := make([]slot, 0, len(d.reg.ByName)+len(d.reg.Active))
+	for c := range d.reg.All() {
+		st := c.Machine.State()
+		if c.Target() == allTarget {
 			dynamic[st]++
-		} else if m := states[c.target()]; m != nil {
+		} else if m := states[c.Target()]; m != nil {
 			m[st]++
 		}
-		if perTarget[c.target()] != nil {
-			if c.id != 0 { // 0: a dynamic circuit that never rejected counts nothing in the kernel
-				slots = append(slots, slot{target: c.target(), id: c.id, limits: c.machine.Options().HasLimits()})
+		if perTarget[c.Target()] != nil {
+			if c.ID != 0 { // 0: a dynamic circuit that never rejected counts nothing in the kernel
+				slots = append(slots, slot{target: c.Target(), id: c.ID, limits: c.Machine.Options().HasLimits()})
 			}
-			for _, b := range c.bulkSlots() {
-				slots = append(slots, slot{target: c.target(), id: b.id, limits: true})
+			for _, b := range c.BulkSlots() {
+				slots = append(slots, slot{target: c.Target(), id: b.ID, limits: true})
 			}
 		}
 	}
@@ -201,7 +194,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	d.mu.Lock()
 	// An id given back since the copy may be another circuit's now.
-	moved := d.reg.ids.Releases() != gen
+	moved := d.reg.IDs.Releases() != gen
 	d.mu.Unlock()
 	for _, sl := range slots {
 		sum := perTarget[sl.target]

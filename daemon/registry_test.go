@@ -17,35 +17,8 @@ import (
 // endpoint-scoped ones.
 func checkRegistry(t *testing.T, r *registry) {
 	t.Helper()
-	active, idle, endpoints := 0, 0, 0
-	for c := range r.all() {
-		s := c.machine.State()
-		if _, in := r.active[c]; in != s.Rejects() {
-			t.Errorf("%s (%s): in active %v", c.name(), s, in)
-		}
-		if s.Rejects() {
-			active++
-		}
-		if want := c.target() == allTarget && s == policy.Closed; c.inIdle != want {
-			t.Errorf("%s (%s): in idle %v", c.name(), s, c.inIdle)
-		} else if want {
-			idle++
-		}
-		if _, in := r.endpoints[c]; in != (c.scope() == policy.EndpointScope) {
-			t.Errorf("%s: in endpoints %v", c.name(), in)
-		} else if in {
-			endpoints++
-		}
-	}
-	n := 0
-	for c := r.idle.head; c != nil; c = c.next {
-		n++
-		if c.next != nil && c.next.prev != c {
-			t.Fatalf("idle list broken at %s", c.name())
-		}
-	}
-	if n != idle || len(r.active) != active || len(r.endpoints) != endpoints {
-		t.Errorf("idle list %d (want %d), active %d (want %d), endpoints %d (want %d)", n, idle, len(r.active), active, len(r.endpoints), endpoints)
+	if err := r.CheckSets(); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -78,8 +51,8 @@ targets:
 	rec(2, maps.Refused) // circuit 2 opens
 	d.mu.Lock()
 	checkRegistry(t, d.reg)
-	if len(d.reg.active) != 1 {
-		t.Fatalf("active %d, want 1", len(d.reg.active))
+	if len(d.reg.Active) != 1 {
+		t.Fatalf("active %d, want 1", len(d.reg.Active))
 	}
 	d.handle(&maps.Event{Dest: maps.Dest{Proto: maps.TCP, Addr: dynamicDest(0).Addr}, Outcome: maps.Established}, now, nil) // 0 becomes the most recent
 	d.handle(&maps.Event{Dest: endpointDest(1), Outcome: maps.Established}, now, nil)                                       // an endpoint circuit: 6 destinations
@@ -87,30 +60,30 @@ targets:
 	rec(7, maps.Established) // a 7th destination evicts the least recently active closed dynamic one: 1
 	d.mu.Lock()
 	checkRegistry(t, d.reg)
-	if _, ok := d.reg.at(dynamicDest(1)); ok {
+	if _, ok := d.reg.At(dynamicDest(1)); ok {
 		t.Errorf("circuit 1 not evicted")
 	}
-	if _, ok := d.reg.at(dynamicDest(2)); !ok {
+	if _, ok := d.reg.At(dynamicDest(2)); !ok {
 		t.Errorf("the open circuit was evicted")
 	}
-	if _, ok := d.reg.at(dynamicDest(0)); !ok {
+	if _, ok := d.reg.At(dynamicDest(0)); !ok {
 		t.Errorf("the most recently active circuit was evicted")
 	}
 	d.mu.Unlock()
 	// Half-open (the tick), then closed by its probe.
 	time.Sleep(60 * time.Millisecond)
 	d.mu.Lock()
-	c, _ := d.reg.at(dynamicDest(2))
-	if tr, moved := c.machine.BeginHalfOpen(time.Now(), c.machine.Round()); moved {
-		d.apply(c, tr)
+	c, _ := d.reg.At(dynamicDest(2))
+	if tr, moved := c.Machine.BeginHalfOpen(time.Now(), c.Machine.Round()); moved {
+		d.eng.Apply(c, tr)
 	}
 	checkRegistry(t, d.reg)
-	d.handle(&maps.Event{Dest: dynamicDest(2), Outcome: maps.Established, Probe: true, Round: c.machine.Round()}, time.Now(), nil)
-	if s := c.machine.State(); s != policy.Closed {
+	d.handle(&maps.Event{Dest: dynamicDest(2), Outcome: maps.Established, Probe: true, Round: c.Machine.Round()}, time.Now(), nil)
+	if s := c.Machine.State(); s != policy.Closed {
 		t.Fatalf("after the probe: %s", s)
 	}
 	checkRegistry(t, d.reg)
-	name := c.name()
+	name := c.Name()
 	d.mu.Unlock()
 	if _, err := d.Force(name, "open"); err != nil {
 		t.Fatal(err)
@@ -124,7 +97,7 @@ targets:
 	}
 	d.mu.Lock()
 	checkRegistry(t, d.reg)
-	if len(d.reg.endpoints) != 0 {
+	if len(d.reg.Endpoints) != 0 {
 		t.Errorf("the removed target's endpoint circuit is still listed")
 	}
 	d.mu.Unlock()

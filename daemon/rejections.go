@@ -5,7 +5,6 @@ import (
 	"context"
 	"github.com/breakerd/breakerd/api"
 	stdmaps "maps"
-	rand "math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -63,30 +62,25 @@ type owner struct{ id, epoch uint32 }
 // owners are the keys c's entries are counted under: its own id and
 // epoch (when it has one) and each sharing workload's bulkhead slot's.
 // Under d.mu.
-func (c *circuit) owners() []owner {
+func owners(c *circuit) []owner {
 	var out []owner
-	if e := c.epoch(); e != 0 {
-		out = append(out, owner{c.id, e})
+	if e := c.Epoch(); e != 0 {
+		out = append(out, owner{c.ID, e})
 	}
-	if c.extra != nil {
-		for _, s := range c.extra.bulkSlots {
-			out = append(out, owner{s.id, s.epoch})
-		}
+	for _, s := range c.SharedSlots() {
+		out = append(out, owner{s.ID, s.Epoch})
 	}
 	return out
 }
 
 // records reports whether c counts the entries of owner o. Under d.mu.
-func (c *circuit) records(o owner) bool {
-	if o.id == c.id {
-		return c.epoch() == o.epoch
+func records(c *circuit, o owner) bool {
+	if o.id == c.ID {
+		return c.Epoch() == o.epoch
 	}
-	if c.extra == nil {
-		return false
-	}
-	for _, s := range c.extra.bulkSlots {
-		if s.id == o.id {
-			return s.epoch == o.epoch
+	for _, s := range c.SharedSlots() {
+		if s.ID == o.id {
+			return s.Epoch == o.epoch
 		}
 	}
 	return false
@@ -100,61 +94,6 @@ func (x *rejectionIndex) of(id, epoch uint32) []cgroupRejections {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return slices.Clone(x.byCircuit[owner{id, epoch}])
-}
-
-// newEpoch returns an epoch no live circuit has (never 0). Epochs start
-// at a random point, so a daemon after a restart does not repeat the
-// previous one's for the ids it does not inherit.
-func (r *registry) newEpoch() uint32 {
-	if r.nextEpoch == 0 {
-		r.nextEpoch = rand.Uint32()
-	}
-	for {
-		r.nextEpoch++
-		if e := r.nextEpoch; e != 0 {
-			return e
-		}
-	}
-}
-
-// epoch is the epoch c's rejecting verdicts carry (0: none written yet).
-func (c *circuit) epoch() uint32 {
-	if c.extra == nil {
-		return 0
-	}
-	return c.extra.epoch
-}
-
-// setEpoch gives c epoch e and files it among the circuits whose
-// rejections are recorded.
-func (d *Daemon) setEpoch(c *circuit, e uint32) {
-	if c.extra == nil {
-		c.extra = &circuitExtra{}
-	}
-	c.extra.epoch = e
-	d.reg.recording[c.id] = c
-}
-
-// epochOf returns c's epoch, giving it one first if it has none. Under
-// d.mu.
-func (d *Daemon) epochOf(c *circuit) uint32 {
-	if e := c.epoch(); e != 0 {
-		return e
-	}
-	if c.id == 0 {
-		return 0 // nothing of it in the kernel to key: see ensureID
-	}
-	e := d.reg.newEpoch()
-	d.setEpoch(c, e)
-	return e
-}
-
-// forgetEpoch is called when c is dropped: its entries are stale from now
-// on (its verdicts are gone) and the next sweep deletes them.
-func (d *Daemon) forgetEpoch(c *circuit) {
-	if c.epoch() != 0 && d.reg.recording[c.id] == c {
-		delete(d.reg.recording, c.id)
-	}
 }
 
 // rejectionsLoop sweeps the rejections map until ctx ends.
@@ -195,8 +134,8 @@ func (d *Daemon) sweepRejections() {
 	}
 	d.mu.Lock()
 	for o := range live {
-		c := d.reg.recording[o.id]
-		live[o] = c != nil && c.records(o)
+		c := d.reg.Recording[o.id]
+		live[o] = c != nil && records(c, o)
 	}
 	d.mu.Unlock()
 	x.mu.Lock()
@@ -305,7 +244,7 @@ const eventRejected = 8
 // read: callable under d.mu.
 func (d *Daemon) rejectedPods(c *circuit) []string {
 	byPod := map[string]uint64{}
-	for _, e := range d.rejections.of(c.id, c.epoch()) {
+	for _, e := range d.rejections.of(c.ID, c.Epoch()) {
 		if pods := d.podNames([]uint64{e.cgroup}); len(pods) == 1 && e.rejected > 0 {
 			byPod[pods[0]] += e.rejected
 		}

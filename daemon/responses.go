@@ -4,8 +4,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
@@ -22,16 +20,6 @@ import (
 // as failed then. A late answer to it, or the connection's end, is not
 // counted again (timedOut remembers the turn by its start).
 
-// responseCounter is the target's series for kind (made on first use).
-func (tm *targetMetrics) responseCounter(kind policy.ResponseKind) prometheus.Counter {
-	c := tm.responses[kind]
-	if c == nil {
-		c = tm.vec.WithLabelValues(kind.String(), tm.target, tm.workload)
-		tm.responses[kind] = c
-	}
-	return c
-}
-
 // followsResponses reports whether some target of cfg has response options
 // (only then are the response programs attached).
 func followsResponses(cfg *policy.Config) bool {
@@ -42,11 +30,6 @@ func followsResponses(cfg *policy.Config) bool {
 	}
 	return false
 }
-
-// needsLimitEntry reports whether a circuit with options o puts its TCP
-// destinations in the kernel's limits map: for a bulkhead, or to have
-// connect mark their sockets for the response programs.
-func needsLimitEntry(o *policy.Options) bool { return o.HasLimits() || o.Responses.Followed() }
 
 // limitOf is the limits entry of a circuit with id and options o.
 func limitOf(id uint32, o *policy.Options) maps.Limit {
@@ -96,7 +79,7 @@ func (d *Daemon) setResponses(cfg *policy.Config) {
 
 // handleResponse feeds a Response or NoResponse record to circuit c.
 func (d *Daemon) handleResponse(c *circuit, ev *maps.Event, now time.Time) {
-	o := &c.machine.Options().Responses
+	o := &c.Machine.Options().Responses
 	start := ev.Time - ev.Duration // the request's first byte
 	if !o.Followed() || start < d.respSince {
 		return // the target no longer follows responses, or a stale turn
@@ -110,32 +93,23 @@ func (d *Daemon) handleResponse(c *circuit, ev *maps.Event, now time.Time) {
 	if ev.Outcome == maps.NoResponse {
 		r.Kind, r.PeerClosed, r.Err = policy.NoResponse, ev.PeerClosed, ev.Err != 0
 	}
-	call := policy.Classify(c.machine.Options(), r)
-	c.metrics.responseCounter(call.Response).Inc()
+	call := policy.Classify(c.Machine.Options(), r)
+	c.Metrics.Response(call.Response).Inc()
 	if !call.Counts {
 		return
 	}
 	if call.Failed {
-		c.noteFailedCgroup(ev.CgroupID)
+		c.NoteFailedCgroup(ev.CgroupID)
 	}
-	d.recordCall(c, r, call, now)
+	d.record(c, r, call, 1, now)
 }
 
-// record feeds n calls with result r to c and applies what they change.
-func (d *Daemon) record(c *circuit, r policy.Result, n int, now time.Time) {
-	if t, moved := c.machine.RecordN(now, r, n); moved {
-		d.apply(c, t)
-	} else if c.inIdle {
-		c.referenced = true // see evictIdle
-	}
-}
-
-// recordCall feeds r, classified as call, to c and applies what it changes.
-func (d *Daemon) recordCall(c *circuit, r policy.Result, call policy.Call, now time.Time) {
-	if t, moved := c.machine.RecordCall(now, r, call); moved {
-		d.apply(c, t)
-	} else if c.inIdle {
-		c.referenced = true // see evictIdle
+// record feeds n calls with result r, classified as call, to c
+// (engine.Record); calls that move nothing give c its second chance at
+// eviction.
+func (d *Daemon) record(c *circuit, r policy.Result, call policy.Call, n int, now time.Time) {
+	if !d.eng.Record(c, now, r, call, n) {
+		c.Referenced() // see engine.Registry.Victim
 	}
 }
 
@@ -165,19 +139,20 @@ func (d *Daemon) scanResponseTimeouts(now time.Time) {
 		if m, ok := d.timedOut[a.Cookie]; ok && m.start == a.Since {
 			continue
 		}
-		c, _ := d.reg.at(a.Dest)
+		c, _ := d.reg.At(a.Dest)
 		if c == nil {
 			continue
 		}
-		o := &c.machine.Options().Responses
+		o := &c.Machine.Options().Responses
 		waited := mono - a.Since
 		if o.ResponseTimeout == 0 || waited < o.ResponseTimeout {
 			continue
 		}
 		d.timedOut[a.Cookie] = timedOut{start: a.Since}
-		c.metrics.responseCounter(policy.ResponseTimeout).Inc()
-		c.noteFailedCgroup(a.CgroupID)
-		d.record(c, policy.Result{Kind: policy.Failure, Duration: waited, Probe: a.Probe, Round: a.Round}, 1, now)
+		c.Metrics.Response(policy.ResponseTimeout).Inc()
+		c.NoteFailedCgroup(a.CgroupID)
+		r := policy.Result{Kind: policy.Failure, Duration: waited, Probe: a.Probe, Round: a.Round}
+		d.record(c, r, policy.Classify(c.Machine.Options(), r), 1, now)
 	}
 	for cookie, m := range d.timedOut {
 		if seen[cookie] {
@@ -248,22 +223,22 @@ func responseOptions(m map[string]any, r *policy.ResponseOptions) {
 // bulkhead, one under every class connect looks its limits up with (the
 // slot is then unused: an entry with both limits 0 only marks sockets).
 func (d *Daemon) limitEntries(c *circuit, dst maps.Dest) []bulkEntry {
-	if c.machine.Options().HasLimits() {
+	if c.Machine.Options().HasLimits() {
 		return d.bulkheadEntries(c, dst)
 	}
-	if c.id == 0 {
+	if c.ID == 0 {
 		return nil // no id free for it (writeLimit logged it): nothing in slot 0
 	}
 	var out []bulkEntry
-	if c.workload() != policy.SharedWorkload || !d.cfg.Scoped() {
-		out = append(out, bulkEntry{dst: dst, slot: c.id})
+	if c.Workload() != policy.SharedWorkload || !d.cfg.Scoped() {
+		out = append(out, bulkEntry{dst: dst, slot: c.ID})
 	}
-	if c.workload() == policy.SharedWorkload {
+	if c.Workload() == policy.SharedWorkload {
 		for _, k := range d.classes.SharedBulkheads() {
 			b := dst
 			b.Class = uint8(k)
 			if !slices.ContainsFunc(out, func(e bulkEntry) bool { return e.dst == b }) {
-				out = append(out, bulkEntry{dst: b, slot: c.id})
+				out = append(out, bulkEntry{dst: b, slot: c.ID})
 			}
 		}
 	}

@@ -6,25 +6,54 @@
 // The core reaches the kernel only through Kernel, the map operations it
 // truly uses (*maps.Kernel implements it; tests use enginetest.Kernel,
 // which counts its calls so that a test can wait for a positive signal
-// instead of sleeping), and reads the time only through a Clock
-// (enginetest.Clock in tests).
+// instead of sleeping), reads the time only through a Clock
+// (enginetest.Clock in tests), and counts through Metrics, which the
+// daemon implements with its Prometheus vectors (the engine does not
+// import Prometheus).
 //
-// What the package holds: the destination index (DestIndex), circuit ids
-// and the rules of their seating (IDs), the overrides kept across
-// restarts (Overrides), circuit names and a target's enumerable
-// destinations. The daemon's registry holds a DestIndex and an IDs, and
-// the daemon's core methods (daemon/circuits.go, answered.go,
-// bulkheads.go, and handle, apply and tick in daemon.go) use Kernel and
-// Clock, so daemon/core_test.go runs them on the fakes.
+// What the package holds:
+//
+//   - Engine, which owns the circuits (Registry: by name and destination,
+//     the active and endpoint sets, the idle list eviction takes its
+//     victim from), the circuits waiting for an id or for room
+//     (unenforced, unlimited), the kept overrides, the retired kernel
+//     counts and the rate-limited error log. Its methods make a circuit
+//     and attach destinations (Make, Attach), record calls (Record: one
+//     way, with a count), apply a transition (Apply), seat and release
+//     kernel ids (Seat, EnsureID, ReleaseID), write verdicts
+//     (WriteVerdicts), retry what could not be written (RetryUnenforced),
+//     evict and drop circuits, and keep the sharing workloads' bulkhead
+//     slots and the circuits' epochs.
+//   - Circuit, one circuit in a single 192-byte allocation, and the
+//     destination index (DestIndex), ids and the rules of their seating
+//     (IDs), the overrides kept across restarts (Overrides), circuit names
+//     and a target's enumerable destinations.
+//
+// The transition is the truth of what is written: a circuit without a
+// kernel id is seated as it is about to open, before its transition is
+// computed (policy.Seat, passed by Record), so the transition's round is
+// its verdict's, and a verdict write never changes the state machine.
+//
+// What the daemon still does around the engine, through Hooks: the close
+// pass of close_established (Opened), the event list and the Kubernetes
+// Event of a transition (Transitioned), the limits entries of a
+// destination (WriteLimit: they need the configuration's workloads) and
+// the answered batches (Unbatch).
 //
 // The cut still to make, in steps that each build and pass:
 //
-//   - The circuit type, the registry with its LRU, handling an outcome
-//     record, applying a transition and writing verdicts move here as an
-//     Engine that owns that state. A circuit carries its target's
-//     Prometheus series today, so the engine first needs its own
-//     metrics seam (counters it exports, which the daemon's collectors
-//     read).
+//   - Handling an outcome record (daemon.handle and handleBatch, with the
+//     cache warming, reset dating, connect timeouts and responses) and the
+//     tick move here; they need the matcher (lookup: the configuration,
+//     resolved names and Services) as an input the daemon hands the
+//     engine on reload. The answered batches (daemon/answered.go) and the
+//     limits entries (bulkheadEntries, limitFor) follow, and Hooks shrinks
+//     to the close pass and the notices of transitions.
+//   - The Registry's exported fields (ByName, ByDest, Active, IDs, ...),
+//     exported while the daemon's methods still reach into them, become
+//     the engine's own; the daemon's reg shortcut goes.
+//   - The daemon's tests on the fake kernel (daemon/core_test.go) move
+//     here once handle, lookup and the tick have.
 //   - The engine is driven by the reader's goroutine alone and publishes
 //     snapshots for the admin API, the metrics and the status page,
 //     which then no longer take its lock.

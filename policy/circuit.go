@@ -2,6 +2,7 @@ package policy
 
 import (
 	"math"
+	"slices"
 	"time"
 )
 
@@ -233,44 +234,46 @@ func (c *Circuit) Options() *Options { return c.opts }
 // LastActivity is when the circuit last recorded a call or changed state.
 func (c *Circuit) LastActivity() time.Time { return c.last.time() }
 
-// RecordN feeds n calls with the same result, as n Records would, and
-// returns the transition they caused: the successes the kernel counted
-// for a circuit arrive as one record of their number. A probe's result is
-// one call whatever n is. A batch causes at most one change of state:
-// once the circuit leaves Closed the other calls are ignored, as Record
-// would; an ejection-limit notice keeps it Closed, the group's counts do
-// not change within the batch, and so no open follows it.
-func (c *Circuit) RecordN(now time.Time, r Result, n int) (Transition, bool) {
-	if r.Probe {
-		n = min(n, 1)
-	}
-	var first Transition
-	var moved bool
-	for range n {
-		t, ok := c.Record(now, r)
-		if ok && !moved {
-			first, moved = t, true
-		}
-		if moved && c.state != Closed {
-			break
-		}
-	}
-	return first, moved
+// Seat gives a circuit that has no kernel slot one, when it is about to
+// open: its verdict needs a slot's counters and probe budget, and its
+// rounds must continue after the rounds that slot's budget has seen, so
+// the slot is found before the transition is computed.
+type Seat interface {
+	// Seat finds the circuit a slot and returns the round of its probe
+	// budget; false: none is free (the circuit opens all the same, and
+	// its verdict waits for one).
+	Seat() (round uint32, ok bool)
 }
 
-// Record feeds one call's result and returns the transition it caused.
+// Record feeds one call's result and returns the transition it caused
+// (RecordN of one call, classified here, for a circuit with a slot).
 func (c *Circuit) Record(now time.Time, r Result) (Transition, bool) {
-	return c.RecordCall(now, r, Classify(c.opts, r))
+	return c.RecordN(now, r, Classify(c.opts, r), 1, nil)
 }
 
-// RecordCall is Record of a result the caller has classified already
-// (call is Classify(c.Options(), r)).
-func (c *Circuit) RecordCall(now time.Time, r Result, call Call) (Transition, bool) {
+// RecordN feeds n calls with the same result r, classified as call
+// (Classify(c.Options(), r)), and returns the transition they caused, as
+// n calls recorded one by one would: the successes the kernel counted for
+// a circuit arrive as one record of their number. A probe's result is one
+// call whatever n is. A batch causes at most one change of state: once
+// the circuit leaves Closed the other calls are ignored; an
+// ejection-limit notice keeps it Closed, and the group's counts do not
+// change within the batch, so no open follows it. The work does not grow
+// with n: at most the window's size plus the consecutive-failure bound in
+// calls of a count-based window, a few points of a time-based one.
+//
+// seat, when not nil, is asked for a kernel slot just before the circuit
+// opens from Closed (a circuit without one); the round of the open
+// verdict then follows the slot's.
+func (c *Circuit) RecordN(now time.Time, r Result, call Call, n int, seat Seat) (Transition, bool) {
 	c.last = stampOf(now)
-	failed, slow := call.Failed, call.Slow
-	if !call.Counts {
+	if !call.Counts || n <= 0 {
 		return Transition{}, false
 	}
+	if r.Probe {
+		n = 1
+	}
+	failed, slow := call.Failed, call.Slow
 	switch c.state {
 	case Open:
 		if !r.Probe || r.Round != c.round {
@@ -292,30 +295,178 @@ func (c *Circuit) RecordCall(now time.Time, r Result, call Call) (Transition, bo
 		return c.probeResult(now, failed)
 	case Closed:
 	default: // forced or disabled: metrics only
-		c.win.record(now, failed, slow)
+		c.win.recordN(now, failed, slow, n)
 		return Transition{}, false
 	}
+	if n == 1 { // a record's one call: the common case, kept short
+		c.win.record(now, failed, slow)
+		if failed {
+			c.consecutive++
+		} else {
+			c.consecutive = 0
+		}
+		reason, open := c.shouldOpen()
+		if !open {
+			c.blocked = false
+			return Transition{}, false
+		}
+		t, ok, _ := c.opening(now, reason, seat)
+		return t, ok
+	}
+	if !c.win.timed() {
+		return c.recordClosed(now, failed, slow, n, seat)
+	}
+	return c.recordClosedTimed(now, failed, slow, n, seat)
+}
 
+// recordClosed records the calls of a closed circuit one by one, up to
+// the point after which more of them change nothing but the consecutive
+// count: a count-based window holding only such calls, and the
+// consecutive-failure bound reached or out of reach.
+func (c *Circuit) recordClosed(now time.Time, failed, slow bool, n int, seat Seat) (Transition, bool) {
+	var first Transition
+	var moved bool
+	steps := n
+	if bound := int(c.win.size) + c.opts.ConsecutiveFailures + 1; steps > bound {
+		steps = bound
+	}
+	for range steps {
+		t, ok, opened := c.step(now, failed, slow, seat)
+		if opened {
+			return t, true
+		}
+		if ok && !moved {
+			first, moved = t, true
+		}
+	}
+	if rest := n - steps; rest > 0 {
+		// The window holds only calls like these (its counts stay), the
+		// consecutive bound is reached or cannot be, and so shouldOpen
+		// says what it said last: the rest move nothing.
+		c.win.pos = int32((int(c.win.pos) + rest) % int(c.win.size))
+		if failed {
+			c.consecutive = int32(min(int64(c.consecutive)+int64(rest), math.MaxInt32))
+		}
+	}
+	return first, moved
+}
+
+// step records one call of a closed circuit; opened says it opened (t
+// is that transition), ok without opened an ejection-limit notice.
+func (c *Circuit) step(now time.Time, failed, slow bool, seat Seat) (t Transition, ok, opened bool) {
 	c.win.record(now, failed, slow)
 	if failed {
 		c.consecutive++
 	} else {
 		c.consecutive = 0
 	}
-	reason, ok := c.shouldOpen()
-	if !ok {
+	return c.decide(now, seat)
+}
+
+// decide opens the circuit (or notes the ejection limit) when its counts
+// say so.
+func (c *Circuit) decide(now time.Time, seat Seat) (t Transition, ok, opened bool) {
+	reason, open := c.shouldOpen()
+	if !open {
 		c.blocked = false
-		return Transition{}, false
+		return Transition{}, false, false
 	}
+	return c.opening(now, reason, seat)
+}
+
+// opening opens the circuit for reason, which shouldOpen gave, unless its
+// endpoint group may eject no more: then it notes the ejection limit once
+// (ok without opened).
+func (c *Circuit) opening(now time.Time, reason Reason, seat Seat) (t Transition, ok, opened bool) {
 	if c.group != nil && !c.group.mayEject() {
 		if c.blocked {
-			return Transition{}, false
+			return Transition{}, false, false
 		}
 		c.blocked = true
-		t := c.transition(now, Closed, ReasonEjectionLimit)
-		return t, true
+		return c.transition(now, Closed, ReasonEjectionLimit), true, false
 	}
-	return c.open(now, reason, false), true
+	if seat != nil {
+		if round, ok := seat.Seat(); ok {
+			c.SeedRound(round)
+		}
+	}
+	return c.open(now, reason, false), true, true
+}
+
+// recordClosedTimed records n calls of a closed circuit with a
+// time-based window. They all go into now's bucket, so after k of them
+// every count is linear in k and each of shouldOpen's conditions changes
+// at most once: the circuit decides only where one may change, and the
+// calls between those points are added at once.
+func (c *Circuit) recordClosedTimed(now time.Time, failed, slow bool, n int, seat Seat) (Transition, bool) {
+	c.win.age(now)
+	o := c.opts
+	calls0, fails0, slow0, cons0 := int64(c.win.calls), int64(c.win.failures), int64(c.win.slow), int64(c.consecutive)
+	f, s := int64(0), int64(0)
+	if failed {
+		f = 1
+	}
+	if slow {
+		s = 1
+	}
+	// The points where a condition may change: the first call, the
+	// consecutive bound, min_requests, and where each rate crosses its
+	// threshold (a ratio of two linear counts is monotone in k).
+	N := int64(n)
+	points := []int64{1, int64(o.MinRequests) - calls0,
+		crossing(N, func(k int64) bool { return float64(fails0+k*f)/float64(calls0+k) >= o.FailureRateThreshold }),
+		crossing(N, func(k int64) bool { return float64(slow0+k*s)/float64(calls0+k) >= o.SlowCallRateThreshold })}
+	if failed && o.ConsecutiveFailures > 0 {
+		points = append(points, int64(o.ConsecutiveFailures)-cons0)
+	}
+	slices.Sort(points)
+	var first Transition
+	var moved bool
+	done := int64(0) // calls added so far
+	add := func(k int64) {
+		if k <= done {
+			return
+		}
+		c.win.addN(now, failed, slow, int(k-done))
+		if failed {
+			c.consecutive = int32(min(cons0+k, math.MaxInt32))
+		} else {
+			c.consecutive = 0
+		}
+		done = k
+	}
+	for _, k := range slices.Compact(points) {
+		if k < 1 || k > N {
+			continue
+		}
+		// What the circuit decides at k holds until the next point.
+		add(k)
+		t, ok, opened := c.decide(now, seat)
+		if opened {
+			return t, true
+		}
+		if ok && !moved {
+			first, moved = t, true
+		}
+	}
+	add(N)
+	return first, moved
+}
+
+// crossing returns the least k in [1, n] at which the monotone p has
+// another value than p(1) (n+1: none has).
+func crossing(n int64, p func(int64) bool) int64 {
+	at1 := p(1)
+	lo, hi := int64(1), n+1 // p(lo) == at1; p(hi) != at1, or hi == n+1
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if p(mid) == at1 {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return hi
 }
 
 func (c *Circuit) shouldOpen() (Reason, bool) {

@@ -631,30 +631,53 @@ func TestHalfOpenRounds(t *testing.T) {
 // TestRecordNIsNRecords feeds the same random histories to two circuits,
 // one call at a time and in runs of equal results, and checks that they
 // end in the same state with the same transitions: a counted batch of the
-// kernel's successes decides as its calls one by one would.
+// kernel's successes decides as its calls one by one would, in count-
+// and time-based windows, in and out of an endpoint group that may not
+// eject, and in runs longer than the window.
 func TestRecordNIsNRecords(t *testing.T) {
 	answered := Result{Kind: Answered}
 	kinds := []Result{ok, fail, slow, answered}
-	for seed := uint64(0); seed < 200; seed++ {
+	for seed := uint64(0); seed < 400; seed++ {
 		rnd := rand.New(rand.NewPCG(seed, 1))
 		o := opts(func(o *Options) {
 			o.ConsecutiveFailures = rnd.IntN(4)
-			o.MinRequests = 1 + rnd.IntN(12)
+			o.MinRequests = 1 + rnd.IntN(30)
 			o.WindowSize = 5 + rnd.IntN(40)
+			if rnd.IntN(2) == 0 {
+				o.WindowDuration = time.Duration(1+rnd.IntN(20)) * time.Second
+			}
 			o.FailureRateThreshold = 0.2 + rnd.Float64()*0.6
+			o.SlowCallRateThreshold = 0.3 + rnd.Float64()*0.7
 		})
 		clk := newClock()
-		one := NewCircuit(o, NoOverride, nil, clk.now(), nil)
-		many := NewCircuit(o, NoOverride, nil, clk.now(), nil)
+		// In a group, a peer open first: the group then ejects no more.
+		group := func() *Group {
+			if seed%3 != 0 {
+				return nil
+			}
+			g := NewGroup(50)
+			po := opts(func(o *Options) { o.ConsecutiveFailures = 1 })
+			peer := NewCircuit(po, NoOverride, g, clk.now(), nil)
+			NewCircuit(po, NoOverride, g, clk.now(), nil)
+			if tr, _ := peer.Record(clk.now(), fail); tr.To != Open {
+				t.Fatalf("the peer did not open: %+v", tr)
+			}
+			return g
+		}
+		one := NewCircuit(o, NoOverride, group(), clk.now(), nil)
+		many := NewCircuit(o, NoOverride, group(), clk.now(), nil)
 		for step := 0; step < 60; step++ {
 			r, n := kinds[rnd.IntN(len(kinds))], 1+rnd.IntN(8)
+			if rnd.IntN(8) == 0 {
+				n = 1 + rnd.IntN(200)
+			}
 			var want []Transition
 			for range n {
 				if tr, moved := one.Record(clk.now(), r); moved {
 					want = append(want, tr)
 				}
 			}
-			tr, moved := many.RecordN(clk.now(), r, n)
+			tr, moved := many.RecordN(clk.now(), r, Classify(o, r), n, nil)
 			if len(want) > 1 && want[0].To != Closed {
 				t.Fatalf("seed %d step %d: one batch moved twice: %+v", seed, step, want)
 			}
@@ -671,5 +694,35 @@ func TestRecordNIsNRecords(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// seatAt is a Seat that hands out a slot whose probe budget is at round.
+type seatAt struct {
+	round uint32
+	asked int
+}
+
+func (s *seatAt) Seat() (uint32, bool) { s.asked++; return s.round, true }
+
+// A circuit given a slot as it opens continues that slot's rounds: the
+// open transition's round, the one its verdict is written with, follows
+// the slot's budget; the seat is asked only when the circuit opens.
+func TestRecordSeatsBeforeOpening(t *testing.T) {
+	o := opts(func(o *Options) { o.ConsecutiveFailures = 3 })
+	clk := newClock()
+	c := NewCircuit(o, NoOverride, nil, clk.now(), nil)
+	s := &seatAt{round: 41}
+	for range 2 {
+		if _, moved := c.RecordN(clk.now(), fail, Classify(o, fail), 1, s); moved || s.asked != 0 {
+			t.Fatalf("moved %v, seat asked %d times before the circuit opened", moved, s.asked)
+		}
+	}
+	tr, moved := c.RecordN(clk.now(), fail, Classify(o, fail), 1, s)
+	if !moved || tr.To != Open || s.asked != 1 {
+		t.Fatalf("third failure: %+v, %v, seat asked %d times", tr, moved, s.asked)
+	}
+	if tr.Round != 42 || c.Round() != 42 {
+		t.Fatalf("opened in round %d (circuit %d), want 42: after the slot's 41", tr.Round, c.Round())
 	}
 }

@@ -102,6 +102,43 @@ func (w *window) record(now time.Time, failed, slow bool) {
 	w.add(bits)
 }
 
+// recordN records n calls alike: the last ones a count-based window
+// holds (after its size, more only turn the ring), all at once in a
+// time-based window's bucket.
+func (w *window) recordN(now time.Time, failed, slow bool, n int) {
+	if w.timed() {
+		w.addN(now, failed, slow, n)
+		return
+	}
+	if w.size == 0 {
+		return
+	}
+	for range min(n, int(w.size)) {
+		w.record(now, failed, slow)
+	}
+	if rest := n - int(w.size); rest > 0 {
+		w.pos = int32((int(w.pos) + rest) % int(w.size))
+	}
+}
+
+// addN adds n calls alike to now's bucket of a time-based window.
+func (w *window) addN(now time.Time, failed, slow bool, n int) {
+	epoch := w.age(now)
+	b := &w.ext.buckets[epoch%WindowBuckets]
+	b.epoch = epoch
+	k := int32(n)
+	b.calls += k
+	w.calls += k
+	if failed {
+		b.failures += k
+		w.failures += k
+	}
+	if slow {
+		b.slow += k
+		w.slow += k
+	}
+}
+
 func (w *window) add(bits uint8) {
 	w.calls++
 	if bits&callFailed != 0 {
