@@ -4,11 +4,13 @@ import (
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/breakerd/breakerd/policy"
 )
 
 // MinQuorum is the smallest quorum: one node alone, misconfigured,
 // partitioned or compromised, never opens a circuit on other nodes.
-const MinQuorum = 2
+const MinQuorum = policy.MinFleetQuorum
 
 // Tally counts, per destination key, the other nodes whose reports have
 // it open now. It is pure: the caller feeds it the reports a watch
