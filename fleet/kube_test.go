@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -368,5 +369,82 @@ func TestFleetSchemaRefusesMalformedReports(t *testing.T) {
 				t.Fatalf("created: %v\nwant Invalid with %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestFleetWatchFeedsTally: node C follows the reports A and B write, with
+// its own pod-bound token, through a Watcher into its Tally: the quorum
+// of two opens once both reports are in, expires with the entries'
+// open-until (no write needed), and a deleted report is forgotten.
+func TestFleetWatchFeedsTally(t *testing.T) {
+	f := startFleetAPI(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	suffix := strings.ToLower(kerneltest.UniqueName())
+	nodeA, nodeB, nodeC := "fleet-a-"+suffix, "fleet-b-"+suffix, "fleet-c-"+suffix
+	storeA := f.store(t, f.nodeToken(t, nodeA))
+	storeB := f.store(t, f.nodeToken(t, nodeB))
+	tokenC := f.nodeToken(t, nodeC)
+
+	var mu sync.Mutex
+	tally := NewTally(nodeC)
+	forgotten := map[string]bool{}
+	w, err := NewWatcher(f.api.TokenConfig(tokenC),
+		func(r *CircuitReport) { mu.Lock(); tally.Observe(r); mu.Unlock() },
+		func(node string) { mu.Lock(); tally.Forget(node); forgotten[node] = true; mu.Unlock() }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	if !kerneltest.WaitFor(10*time.Second, w.Synced) {
+		t.Fatal("C's watch has not listed the reports within 10 s (RBAC?)")
+	}
+	open := func() []Verdict {
+		mu.Lock()
+		defer mu.Unlock()
+		return tally.Open(time.Now(), func(string) int { return 2 })
+	}
+
+	const key = "tcp/192.0.2.7:443"
+	c := circuitAt(key)
+	c.OpenUntil = metav1.NewMicroTime(time.Now().Add(4 * time.Second))
+	if err := storeA.Apply(ctx, reportOf(nodeA, c)); err != nil {
+		t.Fatal(err)
+	}
+	if !kerneltest.WaitFor(10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return tally.Count(key, time.Now()) == 1 }) {
+		t.Fatal("C does not see A's report within 10 s")
+	}
+	if v := open(); len(v) != 0 {
+		t.Fatalf("one node's report opened %+v on C", v)
+	}
+	written := time.Now()
+	if err := storeB.Apply(ctx, reportOf(nodeB, circuitAt(key))); err != nil {
+		t.Fatal(err)
+	}
+	if !kerneltest.WaitFor(10*time.Second, func() bool { return len(open()) == 1 }) {
+		t.Fatal("the quorum of A and B does not open the key on C within 10 s")
+	}
+	t.Logf("C opened %s %v after B's report was written", key, time.Since(written).Round(time.Millisecond))
+	if v := open()[0]; v.Key != key || v.Nodes != 2 || !v.Until.Equal(c.OpenUntil.Time.Truncate(time.Microsecond)) {
+		t.Fatalf("verdict %+v, want 2 nodes until A's open-until %v", v, c.OpenUntil.Time)
+	}
+	// A writes nothing more: its entry expires by itself, and the key
+	// falls below the quorum at A's open-until.
+	if !kerneltest.WaitFor(10*time.Second, func() bool { return len(open()) == 0 }) {
+		t.Fatal("A's entry has not expired on C")
+	}
+	if late := time.Since(c.OpenUntil.Time); late < 0 {
+		t.Fatalf("closed %v before A's open-until", -late)
+	}
+	// A deleted report is forgotten.
+	if err := f.dyn.Resource(GroupVersionResource).Delete(ctx, nodeB, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !kerneltest.WaitFor(10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return forgotten[nodeB] }) {
+		t.Fatal("C has not forgotten B's deleted report")
+	}
+	if n := func() int { mu.Lock(); defer mu.Unlock(); return tally.Count(key, time.Now()) }(); n != 0 {
+		t.Fatalf("C still counts %d nodes", n)
 	}
 }

@@ -11,10 +11,13 @@
 // open-until, and a circuit past it stops counting by itself, so a node
 // that died or lost the API drops out of every tally without writing.
 //
-// The package has three parts, each usable alone: the API type
-// (CircuitReport), the Writer (a node's own report, coalesced, bounded,
-// never blocking its caller), and the Tally (pure: the reports seen, the
-// clock, and the quorum decision).
+// The package has four parts, each usable alone: the API type
+// (CircuitReport, with KubeStore to write and read it), the Writer (a
+// node's own report, coalesced, bounded, never blocking its caller), the
+// Watcher (every node's report, through an informer) and the Tally (pure:
+// the reports seen, the clock, and the quorum decision). Nothing in the
+// daemon uses it yet: the `fleet` configuration block is validated and
+// inert.
 package fleet
 
 import (
