@@ -55,7 +55,7 @@ type fleetAPI struct {
 	dyn   dynamic.Interface
 }
 
-// install applies the shipped CRD (and waits for it to be served), the
+// startFleetAPI starts a real API server and applies the shipped CRD (and waits for it to be served), the
 // admission policy and its binding, and the ClusterRole bound to breakerd's
 // service account, which it creates.
 func startFleetAPI(t *testing.T) *fleetAPI {
@@ -289,7 +289,7 @@ func TestFleetOwnReportOnly(t *testing.T) {
 		if strings.Contains(err.Error(), "cannot patch resource") {
 			t.Fatalf("refused by RBAC, not by the admission policy: %v", err)
 		}
-		// Nor may A delete B's report, had it the right to.
+		// B's report is as B wrote it.
 		got, err := storeB.Get(ctx, nodeB)
 		if err != nil || len(got.Spec.Circuits) != 1 {
 			t.Fatalf("B's report changed: %+v, %v", got, err)
