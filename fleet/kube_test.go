@@ -55,9 +55,9 @@ type fleetAPI struct {
 	dyn   dynamic.Interface
 }
 
-// startFleetAPI starts a real API server and applies the shipped CRD (and waits for it to be served), the
-// admission policy and its binding, and the ClusterRole bound to breakerd's
-// service account, which it creates.
+// startFleetAPI starts a real API server and applies the shipped CRD
+// (waiting until it is served), the admission policy and its binding, and
+// the ClusterRole bound to breakerd's service account, which it creates.
 func startFleetAPI(t *testing.T) *fleetAPI {
 	t.Helper()
 	api := kubeapitest.Start(t)
