@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
@@ -53,6 +54,7 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 	var cm corev1.ConfigMap
 	decodeStrict(t, "configmap.yaml", &cm)
 	daemonSet(t)
+	fleetPolicy(t)
 	var kust struct {
 		APIVersion string   `json:"apiVersion"`
 		Kind       string   `json:"kind"`
@@ -85,6 +87,33 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 	if binding.RoleRef.Name != role.Name || len(binding.Subjects) != 1 || binding.Subjects[0].Name != sa.Name || binding.Subjects[0].Namespace != kust.Namespace {
 		t.Errorf("binding %+v does not bind %s to service account %s/%s", binding, role.Name, kust.Namespace, sa.Name)
 	}
+}
+
+// fleetPolicy decodes fleet-policy.yaml strictly: the admission policy
+// that lets a node write only its own CircuitReport, and its binding
+// (fleet/kube_test.go runs them on a real API server).
+func fleetPolicy(t *testing.T) (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.ValidatingAdmissionPolicyBinding) {
+	t.Helper()
+	data, err := os.ReadFile("fleet-policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := strings.Split(string(data), "\n---\n")
+	if len(docs) != 2 {
+		t.Fatalf("fleet-policy.yaml has %d documents, want the policy and its binding", len(docs))
+	}
+	var p admissionv1.ValidatingAdmissionPolicy
+	var b admissionv1.ValidatingAdmissionPolicyBinding
+	if err := yaml.UnmarshalStrict([]byte(docs[0]), &p); err != nil {
+		t.Fatalf("fleet-policy.yaml: %v", err)
+	}
+	if err := yaml.UnmarshalStrict([]byte(docs[1]), &b); err != nil {
+		t.Fatalf("fleet-policy.yaml: %v", err)
+	}
+	if b.Spec.PolicyName != p.Name || !slices.Equal(b.Spec.ValidationActions, []admissionv1.ValidationAction{admissionv1.Deny}) {
+		t.Errorf("binding %+v does not deny by policy %s", b.Spec, p.Name)
+	}
+	return &p, &b
 }
 
 // grantedCaps returns the DaemonSet's added capabilities.

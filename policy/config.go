@@ -415,6 +415,12 @@ func (d *decoder) options(path string, m map[string]any, extra map[string]bool) 
 		if extra[k] {
 			continue
 		}
+		if k == "fleet" {
+			if m[k] != nil { // null is reported as a null value
+				o.Fleet = d.fleet(path+".fleet", m[k])
+			}
+			continue
+		}
 		f, ok := known[k]
 		if !ok {
 			d.add(path+"."+k, "unknown key%s", d.suggest(k, optionKeys(extra)))
@@ -715,10 +721,11 @@ func sortedKeys(m map[string]any) []string {
 }
 
 func optionKeys(extra map[string]bool) []string {
-	keys := make([]string, 0, len(optionFields)+len(extra))
+	keys := make([]string, 0, len(optionFields)+len(extra)+1)
 	for _, f := range optionFields {
 		keys = append(keys, f.key)
 	}
+	keys = append(keys, "fleet")
 	for k := range extra {
 		keys = append(keys, k)
 	}

@@ -75,6 +75,8 @@ type Options struct {
 	CloseEstablished bool
 	// Responses are a target's response options (responses.go).
 	Responses ResponseOptions
+	// Fleet is the `fleet` block (fleet.go): experimental and inert.
+	Fleet FleetOptions
 }
 
 // HasLimits reports whether the options set a bulkhead limit.
