@@ -672,3 +672,25 @@ targets:
 		t.Fatal("an enumerated endpoint left its group")
 	}
 }
+
+// A fleet block anywhere (all, or one target) is what the daemon warns
+// of at start and reload: this version validates it and acts on nothing.
+func TestFleetBlocksAreSeen(t *testing.T) {
+	for _, c := range []struct {
+		yaml string
+		want bool
+	}{
+		{"all: {consecutive_failures: 2}\n", false},
+		{"all: {fleet: {}}\n", true},
+		{"targets:\n  web:\n    match: {cidrs: [198.18.0.2/32], ports: [\"80\"]}\n    fleet: {quorum: 3}\n", true},
+		{"targets:\n  web:\n    match: {cidrs: [198.18.0.2/32], ports: [\"80\"]}\n", false},
+	} {
+		cfg, err := policy.Parse([]byte(c.yaml), false)
+		if err != nil {
+			t.Fatalf("%q: %v", c.yaml, err)
+		}
+		if got := fleetBlocks(cfg); got != c.want {
+			t.Errorf("%q: fleetBlocks %v, want %v", c.yaml, got, c.want)
+		}
+	}
+}

@@ -642,6 +642,20 @@ func (d *Daemon) reconcileRounds(now time.Time) {
 // applyConfig installs a new configuration (first start or reload) and
 // rebuilds what depends on it.
 //
+// fleetBlocks reports whether cfg has a fleet block (policy.FleetOptions),
+// which this version accepts and does not act on.
+func fleetBlocks(cfg *policy.Config) bool {
+	if cfg.All.Fleet.Enabled {
+		return true
+	}
+	for _, t := range cfg.Targets {
+		if t.Options.Fleet.Enabled {
+			return true
+		}
+	}
+	return false
+}
+
 // A reload keeps every circuit whose matching still holds: its state,
 // window, trips, open time and any override set through the API stay, and
 // the new options apply from its next call and transition (a verdict
@@ -656,6 +670,9 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 	if cfg.MaxCircuits > policy.GuaranteedCircuits && (old == nil || old.MaxCircuits <= policy.GuaranteedCircuits) {
 		d.log.Warn("max_circuits is above the number of circuits that can all reject at once; a circuit that opens when the kernel has no circuit id or verdict entry left is not enforced, logged and counted in breakerd_verdict_write_errors_total",
 			"max_circuits", cfg.MaxCircuits, "guaranteed", policy.GuaranteedCircuits)
+	}
+	if fleetBlocks(cfg) && (old == nil || !fleetBlocks(old)) {
+		d.log.Warn("the configuration has a fleet block: this version validates it and shares nothing with other nodes; every circuit is decided by this node's own evidence")
 	}
 	d.classes = cfg.Classes()
 	d.ensureCloser(cfg)
