@@ -31,9 +31,12 @@ enum decision {
  * circuit already carries the next one) admits nothing. Each failed
  * exchange means another caller changed the word, which happens at most
  * probes + 1 times per round; after TAKE_ATTEMPTS the caller is rejected
- * (the token stays for the next one). */
-static __always_inline enum decision take_probe(struct verdict *v, __u32 *round, __u32 *new_round)
+ * (the token stays for the next one). Verified once: its attempts are
+ * unrolled, and each ends on a path of its own. */
+verified_once int take_probe(struct verdict *v, __u32 *round, __u32 *new_round)
 {
+	if (!v || !round || !new_round)
+		return ALLOW;
 	__u32 id = v->circuit_id;
 	struct probe_budget *b = bpf_map_lookup_elem(&probe_budgets, &id);
 	if (!b)
@@ -75,7 +78,7 @@ static __always_inline enum decision decide(struct verdict *v, struct dest_key *
 		 * takes a token and stays rejected until the circuit closes. */
 		if (key->proto != IPPROTO_TCP)
 			return REJECT;
-		return take_probe(v, round, new_round);
+		return (enum decision)take_probe(v, round, new_round);
 	default:
 		return ALLOW; /* unknown state: fail open */
 	}
@@ -97,11 +100,12 @@ enum rejection_kind {
  * path; an epoch of 0 (written by a daemon that does not record them)
  * records nothing. A failed insert other than a racing one (EEXIST:
  * another CPU made the entry first) means the map is full: counted, and
- * the connect is rejected all the same. */
-static __always_inline void note_rejection(__u32 id, __u32 epoch, enum rejection_kind kind)
+ * the connect is rejected all the same. Verified once, not on each of
+ * the reject paths. */
+verified_once int note_rejection(__u32 id, __u32 epoch, __u32 kind)
 {
 	if (!epoch)
-		return;
+		return 0;
 	struct rejection_key k = {
 		.cgroup_id = bpf_get_current_cgroup_id(),
 		.circuit_id = id,
@@ -113,11 +117,11 @@ static __always_inline void note_rejection(__u32 id, __u32 epoch, enum rejection
 		long err = bpf_map_update_elem(&rejections, &k, &zero, BPF_NOEXIST);
 		if (err && err != -EEXIST) {
 			stat_inc(STAT_REJECTIONS_FULL);
-			return;
+			return 0;
 		}
 		r = bpf_map_lookup_elem(&rejections, &k);
 		if (!r)
-			return;
+			return 0;
 	}
 	switch (kind) {
 	case REJ_VERDICT:
@@ -133,6 +137,7 @@ static __always_inline void note_rejection(__u32 id, __u32 epoch, enum rejection
 		count(r->bulkhead_shadow_rejected);
 		break;
 	}
+	return 1;
 }
 
 /* verdict_allows applies an open, half-open or forced-open verdict. */

@@ -8,6 +8,15 @@
 #ifndef BREAKERD_RECORD_H
 #define BREAKERD_RECORD_H
 
+/* A function marked verified_once is a global function: the verifier
+ * checks its body once per program that calls it, with its arguments
+ * unknown, rather than again at every call and on every path that reaches
+ * one (the bulk of a load's time on 6.1, and under the CI's emulation). Its
+ * arguments may be only scalars, the program's context, and pointers to
+ * memory of their type's size, which it checks against null itself; it
+ * returns a scalar. */
+#define verified_once __attribute__((noinline))
+
 /* Wake-up flags of a record: see struct event. */
 #define WAKE BPF_RB_FORCE_WAKEUP
 #define LAZY 0
@@ -15,8 +24,10 @@
 /* emit writes record r to the ring buffer: it wakes the reader (WAKE), or,
  * LAZY, leaves it for the next batch while the ring is between one and two
  * watermarks full. A full ring drops it (STAT_EVENTS_LOST). */
-static __always_inline void emit(const struct event *r, __u32 wake)
+verified_once int emit(const struct event *r, __u32 wake)
 {
+	if (!r)
+		return 0;
 	__u64 submit = BPF_RB_FORCE_WAKEUP;
 	if (wake == LAZY) {
 		__u64 unread = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
@@ -26,10 +37,11 @@ static __always_inline void emit(const struct event *r, __u32 wake)
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		stat_inc(STAT_EVENTS_LOST);
-		return;
+		return 0;
 	}
 	__builtin_memcpy(e, r, sizeof(*e));
 	bpf_ringbuf_submit(e, submit);
+	return 1;
 }
 
 /* flush_answered writes circuit id's counted successes out, as one
@@ -39,7 +51,7 @@ static __always_inline void emit(const struct event *r, __u32 wake)
  * when successes are waiting and the ring has no room for their record:
  * the caller then drops its own record too (counted lost), since written
  * alone it would be read before successes that came first. */
-static __always_inline int flush_answered(__u32 id, __u64 now)
+verified_once int flush_answered(__u32 id, __u64 now)
 {
 	__u64 *w = bpf_map_lookup_elem(&answered, &id);
 	if (!w || !(*(volatile __u64 *)w & ANSWERED_COUNT))
@@ -66,9 +78,15 @@ static __always_inline int flush_answered(__u32 id, __u64 now)
  * names, for a record of a socket connect did not mark for it (made before
  * the entry, or without storage): the same order for its records. Only
  * failure paths call it. */
-static __always_inline int flush_limit(const struct dest_key *k, __u64 now)
+verified_once int flush_limit(const struct dest_key *k, __u64 now)
 {
-	struct limit *l = bpf_map_lookup_elem(&limits, k);
+	if (!k)
+		return 1;
+	/* The key copied to the stack: 6.1 takes a map key from no memory
+	 * a global function's argument points to. */
+	struct dest_key key;
+	__builtin_memcpy(&key, k, sizeof(key));
+	struct limit *l = bpf_map_lookup_elem(&limits, &key);
 	if (!l || !(l->responses & RESP_BATCH))
 		return 1;
 	return flush_answered(l->batch_id, now);
@@ -82,10 +100,14 @@ static __always_inline int flush_limit(const struct dest_key *k, __u64 now)
  * that was another (the destination moved, or the socket was marked
  * before its circuit counted successes): either may hold successes of
  * other sockets that came before this record. */
-static __always_inline int flush_socket(struct sock_state *st, __u64 now)
+verified_once int flush_socket(struct sock_state *st, __u64 now)
 {
+	if (!st)
+		return 1;
 	__u32 marked = (st->resp & RESP_BATCH) ? st->batch_id : ANSWERED_IDS;
-	struct limit *l = bpf_map_lookup_elem(&limits, &st->dest);
+	struct dest_key key; /* on the stack, as in flush_limit */
+	__builtin_memcpy(&key, &st->dest, sizeof(key));
+	struct limit *l = bpf_map_lookup_elem(&limits, &key);
 	if (l && (l->responses & RESP_BATCH) && l->batch_id != marked &&
 	    !flush_answered(l->batch_id, now))
 		return 0;
@@ -130,17 +152,19 @@ static __always_inline __u8 turn_probe_flag(struct sock_state *st)
  * unanswered (OUTCOME_NO_RESPONSE: how long it waited, err the socket's
  * errno, flags EVENT_PEER_CLOSED when the peer ended it) and leaves the
  * socket with no turn awaiting (PHASE_IDLE). */
-static __always_inline void no_response(struct sock_state *st, __u64 cookie, __u32 err, __u8 flags,
-					__u64 now)
+verified_once int no_response(struct sock_state *st, __u64 cookie, __u32 err, __u32 flags,
+				__u64 now)
 {
+	if (!st)
+		return 0;
 	st->phase = PHASE_IDLE;
 	if (!flush_socket(st, now)) {
 		stat_inc(STAT_EVENTS_LOST);
-		return;
+		return 0;
 	}
 	emit(&(struct event){.dest = st->dest,
 			     .outcome = OUTCOME_NO_RESPONSE,
-			     .flags = flags | turn_probe_flag(st),
+			     .flags = (__u8)flags | turn_probe_flag(st),
 			     .err = (__u16)err,
 			     .count = st->turn,
 			     .round = st->round,
@@ -149,6 +173,7 @@ static __always_inline void no_response(struct sock_state *st, __u64 cookie, __u
 			     .cgroup_id = st->cgroup_id,
 			     .ts_ns = now},
 	     WAKE);
+	return 1;
 }
 
 #endif /* BREAKERD_RECORD_H */

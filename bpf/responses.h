@@ -259,6 +259,25 @@ static __always_inline int info_byte(__u8 ch, __u32 *k)
 	return next & INFO_END;
 }
 
+/* scan_chunk scans the SCAN_CHUNK bytes at packet offset pos from scan
+ * state k, as info_scan's step: it returns INFO_FOUND | the offset after
+ * the blank line << 2, or the offset after the chunk << 2 | the scan state
+ * there, or -1 when the bytes are not within the packet. A global
+ * function, so the verifier checks the unrolled bytes once, not in each
+ * of info_scan's loop's turns. */
+verified_once int scan_chunk(struct __sk_buff *skb, __u32 pos, __u32 k)
+{
+	__u8 b[SCAN_CHUNK];
+	if (!skb || bpf_skb_load_bytes(skb, pos, b, SCAN_CHUNK))
+		return -1;
+	k &= INFO_STATE;
+#pragma unroll
+	for (int j = 0; j < SCAN_CHUNK; j++)
+		if (info_byte(b[j], &k))
+			return (int)(INFO_FOUND | ((pos + j + 1) << 2));
+	return (int)(((pos + SCAN_CHUNK) << 2) | k);
+}
+
 /* info_scan scans a segment's bytes from packet offset pos to end for the
  * blank line that ends a 1xx header block, from scan state state (enum
  * info_state): SCAN_CHUNK bytes a load, at most SCAN_CHUNKS loads, then
@@ -275,14 +294,13 @@ __attribute__((noinline)) int info_scan(struct __sk_buff *skb, __u32 pos, __u32 
 	for (int i = 0; i < SCAN_CHUNKS; i++) {
 		if (end - pos < SCAN_CHUNK)
 			break;
-		__u8 b[SCAN_CHUNK];
-		if (bpf_skb_load_bytes(skb, pos, b, SCAN_CHUNK))
+		int got = scan_chunk(skb, pos, k);
+		if (got < 0)
 			return (int)((end << 2) | k); /* not within the packet: give the segment up */
-#pragma unroll
-		for (int j = 0; j < SCAN_CHUNK; j++)
-			if (info_byte(b[j], &k))
-				return (int)(INFO_FOUND | ((pos + j + 1) << 2));
-		pos += SCAN_CHUNK;
+		if (got & INFO_FOUND)
+			return got;
+		pos = (__u32)got >> 2;
+		k = (__u32)got & INFO_STATE;
 	}
 	if (end - pos >= SCAN_CHUNK)
 		return (int)((pos << 2) | k); /* SCAN_CHUNKS loads: the caller calls again */
@@ -296,26 +314,63 @@ __attribute__((noinline)) int info_scan(struct __sk_buff *skb, __u32 pos, __u32 
 	return (int)((end << 2) | k);
 }
 
+/* info_block scans a segment from packet offset pos to end for the end
+ * of a 1xx header block, from scan state state, with up to SCAN_CALLS
+ * info_scan calls: info_scan's result after the last. Global, so the
+ * loop is checked once, not in each of informational's turns. */
+verified_once int info_block(struct __sk_buff *skb, __u32 pos, __u32 end, __u32 state)
+{
+	__u32 got = state & INFO_STATE;
+	for (int c = 0; c < SCAN_CALLS; c++) {
+		got = (__u32)info_scan(skb, pos, end, got);
+		pos = (got & ~INFO_FOUND) >> 2;
+		if ((got & INFO_FOUND) || pos >= end)
+			break;
+	}
+	return (int)got;
+}
+
+/* head_load copies n (at most STATUS_LINE) bytes at packet offset pos to
+ * st->head from index have on: 0, or -1 when they are not within the
+ * packet. The whole status line's start is one load of constant size (the
+ * usual case); a part of it, split across segments, goes byte by byte (a
+ * load of variable size loses its bounds on 6.1's verifier). Global, so
+ * the unrolled bytes are checked once, not at each call. */
+verified_once int head_load(struct __sk_buff *skb, struct sock_state *st, __u32 pos, __u32 have,
+			    __u32 n)
+{
+	if (!skb || !st)
+		return -1;
+	if (have == 0 && n == STATUS_LINE)
+		return bpf_skb_load_bytes(skb, pos, st->head, STATUS_LINE) ? -1 : 0;
+#pragma unroll
+	for (int i = 0; i < STATUS_LINE; i++)
+		if ((__u32)i < n &&
+		    bpf_skb_load_bytes(skb, pos + i, &st->head[(have + i) & (HEAD_BYTES - 1)], 1))
+			return -1;
+	return 0;
+}
+
 /* informational reads a segment on from pos, in a 1xx header block
  * (st->head_len holds HEAD_INFO and the scan state): past the block's end,
  * the next status line, and so on. seq is pos's sequence number. It
  * returns the final status (INFO_FINAL_NOT_HTTP when the bytes there are
  * no status line), or 0 when the segment ends first: the next one goes on
- * from st (st->rcv_end is past what was read). */
-static __always_inline __u32 informational(struct __sk_buff *skb, struct sock_state *st, __u32 pos,
-					   __u32 seq, __u64 now, __u64 cookie)
+ * from st (st->rcv_end is past what was read). Verified once: its loops
+ * would otherwise be walked again on each path to it. */
+verified_once int informational(struct __sk_buff *skb, struct sock_state *st, __u32 pos, __u32 seq,
+				__u64 now)
 {
+	if (!skb || !st)
+		return 0;
+	/* Taken again here: a BPF call has at most five arguments. */
+	__u64 cookie = bpf_get_socket_cookie(skb);
 	__u32 end = skb->len;
 	__u32 seq_end = seq + (end - pos);
 	for (int r = 0; r < INFO_MAX; r++) {
 		if (st->head_len >= HEAD_INFO) {
-			__u32 got = st->head_len & INFO_STATE;
-			for (int c = 0; c < SCAN_CALLS; c++) {
-				got = (__u32)info_scan(skb, pos, end, got);
-				pos = (got & ~INFO_FOUND) >> 2;
-				if ((got & INFO_FOUND) || pos >= end)
-					break;
-			}
+			__u32 got = (__u32)info_block(skb, pos, end, st->head_len & INFO_STATE);
+			pos = (got & ~INFO_FOUND) >> 2;
 			if (!(got & INFO_FOUND)) {
 				st->head_len = HEAD_INFO | (__u8)(got & INFO_STATE);
 				break;
@@ -328,15 +383,12 @@ static __always_inline __u32 informational(struct __sk_buff *skb, struct sock_st
 		st->first_ns = now;
 		inflight_arm(st, cookie, 0);
 		__u32 n = end - pos;
-		if (n >= STATUS_LINE) {
-			if (bpf_skb_load_bytes(skb, pos, st->head, STATUS_LINE))
-				break;
+		if (n > STATUS_LINE)
 			n = STATUS_LINE;
-		} else {
-#pragma unroll
-			for (int i = 0; i < STATUS_LINE; i++)
-				if ((__u32)i < n && bpf_skb_load_bytes(skb, pos + i, &st->head[i & (HEAD_BYTES - 1)], 1))
-					return 0;
+		if (head_load(skb, st, pos, 0, n)) {
+			if (n == STATUS_LINE)
+				break;
+			return 0;
 		}
 		st->head_len = (__u8)n;
 		if (n < STATUS_LINE)
@@ -399,20 +451,8 @@ int resp_ingress(struct __sk_buff *skb)
 			__u32 n = s.len - skip;
 			if (n > STATUS_LINE - have)
 				n = STATUS_LINE - have;
-			if (have == 0 && n == STATUS_LINE) {
-				/* The usual case: the whole status line's start in
-				 * this segment, one load of constant size. */
-				if (bpf_skb_load_bytes(skb, pos, st->head, STATUS_LINE))
-					return 1;
-			} else {
-				/* Split across segments: byte by byte (a load of
-				 * variable size loses its bounds on 6.1's verifier). */
-#pragma unroll
-				for (int i = 0; i < STATUS_LINE; i++)
-					if ((__u32)i < n &&
-					    bpf_skb_load_bytes(skb, pos + i, &st->head[(have + i) & (HEAD_BYTES - 1)], 1))
-						return 1;
-			}
+			if (head_load(skb, st, pos, have, n))
+				return 1;
 			st->head_len = (__u8)(have + n);
 			st->rcv_end = s.seq + skip + n;
 			if (have + n < STATUS_LINE)
@@ -434,7 +474,7 @@ int resp_ingress(struct __sk_buff *skb)
 		}
 		if (have >= HEAD_INFO) {
 			/* After a 1xx, in this segment or an earlier one. */
-			status = informational(skb, st, pos, s.seq + (pos - s.off), now, cookie);
+			status = (__u32)informational(skb, st, pos, s.seq + (pos - s.off), now);
 			if (!status)
 				return 1;
 			if (status == HTTP_SWITCHING_PROTOCOLS)

@@ -215,13 +215,17 @@ static __always_inline void on_connect(struct bpf_sock_ops *ops)
 	}
 }
 
-/* report writes record r of a socket sockops follows: r holds what
- * happened (outcome, flags, duration_ns, count, err; ts_ns is now), report
- * adds whose it is (dest, cookie, cgroup, and the probe flag and round of
- * a probe). */
-static __always_inline void report(struct bpf_sock_ops *ops, struct sock_state *st,
-				   struct sock *sk, struct event *r, __u32 wake)
+/* report writes record r of a socket sockops follows (st: its storage,
+ * or 0): r holds what happened (outcome, flags, duration_ns, count, err;
+ * ts_ns is now), report adds whose it is (dest, cookie, cgroup, and the
+ * probe flag and round of a probe). Verified once, not on each path of
+ * its callers that reaches it (on_close's outcomes, each a constant). */
+verified_once int report(struct bpf_sock_ops *ops, struct sock_state *st, struct event *r,
+			 __u32 wake)
 {
+	if (!ops || !r)
+		return 0;
+	struct sock *sk = full_sock(ops);
 	struct dest_key k;
 	__u64 cg;
 	if (st && (st->flags & SOCK_TRACKED)) {
@@ -250,7 +254,7 @@ static __always_inline void report(struct bpf_sock_ops *ops, struct sock_state *
 			ok = 1;
 		if (!ok) {
 			stat_inc(STAT_EVENTS_LOST);
-			return;
+			return 0;
 		}
 	}
 	r->flags |= probe_flag(st);
@@ -258,7 +262,7 @@ static __always_inline void report(struct bpf_sock_ops *ops, struct sock_state *
 	r->cookie = bpf_get_socket_cookie(ops);
 	r->dest = k;
 	r->cgroup_id = cg;
-	emit(r, wake);
+	return emit(r, wake);
 }
 
 static __always_inline void on_established(struct bpf_sock_ops *ops, __u64 now)
@@ -297,7 +301,7 @@ static __always_inline void on_established(struct bpf_sock_ops *ops, __u64 now)
 	struct settings *c = get_settings();
 	if (wake == LAZY && c && c->wake_slow_ns && took >= c->wake_slow_ns)
 		wake = WAKE;
-	report(ops, st, sk,
+	report(ops, st,
 	       &(struct event){.outcome = OUTCOME_ESTABLISHED, .duration_ns = took, .ts_ns = now},
 	       wake);
 	/* Without storage, nothing is left to follow but a reset (which
@@ -346,7 +350,7 @@ static __always_inline void on_rto(struct bpf_sock_ops *ops, __u64 now)
 	if (!(st->flags & SOCK_ESTABLISHED)) {
 		if (!(st->flags & SOCK_RETRANS_SENT)) {
 			st->flags |= SOCK_RETRANS_SENT;
-			report(ops, st, sk,
+			report(ops, st,
 			       &(struct event){.outcome = OUTCOME_SYN_RETRANS,
 					       .duration_ns = st->start_ns ? now - st->start_ns : 0,
 					       .count = st->rtos,
@@ -360,7 +364,7 @@ static __always_inline void on_rto(struct bpf_sock_ops *ops, __u64 now)
 			max_rto = c->max_rto;
 		if (st->rtos >= max_rto) {
 			st->flags |= SOCK_STALL_SENT;
-			report(ops, st, sk,
+			report(ops, st,
 			       &(struct event){.outcome = OUTCOME_STALLED,
 					       .duration_ns = st->start_ns ? now - st->start_ns : 0,
 					       .count = st->rtos,
@@ -440,7 +444,7 @@ static __always_inline void on_close(struct bpf_sock_ops *ops, __u64 now)
 	if (ended && (outcome == OUTCOME_RESET || outcome == OUTCOME_STALLED))
 		outcome = 0; /* the no_response record stands for it */
 	if (outcome)
-		report(ops, st, sk,
+		report(ops, st,
 		       &(struct event){.outcome = outcome,
 				       .flags = flags,
 				       .err = (__u16)err,
