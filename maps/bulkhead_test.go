@@ -48,11 +48,6 @@ func TestBulkheadMaxConnections(t *testing.T) {
 	if got[0] != 10 || got[unix.EAGAIN] != 40 {
 		t.Fatalf("errnos %v, want 10 through and 40 EAGAIN", got)
 	}
-	for _, r := range res {
-		if r.Errno == unix.EAGAIN && r.Nanos > int64(time.Millisecond) && !kerneltest.Emulated() {
-			t.Errorf("a bulkhead rejection took %v", time.Duration(r.Nanos))
-		}
-	}
 	e.waitCount(t, 20, BulkCount{})
 	cnt, _ := e.k.Counters(20)
 	if cnt.BulkheadRejected != 40 || cnt.Rejected != 0 {
