@@ -497,13 +497,19 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 	if err := d.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	d.mu.Lock()
-	waiting = d.eng.UnlimitedCount()
-	d.reg.IDs.SetLimit(4) // id 3 comes free
-	d.mu.Unlock()
-	if waiting != 0 {
+	// The file watcher may apply the earlier file's reload after this one
+	// on a slow machine; it then reloads the file as written, so wait.
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		waiting = d.eng.UnlimitedCount()
+		return waiting == 0
+	}) {
 		t.Fatalf("%d circuits still wait for an id after the limits went", waiting)
 	}
+	d.mu.Lock()
+	d.reg.IDs.SetLimit(4) // id 3 comes free
+	d.mu.Unlock()
 	time.Sleep(1500 * time.Millisecond) // a retry pass of the tick
 	f.dial(9466, 2, 0)                  // refused twice: it opens, and takes id 3
 	f.waitState(f.dynName(9466), "open", 2*time.Second)
