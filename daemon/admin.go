@@ -1,63 +1,28 @@
 package daemon
 
 import (
-	"bytes"
-	"context"
-	"crypto/subtle"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"github.com/breakerd/breakerd/api"
-	"github.com/breakerd/breakerd/engine"
-	"io"
-	"net"
-	"net/http"
-	"net/netip"
-	"net/url"
-	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/breakerd/breakerd/admin"
+	"github.com/breakerd/breakerd/api"
+	"github.com/breakerd/breakerd/engine"
 
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
 
-// Bounds of the admin API. Every response is built from a snapshot taken
-// under the daemon's lock (copies of names and in-memory state, no kernel
-// reads), then completed and encoded outside it, so a slow or hostile
-// client never holds up the event loop or the heartbeat.
+// Bounds of what the admin API shows. Every response is built from a
+// snapshot taken under the daemon's lock (copies of names and in-memory
+// state, no kernel reads), then completed and encoded outside it, so a slow
+// or hostile client never holds up the event loop or the heartbeat.
 const (
-	// PageSize is the most circuits one GET /v1/circuits returns; more
-	// are fetched with ?after=NAME (the Link header names the next page).
-	PageSize = 1000
+	// PageSize is the most circuits one page lists (admin.PageSize).
+	PageSize = admin.PageSize
 	// listedDests is the most destinations one circuit lists; the count
 	// of all is destinations_total.
 	listedDests = 32
-	// maxQuoted is the most bytes of a client's input an error repeats.
-	maxQuoted = 64
-	// maxBody is the largest request body accepted.
-	maxBody = 4096
-	// heavyRequests is how many requests for circuits, events or metrics
-	// each server handles at once, and clientHeavyRequests how many of
-	// them one client may have (clientKey: a local user, a remote address,
-	// a process on the unix socket); more get 503 at once. A client that
-	// never reads its responses holds at most clientHeavyRequests, each
-	// for at most writeStall after its socket buffers fill, so other
-	// clients' scrapes and pages are served meanwhile. Two, because the
-	// status page asks for circuits and events together.
-	heavyRequests       = 8
-	clientHeavyRequests = 2
-	// tcpConns and socketConns cap open connections per server (the two
-	// servers count apart, so TCP clients never use up the socket's).
-	tcpConns    = 128
-	socketConns = 32
-	// tcpSendBuffer caps the kernel's send buffer of each TCP connection,
-	// so unread responses cannot pile up in socket memory.
-	tcpSendBuffer = 64 << 10
 )
 
 // CircuitInfo is api.CircuitInfo.
@@ -293,7 +258,7 @@ func (d *Daemon) Events() []TransitionEvent {
 }
 
 // ErrNoCircuit is returned for an unknown circuit name.
-var ErrNoCircuit = errors.New("no such circuit")
+var ErrNoCircuit = admin.ErrNoCircuit
 
 // Force applies an operator's change to a circuit: "open", "close",
 // "release" (back to the configured behaviour) or "reset".
@@ -302,7 +267,7 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	c, ok := d.reg.Get(name)
 	if !ok {
 		d.mu.Unlock()
-		return CircuitInfo{}, fmt.Errorf("%w: %s", ErrNoCircuit, quote(name))
+		return CircuitInfo{}, fmt.Errorf("%w: %s", ErrNoCircuit, admin.Quote(name))
 	}
 	now := d.now()
 	var t policy.Transition
@@ -321,7 +286,7 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 		t = c.Machine.Reset(now)
 	default:
 		d.mu.Unlock()
-		return CircuitInfo{}, fmt.Errorf("unknown action %s (open, close, release, reset)", quote(action))
+		return CircuitInfo{}, fmt.Errorf("unknown action %s (open, close, release, reset)", admin.Quote(action))
 	}
 	d.reg.Track(c)
 	d.eng.WriteVerdicts(c, t)
@@ -335,363 +300,6 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	s := d.snap(c, now)
 	d.mu.Unlock()
 	return d.complete(s, &cgroupNamer{}), nil
-}
-
-// quote returns s quoted, cut to maxQuoted bytes: errors never repeat
-// unbounded client input.
-func quote(s string) string {
-	if len(s) <= maxQuoted {
-		return strconv.Quote(s)
-	}
-	cut := maxQuoted
-	for cut > 0 && !utf8Start(s[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(s[:cut]), len(s))
-}
-
-func utf8Start(b byte) bool { return b&0xC0 != 0x80 }
-
-type apiError struct {
-	Error string `json:"error"`
-}
-
-// writeJSON encodes v in full before writing, so a response has a
-// Content-Length and never ends half-written because encoding failed.
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
-		code = http.StatusInternalServerError
-		buf.Reset()
-		fmt.Fprintf(&buf, "{\"error\": %q}\n", "encoding the response: "+err.Error())
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
-	w.WriteHeader(code)
-	_, _ = w.Write(buf.Bytes())
-}
-
-func writeError(w http.ResponseWriter, code int, format string, args ...any) {
-	writeJSON(w, code, apiError{fmt.Sprintf(format, args...)})
-}
-
-// decodeAction reads a change request's body: exactly one JSON object
-// with exactly one key, "action" (exact case), whose value is a string,
-// and nothing after it but white space. encoding/json alone would accept
-// "Action", a repeated key and trailing data.
-func decodeAction(body io.Reader) (string, error) {
-	dec := json.NewDecoder(body)
-	dec.UseNumber()
-	if tok, err := dec.Token(); err != nil {
-		return "", err
-	} else if tok != json.Delim('{') {
-		return "", errors.New("the body is not a JSON object")
-	}
-	action, seen := "", false
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return "", err
-		}
-		key, _ := tok.(string)
-		if key != "action" {
-			return "", fmt.Errorf("unknown field %s (the only field is \"action\")", quote(key))
-		}
-		if seen {
-			return "", errors.New("field \"action\" given twice")
-		}
-		seen = true
-		tok, err = dec.Token()
-		if err != nil {
-			return "", err
-		}
-		s, ok := tok.(string)
-		if !ok {
-			return "", errors.New("\"action\" must be a string")
-		}
-		action = s
-	}
-	if _, err := dec.Token(); err != nil { // the closing brace
-		return "", err
-	}
-	if !seen {
-		return "", errors.New("no \"action\" field")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return "", errors.New("trailing data after the JSON object")
-	}
-	return action, nil
-}
-
-// exposure says who may read circuits, destinations and events on a
-// server.
-type exposure int
-
-const (
-	// exposeAll: the unix socket (root only): everything, changes too.
-	exposeAll exposure = iota
-	// exposeTCP: metrics and health to anyone who reaches the port;
-	// circuits, destinations and events to loopback clients or with the
-	// bearer token; changes only with the bearer token.
-	exposeTCP
-)
-
-// handler builds the admin API of one server.
-func (d *Daemon) handler(exp exposure, token []byte) http.Handler {
-	mux := http.NewServeMux()
-	heavy := newRequestLimit(heavyRequests, clientHeavyRequests)
-	limited := func(h http.HandlerFunc) http.HandlerFunc {
-		return func(w http.ResponseWriter, r *http.Request) {
-			if phase := d.startPhase(); phase != "" {
-				w.Header().Set("Retry-After", "1")
-				writeError(w, http.StatusServiceUnavailable, "breakerd is starting (%s); retry", phase)
-				return
-			}
-			release, err := heavy.take(clientOf(r))
-			if err != nil {
-				w.Header().Set("Retry-After", "1")
-				writeError(w, http.StatusServiceUnavailable, "%s; retry", err)
-				return
-			}
-			defer release()
-			h(w, r)
-		}
-	}
-	authorized := func(r *http.Request) bool {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		return ok && len(token) > 0 && subtle.ConstantTimeCompare([]byte(got), token) == 1
-	}
-	// details guards what is not for everyone on a non-loopback address.
-	details := func(h http.HandlerFunc) http.HandlerFunc {
-		return limited(func(w http.ResponseWriter, r *http.Request) {
-			if exp == exposeTCP && !fromLoopback(r) && !authorized(r) {
-				writeError(w, http.StatusForbidden, "circuits, destinations and events are served to loopback clients, on the unix socket, or with the bearer token (--admin-token-file)")
-				return
-			}
-			h(w, r)
-		})
-	}
-	route := func(pattern string, byMethod map[string]http.HandlerFunc) {
-		var allowed []string
-		for m := range byMethod {
-			allowed = append(allowed, m)
-			if m == http.MethodGet {
-				allowed = append(allowed, http.MethodHead)
-			}
-		}
-		slices.Sort(allowed)
-		allow := strings.Join(allowed, ", ")
-		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-			m := r.Method
-			if m == http.MethodHead {
-				m = http.MethodGet
-			}
-			h, ok := byMethod[m]
-			if !ok {
-				w.Header().Set("Allow", allow)
-				writeError(w, http.StatusMethodNotAllowed, "method %s is not allowed here (%s)", quote(r.Method), allow)
-				return
-			}
-			h(w, r)
-		})
-	}
-	metrics := promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{})
-	route("/metrics", map[string]http.HandlerFunc{http.MethodGet: limited(metrics.ServeHTTP)})
-	route("/healthz", map[string]http.HandlerFunc{http.MethodGet: d.serveHealthz})
-	route("/readyz", map[string]http.HandlerFunc{http.MethodGet: d.serveReadyz})
-	route("/v1/circuits", map[string]http.HandlerFunc{http.MethodGet: details(func(w http.ResponseWriter, r *http.Request) {
-		q := r.URL.Query()
-		limit := PageSize
-		if s := q.Get("limit"); s != "" {
-			n, err := strconv.Atoi(s)
-			if err != nil || n < 1 || n > PageSize {
-				writeError(w, http.StatusBadRequest, "limit %s is not a number from 1 to %d", quote(s), PageSize)
-				return
-			}
-			limit = n
-		}
-		after := q.Get("after")
-		page, more := d.CircuitsPage(after, limit)
-		if more {
-			next := url.Values{"after": {page[len(page)-1].Name}, "limit": {strconv.Itoa(limit)}}
-			w.Header().Set("Link", "</v1/circuits?"+next.Encode()+`>; rel="next"`)
-		}
-		writeJSON(w, http.StatusOK, page)
-	})})
-	route("/v1/circuits/{name...}", map[string]http.HandlerFunc{
-		http.MethodGet: details(func(w http.ResponseWriter, r *http.Request) {
-			name := r.PathValue("name")
-			if ci, ok := d.Circuit(name); ok {
-				writeJSON(w, http.StatusOK, ci)
-				return
-			}
-			writeError(w, http.StatusNotFound, "no circuit named %s", quote(name))
-		}),
-		http.MethodPost: limited(func(w http.ResponseWriter, r *http.Request) {
-			if exp != exposeAll {
-				if len(token) == 0 {
-					writeError(w, http.StatusForbidden, "changes are served only on the admin unix socket (or with --admin-token-file)")
-					return
-				}
-				if !authorized(r) {
-					writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
-					return
-				}
-			}
-			action, err := decodeAction(http.MaxBytesReader(w, r.Body, maxBody))
-			if err != nil {
-				writeError(w, http.StatusBadRequest, "body must be {\"action\": \"open|close|release|reset\"}: %s", err)
-				return
-			}
-			ci, err := d.Force(r.PathValue("name"), action)
-			switch {
-			case errors.Is(err, ErrNoCircuit):
-				writeError(w, http.StatusNotFound, "%s", err)
-			case err != nil:
-				writeError(w, http.StatusBadRequest, "%s", err)
-			default:
-				writeJSON(w, http.StatusOK, ci)
-			}
-		}),
-	})
-	route("/v1/events", map[string]http.HandlerFunc{http.MethodGet: details(func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, d.Events())
-	})})
-	// The status page (ui.go): static files with no data in them, served
-	// to anyone; its data calls go through the routes above.
-	route("/{$}", map[string]http.HandlerFunc{http.MethodGet: serveUI})
-	route("/ui/{file}", map[string]http.HandlerFunc{http.MethodGet: serveUI})
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "no endpoint %s", quote(r.URL.Path))
-	})
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.RequestURI == "*" { // ServeMux would answer 400 with no body
-			writeError(w, http.StatusBadRequest, "no endpoint *")
-			return
-		}
-		mux.ServeHTTP(w, r)
-	})
-}
-
-// fromLoopback reports whether the request came from this host's loopback.
-func fromLoopback(r *http.Request) bool {
-	ap, err := netip.ParseAddrPort(r.RemoteAddr)
-	return err == nil && ap.Addr().Unmap().IsLoopback()
-}
-
-type adminServers struct {
-	servers   []*http.Server
-	listeners []net.Listener // listeners[i] is served by servers[i], once serve runs
-	socket    *adminSocket
-	tcp       net.Addr // the TCP listener's address, once listening
-	probe     net.Addr // the probe listener's address, once listening
-}
-
-// serve starts serving on the listeners startAdmin opened.
-func (a *adminServers) serve() {
-	for i, s := range a.servers {
-		go s.Serve(a.listeners[i])
-	}
-}
-
-func (a *adminServers) shutdown() {
-	for i, s := range a.servers {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		if s.Shutdown(ctx) != nil {
-			_ = s.Close()
-		}
-		cancel()
-		_ = a.listeners[i].Close() // never served (a failed start)
-	}
-	if a.socket != nil {
-		a.socket.remove()
-	}
-}
-
-// newServer is an http.Server with every timeout set: a client that sends
-// slowly, reads slowly or idles loses its connection.
-func newServer(h http.Handler, conns *connLimit) *http.Server {
-	return &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       30 * time.Second,
-		MaxHeaderBytes:    16 << 10,
-		ConnState:         conns.track,
-		ConnContext:       withConn,
-	}
-}
-
-// startAdmin opens the probe listener, and the admin API on the TCP
-// address and on the unix socket, each with its own server, connection
-// limit and request limit. It runs before the kernel side is touched, so a
-// bad address, socket path or token file stops the start-up with nothing
-// loaded; serve starts serving (at once: the probes answer while the
-// start-up goes on, probes.go).
-func (d *Daemon) startAdmin() (*adminServers, error) {
-	a := &adminServers{}
-	var token []byte
-	if d.opts.TokenFile != "" {
-		t, err := os.ReadFile(d.opts.TokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("reading admin token: %w", err)
-		}
-		token = []byte(strings.TrimSpace(string(t)))
-		if len(token) == 0 {
-			return nil, fmt.Errorf("admin token file %s is empty", d.opts.TokenFile)
-		}
-	}
-	if d.opts.ProbeAddr != "" {
-		l, err := net.Listen("tcp", d.opts.ProbeAddr)
-		if err != nil {
-			return nil, fmt.Errorf("probe address: %w", err)
-		}
-		a.probe = l.Addr()
-		conns := newConnLimit(l, probeConns, nil)
-		a.servers = append(a.servers, newProbeServer(d.probeHandler(), conns))
-		a.listeners = append(a.listeners, conns)
-		d.log.Info("probes listening", "addr", l.Addr().String())
-	}
-	if d.opts.AdminAddr != "" {
-		l, err := net.Listen("tcp", d.opts.AdminAddr)
-		if err != nil {
-			a.shutdown()
-			return nil, fmt.Errorf("admin address: %w", err)
-		}
-		a.tcp = l.Addr()
-		d.log.Info("admin API listening", "addr", l.Addr().String())
-		conns := newConnLimit(l, tcpConns, func(c net.Conn) bool {
-			if tc, ok := c.(*net.TCPConn); ok {
-				_ = tc.SetWriteBuffer(tcpSendBuffer)
-			}
-			return true
-		})
-		s := newServer(d.handler(exposeTCP, token), conns)
-		a.servers = append(a.servers, s)
-		a.listeners = append(a.listeners, conns)
-	}
-	if d.opts.AdminSocket != "" {
-		sock, err := listenAdminSocket(d.opts.AdminSocket)
-		if err != nil {
-			a.shutdown()
-			return nil, err
-		}
-		a.socket = sock
-		conns := newConnLimit(sock.l, socketConns, func(c net.Conn) bool {
-			if err := peerIsRoot(c); err != nil {
-				d.log.Warn("admin socket: connection refused", "err", err)
-				return false
-			}
-			return true
-		})
-		s := newServer(d.handler(exposeAll, nil), conns)
-		a.servers = append(a.servers, s)
-		a.listeners = append(a.listeners, conns)
-	}
-	return a, nil
 }
 
 // isUnenforced reports whether c is a rejecting circuit whose verdicts the

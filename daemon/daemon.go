@@ -23,7 +23,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/breakerd/breakerd/api"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -35,6 +34,9 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/breakerd/breakerd/admin"
+	"github.com/breakerd/breakerd/api"
 
 	"github.com/breakerd/breakerd/engine"
 	"github.com/breakerd/breakerd/kube"
@@ -138,8 +140,8 @@ type Daemon struct {
 	problems maps.Problems // what Check found last (nil: protection intact)
 	// shownProblems is problems for /readyz, which takes no lock.
 	shownProblems atomic.Pointer[maps.Problems]
-	repairErr     string        // the last failed repair's error (watchGround's goroutine only)
-	servers       *adminServers // opened and served from New on
+	repairErr     string         // the last failed repair's error (watchGround's goroutine only)
+	servers       *admin.Servers // opened and served from New on
 
 	// rejections is the last sweep of the kernel's rejections map, with
 	// its own lock (rejections.go).
@@ -217,7 +219,7 @@ func New(opts Options) (*Daemon, error) {
 	}
 	if opts.AdminSocket != "" {
 		// Before touching the kernel: a path that is taken stops here.
-		if err := checkAdminSocket(opts.AdminSocket); err != nil {
+		if err := admin.CheckSocket(opts.AdminSocket); err != nil {
 			return nil, err
 		}
 	}
@@ -244,17 +246,18 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.metrics = newMetrics(d)
 	d.setPhase("loading the kernel side")
-	srv, err := d.startAdmin()
+	srv, err := admin.Start(admin.Config{ProbeAddr: opts.ProbeAddr, AdminAddr: opts.AdminAddr, AdminSocket: opts.AdminSocket,
+		TokenFile: opts.TokenFile, Log: opts.Logger}, d)
 	if err != nil {
 		lock.Close()
 		return nil, err
 	}
-	srv.serve()
+	srv.Serve()
 	d.respSince = maps.Now()
 	k, err := maps.Load(maps.Options{Dir: opts.BPFFS, Cgroup: opts.Cgroup, Lock: lock, Logger: opts.Logger, MaxWorkloadCgroups: opts.MaxWorkloadCgroups,
 		Responses: followsResponses(cfg)})
 	if err != nil {
-		srv.shutdown()
+		srv.Shutdown()
 		return nil, fmt.Errorf("loading the kernel side: %w", err)
 	}
 	d.k, d.kernel, d.servers = k, k, srv
@@ -267,7 +270,7 @@ func New(opts Options) (*Daemon, error) {
 		if d.scope != nil {
 			d.scope.close()
 		}
-		srv.shutdown()
+		srv.Shutdown()
 		if aerr := k.Abandon(); aerr != nil {
 			d.log.Error("undoing the failed start", "err", aerr)
 		}
@@ -298,7 +301,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	srv := d.servers
 	rd, err := d.k.NewEventReader()
 	if err != nil {
-		srv.shutdown()
+		srv.Shutdown()
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -323,7 +326,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.rejectionsLoop(ctx) })
 	d.mu.Lock()
 	d.ready.Store(d.problems == nil)
-	d.admin = srv.tcp
+	d.admin = srv.TCPAddr()
 	d.mu.Unlock()
 	d.setPhase("")
 	d.log.Info("breakerd ready", "cgroup", d.opts.Cgroup, "pins", d.k.PinDir(), "admin", d.opts.AdminAddr, "socket", d.opts.AdminSocket)
@@ -341,7 +344,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	<-tickDone
 	rd.Close()
 	wg.Wait()
-	srv.shutdown()
+	srv.Shutdown()
 	d.mu.Lock()
 	if d.closer != nil {
 		_ = d.closer.Release()

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/breakerd/breakerd/admin"
 	"github.com/breakerd/breakerd/internal/kerneltest"
 	"github.com/breakerd/breakerd/maps"
 )
@@ -203,7 +204,7 @@ targets:
 	if rss := peakRSS.Load(); rss > 256<<20 {
 		t.Errorf("resident set %d MiB, over the DaemonSet's 256 MiB limit", rss>>20)
 	}
-	if limit := uint64(baseFDs + tcpConns + socketConns + 16); peakFDs.Load() > limit {
+	if limit := uint64(baseFDs + admin.MaxConns + 16); peakFDs.Load() > limit {
 		t.Errorf("the daemon held %d descriptors, over %d", peakFDs.Load(), limit)
 	}
 }

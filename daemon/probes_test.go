@@ -60,7 +60,7 @@ func TestProbesAnswerBehindSilentConnections(t *testing.T) {
 	f := newFixture(t, svcConfig)
 	f.admin, f.probe = "127.0.0.1:0", "127.0.0.1:0"
 	d := f.start()
-	admin, probe := d.servers.tcp.String(), d.servers.probe.String()
+	admin, probe := d.servers.TCPAddr().String(), d.servers.ProbeAddr().String()
 
 	held, _, _ := unprivileged(t, hostileSpec{Network: "tcp", Addr: admin, Silent: 500})
 	heldProbe, _, _ := unprivileged(t, hostileSpec{Network: "tcp", Addr: probe, Silent: 500})
@@ -122,8 +122,8 @@ func TestScrapeServedBehindStalledReaders(t *testing.T) {
 	f.admin = "127.0.0.1:0"
 	d := f.start()
 	makeCircuits(t, d, 3000)
-	admin := d.servers.tcp.String()
-	port := uint16(d.servers.tcp.(*net.TCPAddr).Port)
+	admin := d.servers.TCPAddr().String()
+	port := uint16(d.servers.TCPAddr().(*net.TCPAddr).Port)
 	c := probeClient(10 * time.Second)
 	code, body, _, err := getTimed(c, "http://"+admin+"/v1/circuits")
 	if err != nil || code != http.StatusOK {

@@ -190,7 +190,7 @@ func TestDaemonSetInvariants(t *testing.T) {
 		t.Errorf("admin port %d is not what breakerd listens on: %v", port, c.Args)
 	}
 	// The probes use their own listener, which no other client can hold
-	// up (daemon/probes.go).
+	// up (admin/probes.go).
 	if probePort == port || !slices.Contains(c.Args, fmt.Sprintf("--probe-addr=0.0.0.0:%d", probePort)) {
 		t.Errorf("probe port %d is not a port of its own that breakerd listens on: %v", probePort, c.Args)
 	}

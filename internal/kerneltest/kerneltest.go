@@ -52,6 +52,19 @@ func UniqueName() string {
 	return Prefix() + hex.EncodeToString(b[:])
 }
 
+// SocketDir returns a fresh directory only its owner can use, under the
+// system's temporary directory (short enough for a unix socket's path,
+// unlike t.TempDir's), removed when the test ends.
+func SocketDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", UniqueName())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
 // InCI reports whether the tests run under CI (CI set and not "false"),
 // where a kernel test that would skip must fail instead.
 func InCI() bool {

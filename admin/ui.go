@@ -1,4 +1,4 @@
-package daemon
+package admin
 
 import (
 	"crypto/sha256"
@@ -31,7 +31,7 @@ const uiContentSecurity = "default-src 'none'; script-src 'self'; style-src 'sel
 func loadUIFile(name, ctype string) uiFile {
 	b, err := uiFiles.ReadFile("ui/" + name)
 	if err != nil {
-		panic("daemon: embedded " + name + " missing: " + err.Error()) // a build defect, caught by any test
+		panic("admin: embedded " + name + " missing: " + err.Error()) // a build defect, caught by any test
 	}
 	sum := sha256.Sum256(b)
 	return uiFile{body: b, ctype: ctype, etag: `"` + hex.EncodeToString(sum[:8]) + `"`}
@@ -47,7 +47,7 @@ var uiPages = map[string]uiFile{
 func serveUI(w http.ResponseWriter, r *http.Request) {
 	f, ok := uiPages[r.URL.Path]
 	if !ok {
-		writeError(w, http.StatusNotFound, "no endpoint %s", quote(r.URL.Path))
+		writeError(w, http.StatusNotFound, "no endpoint %s", Quote(r.URL.Path))
 		return
 	}
 	h := w.Header()

@@ -1,4 +1,4 @@
-package daemon
+package admin
 
 import (
 	"bytes"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/breakerd/breakerd/api"
 	"github.com/breakerd/breakerd/internal/browsertest"
 )
 
@@ -91,9 +92,9 @@ func (s *stubAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n := s.rejected.Add(7)
-	open := CircuitInfo{Name: hostile + "/198.18.0.2:80", Target: hostile, Scope: "endpoint", State: "open", FailureRate: 1, Calls: 5, Failures: 5,
+	open := api.CircuitInfo{Name: hostile + "/198.18.0.2:80", Target: hostile, Scope: "endpoint", State: "open", FailureRate: 1, Calls: 5, Failures: 5,
 		OpenUntil: time.Now().Add(time.Minute), Rejected: n, Options: map[string]any{"max_connections": 10}, Connections: 3}
-	closed := CircuitInfo{Name: "tcp/198.18.0.3:80", Target: "all", Scope: "dynamic", State: "closed", Calls: 2, Options: map[string]any{}}
+	closed := api.CircuitInfo{Name: "tcp/198.18.0.3:80", Target: "all", Scope: "dynamic", State: "closed", Calls: 2, Options: map[string]any{}}
 	switch {
 	case r.URL.Path == "/v1/circuits":
 		// Two pages of one circuit each: the page must follow the Link.
@@ -115,7 +116,7 @@ func (s *stubAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // withWorkloads adds a hostile workload and failed pod, as JSON.
-func withWorkloads(ci CircuitInfo) map[string]any {
+func withWorkloads(ci api.CircuitInfo) map[string]any {
 	b, _ := json.Marshal(ci)
 	var m map[string]any
 	_ = json.Unmarshal(b, &m)
@@ -236,55 +237,21 @@ func TestUIHostileNamesAreText(t *testing.T) {
 	}
 }
 
-// TestUIPageServedWithoutData: on TCP the page is served to anyone, the
-// same bytes whoever asks, and its data calls keep the API's rules.
-func TestUIPageServedWithoutData(t *testing.T) {
-	f := newFixture(t, svcConfig)
-	f.start()
-	tcp := f.d.handler(exposeTCP, nil)
-	remote := "192.0.2.7:40000"
-	for _, p := range []string{"/", "/ui/app.js", "/ui/app.css"} {
-		rec := do(t, tcp, "GET", p, "", remote)
-		if rec.Code != http.StatusOK || !bytes.Equal(rec.Body.Bytes(), uiPages[p].body) || rec.Header().Get("Content-Security-Policy") == "" {
-			t.Errorf("remote GET %s: %d, %d bytes", p, rec.Code, rec.Body.Len())
-		}
-		if strings.Contains(rec.Body.String(), "svc") {
-			t.Errorf("GET %s names a circuit", p)
-		}
-	}
-	if rec := do(t, tcp, "HEAD", "/", "", remote); rec.Code != http.StatusOK || rec.Body.Len() != 0 {
-		t.Errorf("HEAD /: %d, %d bytes", rec.Code, rec.Body.Len())
-	}
-	if rec := do(t, tcp, "POST", "/", "", remote); rec.Code != http.StatusMethodNotAllowed {
-		t.Errorf("POST /: %d", rec.Code)
-	}
-	for _, p := range []string{"/v1/circuits", "/v1/events", "/v1/circuits/svc"} {
-		if rec := do(t, tcp, "GET", p, "", remote); rec.Code != http.StatusForbidden {
-			t.Errorf("remote GET %s: %d", p, rec.Code)
-		}
-	}
-	for _, p := range []string{"/ui/", "/ui/index.html", "/index.html", "/ui/x/app.js"} {
-		if rec := do(t, tcp, "GET", p, "", remote); rec.Code != http.StatusNotFound {
-			t.Errorf("GET %s: %d", p, rec.Code)
-		}
-	}
-}
-
 // manyAPI serves n circuits through the real paging rules (name order,
 // ?after=, ?limit=, a Link to the next page).
-type manyAPI struct{ circuits []CircuitInfo }
+type manyAPI struct{ circuits []api.CircuitInfo }
 
 func newManyAPI(n int) *manyAPI {
 	m := &manyAPI{}
 	for i := range n {
-		c := CircuitInfo{Name: fmt.Sprintf("tcp/198.18.%d.%d:80", i/250, i%250+1), Target: "all", Scope: "dynamic", State: "closed",
+		c := api.CircuitInfo{Name: fmt.Sprintf("tcp/198.18.%d.%d:80", i/250, i%250+1), Target: "all", Scope: "dynamic", State: "closed",
 			FailureRate: float64(i%100) / 100, Calls: i % 100, Options: map[string]any{}}
 		if i%100 == 0 {
 			c.State, c.Rejected = "open", uint64(i)
 		}
 		m.circuits = append(m.circuits, c)
 	}
-	slices.SortFunc(m.circuits, func(a, b CircuitInfo) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(m.circuits, func(a, b api.CircuitInfo) int { return strings.Compare(a.Name, b.Name) })
 	return m
 }
 
@@ -296,7 +263,7 @@ func (m *manyAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if limit < 1 || limit > PageSize {
 			limit = PageSize
 		}
-		i, _ := slices.BinarySearchFunc(m.circuits, q.Get("after"), func(c CircuitInfo, after string) int {
+		i, _ := slices.BinarySearchFunc(m.circuits, q.Get("after"), func(c api.CircuitInfo, after string) int {
 			if c.Name <= after {
 				return -1
 			}
@@ -309,7 +276,7 @@ func (m *manyAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		writeJSON(w, 200, page)
 	case "/v1/events":
-		writeJSON(w, 200, []TransitionEvent{})
+		writeJSON(w, 200, []api.TransitionEvent{})
 	default:
 		serveUI(w, r)
 	}
@@ -373,5 +340,37 @@ func TestUIThousandsOfCircuits(t *testing.T) {
 	}
 	if v := read(); v.Rows != 1 || v.First != "tcp/198.18.19.250:80" || !v.NextDisabled {
 		t.Fatalf("after filtering: %+v", v)
+	}
+}
+
+// TestUIPageServedWithoutData: on TCP the page is served to anyone, the
+// same bytes whoever asks, and its data calls keep the API's rules.
+func TestUIPageServedWithoutData(t *testing.T) {
+	tcp := Handler(fakeBackend{}, ExposeTCP, nil)
+	remote := "192.0.2.7:40000"
+	for _, p := range []string{"/", "/ui/app.js", "/ui/app.css"} {
+		rec := do(t, tcp, "GET", p, "", remote)
+		if rec.Code != http.StatusOK || !bytes.Equal(rec.Body.Bytes(), uiPages[p].body) || rec.Header().Get("Content-Security-Policy") == "" {
+			t.Errorf("remote GET %s: %d, %d bytes", p, rec.Code, rec.Body.Len())
+		}
+		if strings.Contains(rec.Body.String(), "svc") {
+			t.Errorf("GET %s names a circuit", p)
+		}
+	}
+	if rec := do(t, tcp, "HEAD", "/", "", remote); rec.Code != http.StatusOK || rec.Body.Len() != 0 {
+		t.Errorf("HEAD /: %d, %d bytes", rec.Code, rec.Body.Len())
+	}
+	if rec := do(t, tcp, "POST", "/", "", remote); rec.Code != http.StatusMethodNotAllowed {
+		t.Errorf("POST /: %d", rec.Code)
+	}
+	for _, p := range []string{"/v1/circuits", "/v1/events", "/v1/circuits/svc"} {
+		if rec := do(t, tcp, "GET", p, "", remote); rec.Code != http.StatusForbidden {
+			t.Errorf("remote GET %s: %d", p, rec.Code)
+		}
+	}
+	for _, p := range []string{"/ui/", "/ui/index.html", "/index.html", "/ui/x/app.js"} {
+		if rec := do(t, tcp, "GET", p, "", remote); rec.Code != http.StatusNotFound {
+			t.Errorf("GET %s: %d", p, rec.Code)
+		}
 	}
 }

@@ -1,4 +1,4 @@
-package daemon
+package admin
 
 import (
 	"errors"
@@ -80,10 +80,10 @@ func listenAdminSocket(path string) (*adminSocket, error) {
 	return &adminSocket{path: path, l: l, dev: st.Dev, ino: st.Ino}, nil
 }
 
-// checkAdminSocket tells early, changing nothing, whether
-// listenAdminSocket would refuse path: a directory others can write, a
+// CheckSocket tells early, changing nothing, whether Start would refuse
+// the socket path: a directory others can write, a
 // path that holds anything but a socket, or a socket something listens on.
-func checkAdminSocket(path string) error {
+func CheckSocket(path string) error {
 	dir := filepath.Dir(path)
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		return nil // made, 0700, when the socket is
