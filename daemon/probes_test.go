@@ -219,32 +219,7 @@ targets:
 
 	c := probeClient(2 * time.Second)
 	for _, addr := range []string{f.admin, f.probe} {
-		// The port opens a moment after New begins; every answer from
-		// then on is a prompt 503, until it says the start-up waits on
-		// DNS.
-		var code int
-		var body []byte
-		var took time.Duration
-		var err error
-		if !kerneltest.WaitFor(30*time.Second, func() bool {
-			code, body, took, err = getTimed(c, "http://"+addr+"/readyz")
-			if isRefused(err) {
-				return false
-			}
-			var st map[string]string
-			if err != nil || code != http.StatusServiceUnavailable || json.Unmarshal(body, &st) != nil {
-				t.Fatalf("GET %s/readyz during start-up: %d %s %v (after %v)", addr, code, body, err, took)
-			}
-			return strings.Contains(st["reason"], "waiting on DNS")
-		}) {
-			t.Fatalf("GET %s/readyz never said the start-up waits on DNS: %d %s %v", addr, code, body, err)
-		}
-		t.Logf("%s/readyz during start-up: %d %s in %v", addr, code, strings.Join(strings.Fields(string(body)), " "), took.Round(10*time.Microsecond))
-		code, body, took, err = getTimed(c, "http://"+addr+"/healthz")
-		if err != nil || code != http.StatusOK || !strings.Contains(string(body), "starting") {
-			t.Fatalf("GET %s/healthz while waiting on DNS: %d %s %v (after %v)", addr, code, body, err, took)
-		}
-		t.Logf("%s/healthz during start-up: %d in %v", addr, code, took.Round(10*time.Microsecond))
+		probesSayStarting(t, c, addr, "waiting on DNS")
 	}
 	code, body, _, err := getTimed(c, "http://"+f.admin+"/metrics")
 	if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(string(body), "starting") {
@@ -266,6 +241,37 @@ targets:
 			t.Fatalf("GET %s/readyz once running: %d %s %v", addr, code, body, err)
 		}
 	}
+}
+
+// probesSayStarting waits for addr to open (New opens it a moment after
+// it begins) and checks that every answer from then on is a prompt 503,
+// until /readyz says the start-up waits on what want names; /healthz
+// then answers 200 "starting".
+func probesSayStarting(t *testing.T, c *http.Client, addr, want string) {
+	t.Helper()
+	var code int
+	var body []byte
+	var took time.Duration
+	var err error
+	if !kerneltest.WaitFor(30*time.Second, func() bool {
+		code, body, took, err = getTimed(c, "http://"+addr+"/readyz")
+		if isRefused(err) {
+			return false
+		}
+		var st map[string]string
+		if err != nil || code != http.StatusServiceUnavailable || json.Unmarshal(body, &st) != nil {
+			t.Fatalf("GET %s/readyz during start-up: %d %s %v (after %v)", addr, code, body, err, took)
+		}
+		return strings.Contains(st["reason"], want)
+	}) {
+		t.Fatalf("GET %s/readyz never said the start-up is %s: %d %s %v", addr, want, code, body, err)
+	}
+	t.Logf("%s/readyz during start-up: %d %s in %v", addr, code, strings.Join(strings.Fields(string(body)), " "), took.Round(10*time.Microsecond))
+	code, body, took, err = getTimed(c, "http://"+addr+"/healthz")
+	if err != nil || code != http.StatusOK || !strings.Contains(string(body), "starting") {
+		t.Fatalf("GET %s/healthz while %s: %d %s %v (after %v)", addr, want, code, body, err, took)
+	}
+	t.Logf("%s/healthz during start-up: %d in %v", addr, code, took.Round(10*time.Microsecond))
 }
 
 func isRefused(err error) bool {
