@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
+	"net/http"
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
 	"github.com/breakerd/breakerd/internal/kubeapitest"
@@ -817,4 +821,103 @@ targets:
 	kf.waitEvent(t, "default", kf.node, kube.ReasonCircuitClosed, "pods it rejected (times): "+w1+" (")
 	ev := kf.waitEvent(t, "default", kf.node, kube.ReasonCircuitClosed, w2+" (4)")
 	t.Logf("closing Event: %s", ev.Message)
+}
+
+// TestProbesAnswerWhileWaitingOnTheAPI: while the start-up waits on the
+// Kubernetes API (a server that takes connections and never answers a
+// byte), the admin and probe ports answer at once: /readyz 503 saying the
+// start-up waits on the API, /healthz 200 "starting". The wait is
+// bounded (serviceSyncTimeout): then the daemon runs and is ready, its
+// Service target matching nothing until the API answers.
+func TestProbesAnswerWhileWaitingOnTheAPI(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	t.Cleanup(func() {
+		silent.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	f := newFixture(t, `
+targets:
+  pay:
+    match: {service: default/pay}
+`)
+	cl, err := kube.New(kube.Options{Config: &rest.Config{Host: "http://" + silent.Addr().String()}, NodeName: "node-" + kerneltest.UniqueName(),
+		ProbeInterval: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(f.logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	f.cluster = cl
+	f.admin, f.probe = kerneltest.FreeLoopbackAddr(t), kerneltest.FreeLoopbackAddr(t)
+	type started struct {
+		d   *Daemon
+		err error
+	}
+	result := make(chan started, 1)
+	begun := time.Now()
+	go func() {
+		d, err := New(f.options())
+		result <- started{d, err}
+	}()
+	var s started
+	waited := false
+	wait := func() {
+		if !waited {
+			s, waited = <-result, true
+		}
+	}
+	t.Cleanup(func() {
+		wait()
+		if s.d != nil && f.d == nil { // never run: New's servers and kernel side
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			s.d.Run(ctx)
+		}
+	})
+
+	c := probeClient(2 * time.Second)
+	for _, addr := range []string{f.admin, f.probe} {
+		probesSayStarting(t, c, addr, "waiting on the Kubernetes API")
+	}
+	select {
+	case <-result:
+		t.Fatal("the start-up did not wait on the API: the test proves nothing")
+	default:
+	}
+	wait()
+	if s.err != nil {
+		t.Fatalf("New: %v", s.err)
+	}
+	if took := time.Since(begun); took > serviceSyncTimeout+5*time.Second {
+		t.Fatalf("the start-up took %v with the API silent, want about %v", took, serviceSyncTimeout)
+	}
+	f.run(s.d)
+	for _, addr := range []string{f.admin, f.probe} {
+		if code, body, _, err := getTimed(c, "http://"+addr+"/readyz"); err != nil || code != http.StatusOK {
+			t.Fatalf("GET %s/readyz once running: %d %s %v", addr, code, body, err)
+		}
+	}
+	if !strings.Contains(f.logs.String(), "were not listed in time") {
+		t.Fatalf("the bounded wait on the API is not logged:\n%s", f.logs.String())
+	}
 }

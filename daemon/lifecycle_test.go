@@ -474,8 +474,9 @@ targets:
 	}
 }
 
-// An unmounted bpffs under a running daemon is noticed, cannot be repaired,
-// and the shutdown says protection is not kept.
+// An unmounted bpffs under a running daemon is noticed, cannot be repaired
+// (nothing is made on the filesystem underneath, which is not bpffs), and
+// the shutdown says protection is not kept.
 func TestBPFFSUnmounted(t *testing.T) {
 	f := newFixture(t, svcConfig)
 	mnt := filepath.Join(t.TempDir(), "bpffs")
@@ -503,6 +504,9 @@ func TestBPFFSUnmounted(t *testing.T) {
 	}
 	if v := testutil.ToFloat64(f.d.metrics.groundProblems.WithLabelValues(string(maps.BPFFSUnmounted))); v != 1 {
 		t.Fatalf("bpffs_unmounted counted %v times", v)
+	}
+	if _, err := os.Lstat(f.bpffs); err == nil {
+		t.Fatalf("%s made on the filesystem underneath the unmounted bpffs", f.bpffs)
 	}
 	f.stop()
 	if !strings.Contains(f.logs.String(), "shutting down with protection not in place") {

@@ -37,6 +37,16 @@ func getTimed(c *http.Client, url string) (code int, body []byte, took time.Dura
 	return resp.StatusCode, body, time.Since(start), err
 }
 
+// probeBound is how soon a probe must be answered whatever other clients
+// do: issue 32's 100 ms (a second under qemu, whose emulated CPU is many
+// times slower). Answers take well under a millisecond on the host.
+func probeBound() time.Duration {
+	if kerneltest.Emulated() {
+		return time.Second
+	}
+	return 100 * time.Millisecond
+}
+
 // spread is the fastest, median and slowest of ds.
 func spread(ds []time.Duration) string {
 	if len(ds) == 0 {
@@ -54,8 +64,8 @@ func spread(ds []time.Duration) string {
 // its slot until the 5 s header timeout and a probe waited behind
 // hundreds of them in the kernel's accept queue (10 s and more). Now the
 // listener closes the oldest connection that has sent no request to make
-// room, and every probe on either port is answered (the timing figures
-// are logged; the assertion is a 2 s deadline, far above them).
+// room, and every probe on either port is answered within probeBound
+// (the timing figures are logged).
 func TestProbesAnswerBehindSilentConnections(t *testing.T) {
 	f := newFixture(t, svcConfig)
 	f.admin, f.probe = "127.0.0.1:0", "127.0.0.1:0"
@@ -73,8 +83,8 @@ func TestProbesAnswerBehindSilentConnections(t *testing.T) {
 		for _, addr := range []string{admin, probe} {
 			for _, path := range []string{"/healthz", "/readyz"} {
 				code, body, d, err := getTimed(c, "http://"+addr+path)
-				if err != nil || code != http.StatusOK {
-					t.Fatalf("GET %s%s behind 500 silent connections: %d %s %v (after %v)", addr, path, code, body, err, d)
+				if err != nil || code != http.StatusOK || d > probeBound() {
+					t.Fatalf("GET %s%s behind 500 silent connections: %d %s %v (after %v, want within %v)", addr, path, code, body, err, d, probeBound())
 				}
 				took[addr] = append(took[addr], d)
 			}
@@ -219,32 +229,7 @@ targets:
 
 	c := probeClient(2 * time.Second)
 	for _, addr := range []string{f.admin, f.probe} {
-		// The port opens a moment after New begins; every answer from
-		// then on is a prompt 503, until it says the start-up waits on
-		// DNS.
-		var code int
-		var body []byte
-		var took time.Duration
-		var err error
-		if !kerneltest.WaitFor(30*time.Second, func() bool {
-			code, body, took, err = getTimed(c, "http://"+addr+"/readyz")
-			if isRefused(err) {
-				return false
-			}
-			var st map[string]string
-			if err != nil || code != http.StatusServiceUnavailable || json.Unmarshal(body, &st) != nil {
-				t.Fatalf("GET %s/readyz during start-up: %d %s %v (after %v)", addr, code, body, err, took)
-			}
-			return strings.Contains(st["reason"], "waiting on DNS")
-		}) {
-			t.Fatalf("GET %s/readyz never said the start-up waits on DNS: %d %s %v", addr, code, body, err)
-		}
-		t.Logf("%s/readyz during start-up: %d %s in %v", addr, code, strings.Join(strings.Fields(string(body)), " "), took.Round(10*time.Microsecond))
-		code, body, took, err = getTimed(c, "http://"+addr+"/healthz")
-		if err != nil || code != http.StatusOK || !strings.Contains(string(body), "starting") {
-			t.Fatalf("GET %s/healthz while waiting on DNS: %d %s %v (after %v)", addr, code, body, err, took)
-		}
-		t.Logf("%s/healthz during start-up: %d in %v", addr, code, took.Round(10*time.Microsecond))
+		probesSayStarting(t, c, addr, "waiting on DNS")
 	}
 	code, body, _, err := getTimed(c, "http://"+f.admin+"/metrics")
 	if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(string(body), "starting") {
@@ -266,6 +251,37 @@ targets:
 			t.Fatalf("GET %s/readyz once running: %d %s %v", addr, code, body, err)
 		}
 	}
+}
+
+// probesSayStarting waits for addr to open (New opens it a moment after
+// it begins) and checks that every answer from then on is a 503 within
+// probeBound, until /readyz says the start-up waits on what want names;
+// /healthz then answers 200 "starting", as promptly.
+func probesSayStarting(t *testing.T, c *http.Client, addr, want string) {
+	t.Helper()
+	var code int
+	var body []byte
+	var took time.Duration
+	var err error
+	if !kerneltest.WaitFor(30*time.Second, func() bool {
+		code, body, took, err = getTimed(c, "http://"+addr+"/readyz")
+		if isRefused(err) {
+			return false
+		}
+		var st map[string]string
+		if err != nil || code != http.StatusServiceUnavailable || json.Unmarshal(body, &st) != nil || took > probeBound() {
+			t.Fatalf("GET %s/readyz during start-up: %d %s %v (after %v, want within %v)", addr, code, body, err, took, probeBound())
+		}
+		return strings.Contains(st["reason"], want)
+	}) {
+		t.Fatalf("GET %s/readyz never said the start-up is %s: %d %s %v", addr, want, code, body, err)
+	}
+	t.Logf("%s/readyz during start-up: %d %s in %v", addr, code, strings.Join(strings.Fields(string(body)), " "), took.Round(10*time.Microsecond))
+	code, body, took, err = getTimed(c, "http://"+addr+"/healthz")
+	if err != nil || code != http.StatusOK || !strings.Contains(string(body), "starting") || took > probeBound() {
+		t.Fatalf("GET %s/healthz while %s: %d %s %v (after %v, want within %v)", addr, want, code, body, err, took, probeBound())
+	}
+	t.Logf("%s/healthz during start-up: %d in %v", addr, code, took.Round(10*time.Microsecond))
 }
 
 func isRefused(err error) bool {

@@ -42,6 +42,21 @@ func stormSize(t *testing.T) int {
 	return 3000
 }
 
+// stormBound is how soon after its mkdir a new cgroup of a workload must
+// be protected during a storm. Issue 32 asks for 50 ms and the daemon's
+// share stays well within it (BENCHMARKS.md: 10 to 25 ms from the mkdir to
+// the first rejection, at 3,000 and at 10,000 cgroups), but the figure
+// also holds the kernel's cgroup lock waits for the mkdir and the move,
+// and CI runs other tests beside this one: the bound is twice the goal,
+// still well below what the code before the batched watch took (200 to
+// 720 ms at 3,000). Under qemu it is 2 s.
+func stormBound() time.Duration {
+	if kerneltest.Emulated() {
+		return 2 * time.Second
+	}
+	return 100 * time.Millisecond
+}
+
 // drain drops the results a stream has reported so far.
 func drain(s *kerneltest.Stream) {
 	for {
@@ -95,9 +110,9 @@ func protection(t *testing.T, s *kerneltest.Stream, made, moved time.Time, bound
 // attach point (a node starting or draining many pods at once) does not
 // hold up the protection of a new cgroup of a workload made in the middle
 // of it: a real process moved into it is rejected by the open circuit
-// soon after. The delays are logged (BENCHMARKS.md has the figures);
-// the bound asserted is a generous one. Afterwards the daemon tracks just
-// the cgroups that are left.
+// within stormBound of the mkdir. The delays are logged (BENCHMARKS.md
+// has the figures). Afterwards the daemon tracks just the cgroups that
+// are left.
 func TestScopingCgroupStorm(t *testing.T) {
 	n := stormSize(t)
 	f := newScopedFixture(t, stormConfig)
@@ -121,6 +136,7 @@ func TestScopingCgroupStorm(t *testing.T) {
 	if kerneltest.Emulated() {
 		bound = 10 * time.Second
 	}
+	within := stormBound()
 	for i, remove := range []bool{false, true} {
 		what := "made"
 		if remove {
@@ -141,6 +157,9 @@ func TestScopingCgroupStorm(t *testing.T) {
 			t.Fatalf("storm: %v", err)
 		}
 		t.Logf("%d cgroups %s in %v; a new selected cgroup made halfway protected %v after its mkdir, %d connects through", n, what, time.Since(t0).Round(time.Millisecond), delay.Round(100*time.Microsecond), through)
+		if delay > within {
+			t.Fatalf("a new selected cgroup made halfway through %d cgroups %s was protected %v after its mkdir, want within %v", n, what, delay.Round(100*time.Microsecond), within)
+		}
 		// Back to an unselected cgroup: its connects reach the server.
 		if err := hold.AddProc(s.PID()); err != nil {
 			t.Fatal(err)
