@@ -164,7 +164,7 @@ targets:
 `)
 	f.start()
 	f.d.mu.Lock()
-	f.d.endpointIdle = 300 * time.Millisecond
+	f.d.eng.SetEndpointIdle(300 * time.Millisecond)
 	f.d.mu.Unlock()
 	f.dial(8500, 1, 0)
 	name := fmt.Sprintf("wide/%s:8500", f.srv.IPv4)
@@ -333,7 +333,7 @@ func TestLostRoundRecordsAreReconciled(t *testing.T) {
 		f.d.mu.Unlock()
 		t.Fatal(err)
 	}
-	f.d.reconcileRounds(time.Now())
+	f.d.eng.ReconcileRounds(time.Now())
 	f.d.mu.Unlock()
 	f.waitState("svc", "half_open", time.Second)
 	// No probe of the round succeeded: probe_timeout (2s) reopens it, with

@@ -241,7 +241,7 @@ func TestNoIDNoSharedBulkhead(t *testing.T) {
 	d.reg.IDs.SetLimit(3) // ids 1 and 2
 	now := d.now()
 	for _, p := range ports {
-		if c, _ := d.lookup(f.dest(p), now); c == nil || c.ID != 0 {
+		if c, _ := d.eng.Lookup(f.dest(p), now); c == nil || c.ID != 0 {
 			d.mu.Unlock()
 			t.Fatalf("port %d: %v, want a circuit with no id", p, c)
 		}
@@ -310,7 +310,7 @@ func TestSeatedByReloadIsEnforced(t *testing.T) {
 		f.waitState(f.dynName(p), "open", 2*time.Second)
 	}
 	d.mu.Lock()
-	d.lastLostCheck = d.now().Add(time.Hour) // no retry from the tick
+	d.eng.HoldChecks(d.now().Add(time.Hour)) // no retry from the tick
 	d.reg.IDs.SetLimit(4)                    // id 3 comes free
 	d.mu.Unlock()
 	f.writeConfig(lazyConfig + "  max_connections: 100\n")
@@ -480,7 +480,7 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 	d.reg.IDs.SetLimit(3) // ids 1 and 2
 	now := d.now()
 	for _, p := range ports {
-		d.lookup(f.dest(p), now)
+		d.eng.Lookup(f.dest(p), now)
 	}
 	d.mu.Unlock()
 	f.writeConfig(lazyConfig + "  max_connections: 1\n")

@@ -9,7 +9,6 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
-	"github.com/breakerd/breakerd/engine"
 	"github.com/breakerd/breakerd/internal/cgroup2"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
@@ -118,7 +117,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 		d.log.Log(context.Background(), lvl, "workload classes changed since the previous daemon: their pinned circuits and bulkheads are not adopted",
 			"classes", len(moved), "rejecting_verdicts_dropped", droppedVerdicts, "bulkhead_limits_dropped", droppedLimits)
 	}
-	d.retirePinnedBatches(limits)
+	d.eng.RetirePinnedBatches(limits)
 	d.eng.LoadKept()
 	d.applyConfig(cfg)
 	d.applyResolved(resolved)
@@ -146,7 +145,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 		if beat++; beat%4096 == 0 {
 			d.keepAlive()
 		}
-		c, _ := d.lookup(dst, now)
+		c, _ := d.eng.Lookup(dst, now)
 		if c == nil {
 			// Excluded or no longer protected under this configuration.
 			_ = d.k.DeleteVerdict(dst)
@@ -216,7 +215,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 		if d.classes.SharedOfBulkhead(policy.Class(dst.Class)) != "" {
 			dst.Class = 0
 		}
-		d.lookup(dst, now) // reconcileLimits keeps or removes the entry
+		d.eng.Lookup(dst, now) // reconcileLimits keeps or removes the entry
 	}
 	if adopted > 0 {
 		d.log.Info("adopted open circuit(s) from the pinned verdict map", "count", adopted)
@@ -236,35 +235,13 @@ func (d *Daemon) keepAlive() {
 
 // reconcileLimits makes the kernel's limits map hold exactly the bulkheads
 // of the current circuits: entries per TCP destination of a circuit with a
-// limit (bulkheadEntries: also one per sharing workload for a shared
+// limit (engine.WantedLimits: also one per sharing workload for a shared
 // circuit), each in its slot. Anything else (a limit the configuration
 // dropped, a destination that moved, a workload no longer sharing, an
 // entry a previous daemon left) is removed; sockets it counted still
 // release into their slot.
 func (d *Daemon) reconcileLimits() error {
-	want := map[maps.Dest]maps.Limit{}
-	for c := range d.reg.All() {
-		d.eng.SyncBulkSlots(c)
-		o := c.Machine.Options()
-		if !engine.NeedsLimitEntry(o) {
-			d.eng.NoLimits(c)
-			if b, ok := d.batched[c]; ok && !b.off {
-				d.retireBatch(c)
-			}
-			continue
-		}
-		if !d.eng.SeatForLimits(c) {
-			continue // logged and counted by writeLimit
-		}
-		for _, dst := range c.Dests() {
-			if dst.Proto != maps.TCP {
-				continue
-			}
-			for _, e := range d.limitEntries(c, dst) {
-				want[e.dst] = d.limitFor(c, o, e)
-			}
-		}
-	}
+	want := d.eng.WantedLimits()
 	have, err := d.k.AllLimits()
 	if err != nil {
 		return fmt.Errorf("reconciling bulkhead limits: %w", err)

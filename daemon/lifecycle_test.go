@@ -383,7 +383,7 @@ all:
 	now := f.d.now()
 	for i := range n {
 		dst := maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 77, byte(i >> 8), byte(i)}), uint16(1000+i>>16))}
-		if c, _ := f.d.lookup(dst, now); c == nil {
+		if c, _ := f.d.eng.Lookup(dst, now); c == nil {
 			f.d.mu.Unlock()
 			t.Fatalf("destination %d refused", i)
 		}
@@ -459,7 +459,7 @@ targets:
 	now := f.d.now()
 	for i := range 50 {
 		for _, net := range []byte{20, 30} {
-			f.d.lookup(maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, net, 0, byte(i)}), 443)}, now)
+			f.d.eng.Lookup(maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, net, 0, byte(i)}), 443)}, now)
 		}
 	}
 	dests, circuits := f.d.reg.ByDest.Len(), f.d.reg.Count()

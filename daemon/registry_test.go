@@ -42,7 +42,7 @@ targets:
 	rec := func(i int, o maps.Outcome) {
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		d.handle(&maps.Event{Dest: dynamicDest(i), Outcome: o}, now, nil)
+		d.eng.HandleBatch([]maps.Event{{Dest: dynamicDest(i), Outcome: o}}, now)
 	}
 	for i := range 5 {
 		rec(i, maps.Established)
@@ -54,8 +54,8 @@ targets:
 	if len(d.reg.Active) != 1 {
 		t.Fatalf("active %d, want 1", len(d.reg.Active))
 	}
-	d.handle(&maps.Event{Dest: maps.Dest{Proto: maps.TCP, Addr: dynamicDest(0).Addr}, Outcome: maps.Established}, now, nil) // 0 becomes the most recent
-	d.handle(&maps.Event{Dest: endpointDest(1), Outcome: maps.Established}, now, nil)                                       // an endpoint circuit: 6 destinations
+	d.eng.HandleBatch([]maps.Event{{Dest: maps.Dest{Proto: maps.TCP, Addr: dynamicDest(0).Addr}, Outcome: maps.Established}}, now) // 0 becomes the most recent
+	d.eng.HandleBatch([]maps.Event{{Dest: endpointDest(1), Outcome: maps.Established}}, now)                                       // an endpoint circuit: 6 destinations
 	d.mu.Unlock()
 	rec(7, maps.Established) // a 7th destination evicts the least recently active closed dynamic one: 1
 	d.mu.Lock()
@@ -78,7 +78,7 @@ targets:
 		d.eng.Apply(c, tr)
 	}
 	checkRegistry(t, d.reg)
-	d.handle(&maps.Event{Dest: dynamicDest(2), Outcome: maps.Established, Probe: true, Round: c.Machine.Round()}, time.Now(), nil)
+	d.eng.HandleBatch([]maps.Event{{Dest: dynamicDest(2), Outcome: maps.Established, Probe: true, Round: c.Machine.Round()}}, time.Now())
 	if s := c.Machine.State(); s != policy.Closed {
 		t.Fatalf("after the probe: %s", s)
 	}
@@ -123,7 +123,7 @@ func TestCircuitSize(t *testing.T) {
 // also when records in a chunk make circuits that evict ones looked up
 // earlier in it.
 func TestHandleBatchMatchesOneByOne(t *testing.T) {
-	const n = prefetchFrom
+	const n = 8192 // the engine's prefetchFrom
 	cfg := "max_circuits: " + strconv.Itoa(n) + "\nall:\n  consecutive_failures: 3\n  open_duration: 4m\n"
 	var evs []maps.Event
 	cookie := uint64(1)
@@ -164,12 +164,12 @@ func TestHandleBatchMatchesOneByOne(t *testing.T) {
 		if batched {
 			for rest := evs; len(rest) > 0; {
 				k := min(len(rest), readBatch)
-				d.handleBatch(rest[:k], now)
+				d.eng.HandleBatch(rest[:k], now)
 				rest = rest[k:]
 			}
 		} else {
 			for i := range evs {
-				d.handle(&evs[i], now, nil)
+				d.eng.HandleBatch(evs[i:i+1], now)
 			}
 		}
 		checkRegistry(t, d.reg)

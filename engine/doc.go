@@ -24,6 +24,18 @@
 //     (WriteVerdicts), retry what could not be written (RetryUnenforced),
 //     evict and drop circuits, and keep the sharing workloads' bulkhead
 //     slots and the circuits' epochs.
+//   - Handling the kernel's outcome records (HandleBatch: the cache
+//     warming, the dating of resets, connect timeouts, responses and the
+//     answered batches) and the timers (Tick: connect, response and probe
+//     timeouts, the sweep of departed endpoints, the retries, the
+//     reconciliation after lost records).
+//   - The lookup of a destination's circuit (Lookup) under a Matching:
+//     the configuration, its classes and what host names and Services
+//     resolved to, which the daemon resolves and hands the engine
+//     (SetMatching) on start, reload and every change of a resolution.
+//   - The limits entries of a destination (WriteLimit, WantedLimits) and
+//     the answered words of the circuits whose ordinary successes the
+//     kernel counts (answered.go).
 //   - Circuit, one circuit in a single 192-byte allocation, and the
 //     destination index (DestIndex), ids and the rules of their seating
 //     (IDs), the overrides kept across restarts (Overrides), circuit names
@@ -35,25 +47,16 @@
 // its verdict's, and a verdict write never changes the state machine.
 //
 // What the daemon still does around the engine, through Hooks: the close
-// pass of close_established (Opened), the event list and the Kubernetes
-// Event of a transition (Transitioned), the limits entries of a
-// destination (WriteLimit: they need the configuration's workloads) and
-// the answered batches (Unbatch).
+// pass of close_established (Opened), and the event list and the
+// Kubernetes Event of a transition (Transitioned).
 //
 // The cut still to make, in steps that each build and pass:
 //
-//   - Handling an outcome record (daemon.handle and handleBatch, with the
-//     cache warming, reset dating, connect timeouts and responses) and the
-//     tick move here; they need the matcher (lookup: the configuration,
-//     resolved names and Services) as an input the daemon hands the
-//     engine on reload. The answered batches (daemon/answered.go) and the
-//     limits entries (bulkheadEntries, limitFor) follow, and Hooks shrinks
-//     to the close pass and the notices of transitions.
 //   - The Registry's exported fields (ByName, ByDest, Active, IDs, ...),
 //     exported while the daemon's methods still reach into them, become
 //     the engine's own; the daemon's reg shortcut goes.
 //   - The daemon's tests on the fake kernel (daemon/core_test.go) move
-//     here once handle, lookup and the tick have.
+//     here now that handle, lookup and the tick have.
 //   - The engine is driven by the reader's goroutine alone and publishes
 //     snapshots for the admin API, the metrics and the status page,
 //     which then no longer take its lock.

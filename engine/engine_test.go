@@ -35,8 +35,6 @@ func (h *hooks) Opened(*engine.Circuit, policy.State, policy.State, time.Time) {
 func (h *hooks) Transitioned(_ *engine.Circuit, t policy.Transition) {
 	h.transitions = append(h.transitions, t)
 }
-func (h *hooks) WriteLimit(*engine.Circuit, maps.Dest) {}
-func (h *hooks) Unbatch(*engine.Circuit)               {}
 
 // count is a Counter and an Observer.
 type count struct{ n float64 }

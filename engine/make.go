@@ -70,7 +70,7 @@ func (e *Engine) Attach(c *Circuit, dst maps.Dest) {
 	}
 	e.reg.Attach(c, dst)
 	if o := c.Machine.Options(); NeedsLimitEntry(o) {
-		e.hooks.WriteLimit(c, dst)
+		e.WriteLimit(c, dst)
 	}
 	if s := c.Machine.State(); s.Rejects() {
 		e.WriteVerdict(c, dst, s, c.Machine.Status(e.clock.Now()).OpenUntil, c.Machine.Round())

@@ -116,7 +116,7 @@ func (e *Engine) ReleaseID(c *Circuit) {
 	}
 	e.retire(c.Target(), c.ID)
 	e.forgetEpoch(c)
-	e.hooks.Unbatch(c)
+	e.unbatch(c)
 	c.SetEpoch(0)
 	e.reg.IDs.Release(c.ID, c.Name())
 	c.ID = 0
@@ -143,7 +143,7 @@ func (e *Engine) RetryUnenforced() {
 			return
 		}
 		for _, dst := range c.Dests() {
-			e.hooks.WriteLimit(c, dst) // takes it out of the set (SeatForLimits)
+			e.WriteLimit(c, dst) // takes it out of the set (SeatForLimits)
 		}
 	}
 }
