@@ -110,7 +110,7 @@ func BenchmarkCircuitFootprint(b *testing.B) {
 				d.mu.Unlock()
 				runtime.GC()
 				runtime.ReadMemStats(&after)
-				index := d.reg.ByDest.Bytes()
+				index := d.eng.IndexBytes()
 				b.ReportMetric((float64(after.HeapAlloc-before.HeapAlloc)+float64(index))/float64(n), "bytes/circuit")
 				f.stop()
 			}

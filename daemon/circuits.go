@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"sort"
 	"time"
 
 	"github.com/breakerd/breakerd/engine"
@@ -9,11 +8,10 @@ import (
 	"github.com/breakerd/breakerd/policy"
 )
 
-// circuit, registry and bulkSlot are the engine's; allTarget names the
-// target of dynamic circuits.
+// circuit and bulkSlot are the engine's; allTarget names the target of
+// dynamic circuits.
 type (
 	circuit  = engine.Circuit
-	registry = engine.Registry
 	bulkSlot = engine.BulkSlot
 )
 
@@ -31,8 +29,6 @@ func (d *Daemon) newEngine(respSince time.Duration) {
 		limit = idLimitForTest
 	}
 	d.eng = engine.New(engine.Config{Kernel: d.kernel, Clock: d.clock, Log: d.log, Metrics: d.metrics, Hooks: hooks{d}, Rand: d.rand, IDs: limit, RespondingSince: respSince})
-	d.reg = d.eng.Registry()
-	d.reg.Classes = &d.classes
 }
 
 // hooks are the daemon's part in what the engine decides (engine.Hooks).
@@ -48,29 +44,4 @@ func (h hooks) Transitioned(c *circuit, t policy.Transition) {
 	d.kubeEvent(c, t)
 	d.events.add(TransitionEvent{Time: t.At, Circuit: c.Name(), Target: c.Target(), Workload: c.Workload(), From: t.From.String(), To: t.To.String(),
 		Reason: string(t.Reason), FailureRate: t.FailureRate, SlowRate: t.SlowRate, Calls: t.Calls, OpenUntil: t.OpenUntil, Trip: t.Trip})
-}
-
-// orderedCircuits returns the circuits: named ones by name, then dynamic
-// ones in the destination index's order (sorting a million of them, by
-// name or by destination, took seconds of a reload).
-func (d *Daemon) orderedCircuits() []*circuit {
-	type named struct {
-		name string
-		c    *circuit
-	}
-	byName := make([]named, 0, len(d.reg.ByName))
-	for _, c := range d.reg.ByName {
-		byName = append(byName, named{c.Name(), c})
-	}
-	sort.Slice(byName, func(i, j int) bool { return byName[i].name < byName[j].name })
-	out := make([]*circuit, 0, d.reg.Count())
-	for _, n := range byName {
-		out = append(out, n.c)
-	}
-	for _, c := range d.reg.ByDest.All() {
-		if !c.IsNamed() {
-			out = append(out, c)
-		}
-	}
-	return out
 }

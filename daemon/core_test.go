@@ -76,7 +76,7 @@ func newCore(t *testing.T, yaml string, k *enginetest.Kernel) *core {
 	// What applyConfig does on a first start, without the cgroup watch,
 	// the closer and the response programs (orchestration, not the core).
 	d.cfg = cfg
-	d.reg.ByDest.Reserve(cfg.MaxCircuits)
+	d.eng.Reserve(cfg.MaxCircuits)
 	d.classes = cfg.Classes()
 	d.rematch()
 	e.d = d
@@ -137,7 +137,7 @@ func (e *core) tick() {
 func (e *core) at(port uint16) *circuit {
 	e.d.mu.Lock()
 	defer e.d.mu.Unlock()
-	c, _ := e.d.reg.At(coreDest(port))
+	c, _ := e.d.eng.At(coreDest(port))
 	return c
 }
 
@@ -204,7 +204,7 @@ func coreName(port uint16) string { return engine.DynamicName(coreDest(port)) }
 // keeps its id and verdict throughout.
 func TestCoreScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 	e := newCore(t, lazyConfig, nil)
-	e.d.reg.IDs.SetLimit(3) // ids 1 and 2; scarce from one held
+	e.d.eng.IDs().SetLimit(3) // ids 1 and 2; scarce from one held
 	for _, p := range []uint16{9411, 9412} {
 		e.fail(p, 2)
 		e.wantState(p, policy.Open)
@@ -285,7 +285,7 @@ func TestCoreScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 // failures.
 func TestCoreUnenforcedOpenCircuitCloses(t *testing.T) {
 	e := newCore(t, lazyConfig, nil)
-	e.d.reg.IDs.SetLimit(2) // one id
+	e.d.eng.IDs().SetLimit(2) // one id
 	e.fail(9421, 2)
 	e.fail(9422, 2)
 	e.wantState(9422, policy.Open)
@@ -605,7 +605,7 @@ all:
   max_connections: 10
   consecutive_failures: 2
 `, nil)
-	e.d.reg.IDs.SetLimit(3) // ids 1 and 2
+	e.d.eng.IDs().SetLimit(3) // ids 1 and 2
 	for _, p := range []uint16{9481, 9482, 9483} {
 		e.ok(p, 1)
 	}
@@ -624,7 +624,7 @@ all:
 	if n := testutil.ToFloat64(e.d.metrics.circuitsRefused.WithLabelValues(allTarget)); n != 1 {
 		t.Fatalf("refused %v, want 1", n)
 	}
-	e.d.reg.IDs.SetLimit(4) // id 3 comes free
+	e.d.eng.IDs().SetLimit(4) // id 3 comes free
 	e.ok(9483, 1)
 	if c := e.at(9483); c == nil || c.ID != 3 || e.k.Limits()[coreDest(9483)].Slot != 3 {
 		t.Fatalf("9483 once id 3 is free: %v, limits %+v", c, e.k.Limits()[coreDest(9483)])
@@ -650,7 +650,7 @@ targets:
 	if e.at(8500) == nil || e.at(9001) == nil {
 		t.Fatal("no endpoint circuits")
 	}
-	count := func(group string) int { n, _ := e.d.reg.Groups[group].Counts(); return n }
+	count := func(group string) int { n, _ := e.d.eng.Group(group).Counts(); return n }
 	if count("wide") != 1 || count("pinned") != 1 {
 		t.Fatalf("endpoints: wide %d, pinned %d, want 1 each", count("wide"), count("pinned"))
 	}

@@ -29,7 +29,6 @@ import (
 	"net/netip"
 	"os"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,9 +113,8 @@ type Daemon struct {
 	resolved map[string][]netip.Addr
 	services map[string][]policy.ServiceDest // Service targets' destinations, by target
 	// eng is the event-to-verdict core: the circuits, their ids and
-	// verdicts; reg is its registry.
+	// verdicts.
 	eng    *engine.Engine
-	reg    *registry
 	events eventRing
 	// ready: running with protection in place (written under mu, read
 	// by /readyz without it); phase: what the start-up is doing, nil
@@ -408,7 +406,7 @@ func fleetBlocks(cfg *policy.Config) bool {
 func (d *Daemon) applyConfig(cfg *policy.Config) {
 	old, oldClasses := d.cfg, d.classes
 	d.cfg = cfg
-	d.reg.ByDest.Reserve(cfg.MaxCircuits)
+	d.eng.Reserve(cfg.MaxCircuits)
 	if cfg.MaxCircuits > policy.GuaranteedCircuits && (old == nil || old.MaxCircuits <= policy.GuaranteedCircuits) {
 		d.log.Warn("max_circuits is above the number of circuits that can all reject at once; a circuit that opens when the kernel has no circuit id or verdict entry left is not enforced, logged and counted in breakerd_verdict_write_errors_total",
 			"max_circuits", cfg.MaxCircuits, "guaranteed", policy.GuaranteedCircuits)
@@ -434,7 +432,7 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 	if old != nil {
 		now := d.now()
 		ch := policy.Diff(old, cfg)
-		for _, c := range d.orderedCircuits() {
+		for _, c := range d.eng.Ordered() {
 			if c.Target() == allTarget {
 				if ch.AllChanged {
 					d.setOptions(c, &cfg.All, now)
@@ -457,12 +455,7 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 				d.eng.KeepOverride(c, policy.NoOverride)
 			}
 		}
-		for name, g := range d.reg.Groups {
-			tname, _, _ := strings.Cut(name, "@") // target@workload
-			if t := cfg.Targets[tname]; t != nil && t.Scope == policy.EndpointScope {
-				g.MaxEjectionPercent = t.MaxEjectionPercent
-			}
-		}
+		d.eng.SetEjection(cfg)
 		d.log.Info("configuration reloaded", "all_changed", ch.AllChanged, "mode_changed", ch.ModeChanged, "workloads_changed", ch.WorkloadsChanged,
 			"added", ch.Added, "changed", ch.Changed, "removed", ch.Removed, "unchanged", ch.Unchanged)
 		if err := d.heartbeat(); err != nil { // mode and limits flags
@@ -499,7 +492,7 @@ func (d *Daemon) matching() engine.Matching {
 func (d *Daemon) rematch() {
 	d.eng.SetMatching(d.matching())
 	now := d.now()
-	for _, c := range d.orderedCircuits() {
+	for _, c := range d.eng.Ordered() {
 		var stale []maps.Dest
 		for _, dst := range c.Dests() {
 			// A circuit of a class that now names another workload
@@ -522,7 +515,7 @@ func (d *Daemon) rematch() {
 		case len(stale) < len(c.Dests()) && isServiceTarget(d.cfg, c.Target()):
 			// A Service's endpoints come and go: the circuit keeps its
 			// state; only the departed destinations leave it.
-			d.detach(c, stale)
+			d.eng.Detach(c, stale)
 		default:
 			d.eng.Drop(c)
 		}

@@ -171,14 +171,14 @@ targets:
 	if _, ok := f.circuit(name); !ok {
 		t.Fatalf("no endpoint circuit: %v", f.d.Circuits())
 	}
-	if n, _ := f.d.reg.Groups["wide"].Counts(); n != 1 {
+	if n, _ := f.d.eng.Group("wide").Counts(); n != 1 {
 		t.Fatalf("%d endpoints, want 1", n)
 	}
 	if !kerneltest.WaitFor(3*time.Second, func() bool { _, ok := f.circuit(name); return !ok }) {
 		t.Fatalf("idle endpoint stayed: %v", f.d.Circuits())
 	}
 	f.d.mu.Lock()
-	n, _ := f.d.reg.Groups["wide"].Counts()
+	n, _ := f.d.eng.Group("wide").Counts()
 	f.d.mu.Unlock()
 	if n != 0 {
 		t.Fatalf("%d endpoints after the departure, want 0", n)
@@ -328,7 +328,8 @@ func TestLostRoundRecordsAreReconciled(t *testing.T) {
 	}
 	defer budgets.Close()
 	f.d.mu.Lock()
-	round := f.d.reg.ByName["svc"].Machine.Round()
+	svc, _ := f.d.eng.Get("svc")
+	round := svc.Machine.Round()
 	if err := budgets.Put(c.CircuitID, uint64(round)<<32); err != nil {
 		f.d.mu.Unlock()
 		t.Fatal(err)

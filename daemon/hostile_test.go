@@ -91,7 +91,7 @@ targets:
 	makeCircuits(t, d, n-1) // and guard
 	d.mu.Lock()
 	addr := d.admin.String()
-	total := d.reg.Count()
+	total := d.eng.Count()
 	d.mu.Unlock()
 	if total != n {
 		t.Fatalf("%d circuits, want %d", total, n)

@@ -47,7 +47,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	if err != nil {
 		return fmt.Errorf("reading bulkhead counts: %w", err)
 	}
-	d.reg.IDs.LoadPinned(verdicts, limits, busy)
+	d.eng.IDs().LoadPinned(verdicts, limits, busy)
 	// Host names are looked up first, in parallel and each bounded,
 	// keeping a fresh previous heartbeat fresh meanwhile.
 	hosts := hostNamesOf(cfg)
@@ -86,7 +86,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	// open circuit or the sockets counted in its bulkhead.
 	moved := d.scope.movedClasses(cfg, pinnedEntries(pinnedClasses, pinnedBulkheads))
 	if len(moved) > 0 {
-		d.reg.IDs.ForgetClasses(moved)
+		d.eng.IDs().ForgetClasses(moved)
 		// Gone before the workloads map says the new classes, so no
 		// connection is judged by another workload's entry meanwhile.
 		droppedVerdicts, droppedLimits := 0, 0
@@ -122,10 +122,10 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	d.applyConfig(cfg)
 	d.applyResolved(resolved)
 	d.applyServices(services)
-	d.reg.Adopting = true // max_circuits never drops an adopted verdict
+	d.eng.SetAdopting(true) // max_circuits never drops an adopted verdict
 	d.adopt(verdicts, limits)
-	d.reg.Adopting = false
-	d.reg.IDs.EndStartup()
+	d.eng.SetAdopting(false)
+	d.eng.IDs().EndStartup()
 	if err := d.reconcileLimits(); err != nil {
 		return err
 	}
@@ -169,7 +169,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 				_ = d.k.DeleteVerdict(dst)
 				if c.Machine.State() == policy.Closed {
 					c.Machine.Restore(now, now.Add(v.Due-mono), c.Machine.Round()+1, false)
-					d.reg.Track(c)
+					d.eng.Track(c)
 				}
 				d.eng.MarkUnenforced(c)
 				d.metrics.verdictWriteErrors.Inc()
@@ -191,7 +191,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 					round, begun = c.Machine.Round()+1, false
 				}
 				c.Machine.Restore(now, now.Add(v.Due-mono), round, begun)
-				d.reg.Track(c)
+				d.eng.Track(c)
 				d.log.Debug("adopted open circuit", "circuit", c.Name(), "dest", dst, "round", round, "half_open", begun, "due_in", (v.Due - mono).String())
 				adopted++
 			}
@@ -220,8 +220,8 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 	if adopted > 0 {
 		d.log.Info("adopted open circuit(s) from the pinned verdict map", "count", adopted)
 	}
-	if over := d.reg.ByDest.Len() - d.cfg.MaxCircuits; over > 0 {
-		d.log.Warn("more destinations adopted than max_circuits allows; idle closed circuits are evicted as new ones come", "destinations", d.reg.ByDest.Len(), "max_circuits", d.cfg.MaxCircuits)
+	if over := d.eng.Destinations() - d.cfg.MaxCircuits; over > 0 {
+		d.log.Warn("more destinations adopted than max_circuits allows; idle closed circuits are evicted as new ones come", "destinations", d.eng.Destinations(), "max_circuits", d.cfg.MaxCircuits)
 	}
 }
 

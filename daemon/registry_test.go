@@ -7,6 +7,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/breakerd/breakerd/engine"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
@@ -14,10 +15,10 @@ import (
 // checkRegistry fails t unless the registry's sets say what the circuits'
 // states say: active holds exactly the circuits that reject, idle exactly
 // the closed dynamic ones (in order of last touch), endpoints exactly the
-// endpoint-scoped ones.
-func checkRegistry(t *testing.T, r *registry) {
+// endpoint-scoped ones (a dropped circuit in none).
+func checkRegistry(t *testing.T, e *engine.Engine) {
 	t.Helper()
-	if err := r.CheckSets(); err != nil {
+	if err := e.CheckSets(); err != nil {
 		t.Error(err)
 	}
 }
@@ -50,56 +51,53 @@ targets:
 	rec(2, maps.Refused)
 	rec(2, maps.Refused) // circuit 2 opens
 	d.mu.Lock()
-	checkRegistry(t, d.reg)
-	if len(d.reg.Active) != 1 {
-		t.Fatalf("active %d, want 1", len(d.reg.Active))
+	checkRegistry(t, d.eng)
+	if d.eng.ActiveCount() != 1 {
+		t.Fatalf("active %d, want 1", d.eng.ActiveCount())
 	}
 	d.eng.HandleBatch([]maps.Event{{Dest: maps.Dest{Proto: maps.TCP, Addr: dynamicDest(0).Addr}, Outcome: maps.Established}}, now) // 0 becomes the most recent
 	d.eng.HandleBatch([]maps.Event{{Dest: endpointDest(1), Outcome: maps.Established}}, now)                                       // an endpoint circuit: 6 destinations
 	d.mu.Unlock()
 	rec(7, maps.Established) // a 7th destination evicts the least recently active closed dynamic one: 1
 	d.mu.Lock()
-	checkRegistry(t, d.reg)
-	if _, ok := d.reg.At(dynamicDest(1)); ok {
+	checkRegistry(t, d.eng)
+	if _, ok := d.eng.At(dynamicDest(1)); ok {
 		t.Errorf("circuit 1 not evicted")
 	}
-	if _, ok := d.reg.At(dynamicDest(2)); !ok {
+	if _, ok := d.eng.At(dynamicDest(2)); !ok {
 		t.Errorf("the open circuit was evicted")
 	}
-	if _, ok := d.reg.At(dynamicDest(0)); !ok {
+	if _, ok := d.eng.At(dynamicDest(0)); !ok {
 		t.Errorf("the most recently active circuit was evicted")
 	}
 	d.mu.Unlock()
 	// Half-open (the tick), then closed by its probe.
 	time.Sleep(60 * time.Millisecond)
 	d.mu.Lock()
-	c, _ := d.reg.At(dynamicDest(2))
+	c, _ := d.eng.At(dynamicDest(2))
 	if tr, moved := c.Machine.BeginHalfOpen(time.Now(), c.Machine.Round()); moved {
 		d.eng.Apply(c, tr)
 	}
-	checkRegistry(t, d.reg)
+	checkRegistry(t, d.eng)
 	d.eng.HandleBatch([]maps.Event{{Dest: dynamicDest(2), Outcome: maps.Established, Probe: true, Round: c.Machine.Round()}}, time.Now())
 	if s := c.Machine.State(); s != policy.Closed {
 		t.Fatalf("after the probe: %s", s)
 	}
-	checkRegistry(t, d.reg)
+	checkRegistry(t, d.eng)
 	name := c.Name()
 	d.mu.Unlock()
 	if _, err := d.Force(name, "open"); err != nil {
 		t.Fatal(err)
 	}
 	d.mu.Lock()
-	checkRegistry(t, d.reg)
+	checkRegistry(t, d.eng)
 	d.mu.Unlock()
 	f.writeConfig("max_circuits: 6\nall:\n  consecutive_failures: 3\n")
 	if err := d.Reload(); err != nil {
 		t.Fatal(err)
 	}
 	d.mu.Lock()
-	checkRegistry(t, d.reg)
-	if len(d.reg.Endpoints) != 0 {
-		t.Errorf("the removed target's endpoint circuit is still listed")
-	}
+	checkRegistry(t, d.eng) // the removed target's endpoint circuit is in no set
 	d.mu.Unlock()
 }
 
@@ -172,7 +170,7 @@ func TestHandleBatchMatchesOneByOne(t *testing.T) {
 				d.eng.HandleBatch(evs[i:i+1], now)
 			}
 		}
-		checkRegistry(t, d.reg)
+		checkRegistry(t, d.eng)
 		d.mu.Unlock()
 		out := map[string]summary{}
 		for _, c := range d.Circuits() {

@@ -13,17 +13,19 @@
 //
 // What the package holds:
 //
-//   - Engine, which owns the circuits (Registry: by name and destination,
-//     the active and endpoint sets, the idle list eviction takes its
-//     victim from), the circuits waiting for an id or for room
-//     (unenforced, unlimited), the kept overrides, the retired kernel
-//     counts and the rate-limited error log. Its methods make a circuit
-//     and attach destinations (Make, Attach), record calls (Record: one
-//     way, with a count), apply a transition (Apply), seat and release
-//     kernel ids (Seat, EnsureID, ReleaseID), write verdicts
-//     (WriteVerdicts), retry what could not be written (RetryUnenforced),
-//     evict and drop circuits, and keep the sharing workloads' bulkhead
-//     slots and the circuits' epochs.
+//   - Engine, which owns the circuits (its registry: by name and
+//     destination, the active and endpoint sets, the endpoint groups,
+//     the idle list eviction takes its victim from; the daemon reads
+//     them through At, Get, All, Active, Ordered and the counts), the
+//     circuits waiting for an id or for room (unenforced, unlimited),
+//     the kept overrides, the retired kernel counts and the
+//     rate-limited error log. Its methods make a circuit and attach
+//     destinations (Make, Attach), record calls (Record: one way, with
+//     a count), apply a transition (Apply), seat and release kernel ids
+//     (Seat, EnsureID, ReleaseID), write verdicts (WriteVerdicts),
+//     retry what could not be written (RetryUnenforced), evict and drop
+//     circuits, and keep the sharing workloads' bulkhead slots and the
+//     circuits' epochs.
 //   - Handling the kernel's outcome records (HandleBatch: the cache
 //     warming, the dating of resets, connect timeouts, responses and the
 //     answered batches) and the timers (Tick: connect, response and probe
@@ -52,9 +54,6 @@
 //
 // The cut still to make, in steps that each build and pass:
 //
-//   - The Registry's exported fields (ByName, ByDest, Active, IDs, ...),
-//     exported while the daemon's methods still reach into them, become
-//     the engine's own; the daemon's reg shortcut goes.
 //   - The daemon's tests on the fake kernel (daemon/core_test.go) move
 //     here now that handle, lookup and the tick have.
 //   - The engine is driven by the reader's goroutine alone and publishes

@@ -8,7 +8,7 @@ import (
 	"github.com/breakerd/breakerd/policy"
 )
 
-// Engine is the core's state: the circuits (Registry), their kernel ids
+// Engine is the core's state: the circuits (registry), their kernel ids
 // and verdicts, the circuits whose verdicts or limits wait for an id or
 // for room, the overrides kept across restarts, the kernel counts of
 // circuits gone, and what handling records and the tick keep (sockets
@@ -17,7 +17,7 @@ import (
 // tells the daemon of transitions through Hooks. It is used by one
 // goroutine at a time (the daemon's lock).
 type Engine struct {
-	reg     *Registry
+	reg     *registry
 	k       Kernel
 	clock   Clock
 	log     *slog.Logger
@@ -110,14 +110,13 @@ type Config struct {
 
 // New returns an engine with no circuits.
 func New(cfg Config) *Engine {
-	return &Engine{reg: NewRegistry(cfg.Kernel, cfg.IDs), k: cfg.Kernel, clock: cfg.Clock, log: cfg.Log, metrics: cfg.Metrics, hooks: cfg.Hooks, rand: cfg.Rand, seriesOf: map[string]*Series{},
+	e := &Engine{reg: newRegistry(cfg.Kernel, cfg.IDs), k: cfg.Kernel, clock: cfg.Clock, log: cfg.Log, metrics: cfg.Metrics, hooks: cfg.Hooks, rand: cfg.Rand, seriesOf: map[string]*Series{},
 		unenforced: map[*Circuit]struct{}{}, unlimited: map[*Circuit]struct{}{}, retired: map[string]maps.Counters{}, errorsLogged: map[string]time.Time{},
 		matchers: map[uint8]*policy.Matcher{}, pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{},
 		respSince: cfg.RespondingSince, batched: map[*Circuit]batch{}, batchedIDs: map[uint32]*Circuit{}, endpointIdle: EndpointIdle}
+	e.reg.classes = &e.matching.Classes
+	return e
 }
-
-// Registry is the engine's circuits.
-func (e *Engine) Registry() *Registry { return e.reg }
 
 // Kept returns the override kept for the circuit named name.
 func (e *Engine) Kept(name string) (policy.Override, bool) { return e.kept.Get(name) }
@@ -206,8 +205,8 @@ func (e *Engine) Drop(c *Circuit) {
 			e.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
 		e.DeleteLimits(c, dst)
-		e.reg.ByDest.Del(dst.Compact())
-		e.reg.Version++
+		e.reg.byDest.Del(dst.Compact())
+		e.reg.version++
 	}
 	// Keep its kernel counts so the per-target counters never go down.
 	if c.ID != 0 {
@@ -221,18 +220,18 @@ func (e *Engine) Drop(c *Circuit) {
 		e.KeepOverride(c, policy.NoOverride)
 	}
 	if c.IsNamed() {
-		delete(e.reg.ByName, c.Name())
+		delete(e.reg.byName, c.Name())
 	}
 	e.reg.Untrack(c)
 	delete(e.unenforced, c)
 	delete(e.unlimited, c)
 	if c.Target() == AllTarget {
-		e.reg.Dynamic--
+		e.reg.dynamic--
 	}
 	e.forgetEpoch(c)
 	e.unbatch(c)
-	e.reg.IDs.Release(c.ID, c.Name())
-	e.reg.Version++ // also for a named circuit left with no destination
+	e.reg.ids.Release(c.ID, c.Name())
+	e.reg.version++ // also for a named circuit left with no destination
 }
 
 // ErrorEverySecond logs msg at error level at most once a second per key

@@ -35,7 +35,7 @@ const prefetchChunk = 256
 // each chunk is first walked with loads that do not depend on one
 // another, which the CPU overlaps, and then handled from warm caches.
 func (e *Engine) HandleBatch(evs []maps.Event, now time.Time) {
-	if len(evs) < 2 || e.reg.ByDest.Len() < prefetchFrom {
+	if len(evs) < 2 || e.reg.byDest.Len() < prefetchFrom {
 		for i := range evs {
 			e.handle(&evs[i], now, nil)
 		}
@@ -48,10 +48,10 @@ func (e *Engine) HandleBatch(evs []maps.Event, now time.Time) {
 		e.warm(chunk, found[:len(chunk)])
 		// What warm found stays each record's circuit until the map
 		// changes (a record can make, and evict, circuits).
-		v := e.reg.Version
+		v := e.reg.version
 		for i := range chunk {
 			var c *Circuit
-			if e.reg.Version == v {
+			if e.reg.version == v {
 				c = found[i]
 			}
 			e.handle(&chunk[i], now, c)
@@ -72,7 +72,7 @@ func (e *Engine) HandleBatch(evs []maps.Event, now time.Time) {
 func (e *Engine) warm(evs []maps.Event, found []*Circuit) {
 	var keys [prefetchChunk]maps.DestKey
 	var hs [prefetchChunk]uint32
-	x := &e.reg.ByDest
+	x := &e.reg.byDest
 	if x.Len() == 0 {
 		clear(found)
 		return
@@ -185,7 +185,7 @@ func (e *Engine) handle(ev *maps.Event, now time.Time, c *Circuit) {
 		c.NoteFailedCgroup(ev.CgroupID) // the pods that saw failures
 	}
 	if !e.Record(c, now, r, call, 1) && known {
-		c.Referenced() // see Registry.Victim
+		c.Referenced() // see registry.Victim
 	}
 }
 
@@ -220,7 +220,7 @@ func (e *Engine) handleResponse(c *Circuit, ev *maps.Event, now time.Time) {
 // calls that move nothing give c its second chance at eviction.
 func (e *Engine) record(c *Circuit, r policy.Result, call policy.Call, n int, now time.Time) {
 	if !e.Record(c, now, r, call, n) {
-		c.Referenced() // see Registry.Victim
+		c.Referenced() // see registry.Victim
 	}
 }
 

@@ -75,7 +75,7 @@ func (e *Engine) Lookup(dst maps.Dest, now time.Time) (c *Circuit, made bool) {
 	if label == "" {
 		label = AllTarget
 	}
-	if !e.reg.Adopting && e.reg.ByDest.Len() >= cfg.MaxCircuits && !e.EvictIdle() {
+	if !e.reg.adopting && e.reg.byDest.Len() >= cfg.MaxCircuits && !e.EvictIdle() {
 		e.metrics.Refused(label).Inc()
 		return nil, false
 	}
@@ -94,14 +94,14 @@ func (e *Engine) Lookup(dst maps.Dest, now time.Time) (c *Circuit, made bool) {
 	if t.Scope == policy.EndpointScope {
 		name, scope = Classed(EndpointName(target, dst), workload), policy.EndpointScope
 	}
-	c, ok := e.reg.ByName[name]
+	c, ok := e.reg.byName[name]
 	if !ok {
 		if scope == policy.EndpointScope {
 			// One endpoint group per target and workload.
 			group := Classed(target, workload)
-			if g = e.reg.Groups[group]; g == nil {
+			if g = e.reg.groups[group]; g == nil {
 				g = policy.NewGroup(t.MaxEjectionPercent)
-				e.reg.Groups[group] = g
+				e.reg.groups[group] = g
 			}
 		}
 		if c = e.Make(name, target, scope, &t.Options, t.State, g, dst, now); c == nil {

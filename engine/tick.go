@@ -39,7 +39,7 @@ func (e *Engine) Tick(now time.Time) {
 		clear(e.counted) // final records of those sockets were lost
 	}
 	e.scanResponseTimeouts(now)
-	for c := range e.reg.Active { // only a half-open circuit has timers
+	for c := range e.reg.active { // only a half-open circuit has timers
 		if t, moved := c.Machine.Tick(now); moved {
 			e.Apply(c, t)
 		}
@@ -70,7 +70,7 @@ func (e *Engine) HoldChecks(until time.Time) { e.lastLostCheck = until }
 // circuit whose probe budget has reached its round begins that round
 // here, so probe_timeout applies to it.
 func (e *Engine) ReconcileRounds(now time.Time) {
-	for c := range e.reg.Active {
+	for c := range e.reg.active {
 		if s := c.Machine.State(); s != policy.Open && s != policy.HalfOpen {
 			continue
 		}
@@ -91,7 +91,7 @@ func (e *Engine) ReconcileRounds(now time.Time) {
 // traffic that have been idle for endpointIdle.
 func (e *Engine) sweepDepartedEndpoints(now time.Time) {
 	var gone []*Circuit
-	for c := range e.reg.Endpoints {
+	for c := range e.reg.endpoints {
 		if !c.Enumerated && c.Machine.State() == policy.Closed && now.Sub(c.Machine.LastActivity()) >= e.endpointIdle {
 			gone = append(gone, c)
 		}
