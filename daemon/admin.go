@@ -270,33 +270,15 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 		return CircuitInfo{}, fmt.Errorf("%w: %s", ErrNoCircuit, admin.Quote(name))
 	}
 	now := d.now()
-	var t policy.Transition
-	switch action {
-	case "open":
-		d.eng.EnsureID(c) // its verdict needs one (none free: it waits, unenforced)
-		t = c.Machine.Override(now, policy.ForceOpen)
-		d.eng.KeepOverride(c, policy.ForceOpen)
-	case "close":
-		t = c.Machine.Override(now, policy.ForceClosed)
-		d.eng.KeepOverride(c, policy.ForceClosed)
-	case "release":
-		t = c.Machine.Override(now, policy.NoOverride)
-		d.eng.KeepOverride(c, policy.NoOverride)
-	case "reset":
-		t = c.Machine.Reset(now)
-	default:
+	t, ok := d.eng.Force(c, action, now)
+	if !ok {
 		d.mu.Unlock()
 		return CircuitInfo{}, fmt.Errorf("unknown action %s (open, close, release, reset)", admin.Quote(action))
 	}
-	d.eng.Track(c)
-	d.eng.WriteVerdicts(c, t)
 	d.opened(c, t.From, t.To, now)
 	d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.Workload()).Inc()
 	d.log.Info("circuit changed by hand", "circuit", c.Name(), "action", action, "from", t.From.String(), "to", t.To.String())
 	d.events.add(TransitionEvent{Time: now, Circuit: c.Name(), Target: c.Target(), Workload: c.Workload(), From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})
-	if t.From != t.To && t.To == policy.Closed {
-		d.eng.ReleaseID(c)
-	}
 	s := d.snap(c, now)
 	d.mu.Unlock()
 	return d.complete(s, &cgroupNamer{}), nil

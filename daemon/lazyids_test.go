@@ -147,12 +147,12 @@ func (f *fixture) expire(port uint16) {
 	d.eng.WriteVerdicts(c, policy.Transition{To: policy.Open, At: now, OpenUntil: now, Round: round})
 }
 
-// With ids scarce, what only the kernel shows (the decisions are
-// TestCoreScarceIDsAreGivenBackAndWaitedFor's, on a fake clock): an open
-// circuit with no id is not enforced, its connects reach the host; once
-// an id comes free the circuit takes it and the kernel rejects for it;
-// and the kernel admits its probes in that id, whose budget the previous
-// holder's probe spent.
+// With ids scarce, what only the kernel shows (the decisions are the
+// engine's TestRecordsScarceIDsAreGivenBackAndWaitedFor's, on a fake
+// clock): an open circuit with no id is not enforced, its connects reach
+// the host; once an id comes free the circuit takes it and the kernel
+// rejects for it; and the kernel admits its probes in that id, whose
+// budget the previous holder's probe spent.
 func TestScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 	f := newFixture(t, lazyLongConfig)
 	d := f.start()

@@ -2,10 +2,8 @@ package daemon
 
 import (
 	"net/netip"
-	"strconv"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/breakerd/breakerd/engine"
 	"github.com/breakerd/breakerd/maps"
@@ -106,93 +104,3 @@ func endpointDest(i int) maps.Dest {
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
-
-// A dynamic circuit is one allocation of this size (plus its 8-byte
-// window ring and its registry entry): BenchmarkCircuitFootprint measures
-// the whole; this keeps a new field from growing it unnoticed.
-func TestCircuitSize(t *testing.T) {
-	if s := unsafe.Sizeof(circuit{}); s > 192 {
-		t.Fatalf("a circuit takes %d bytes, more than 192 (the footprint goal is ≤ 300 bytes per dynamic circuit)", s)
-	}
-}
-
-// handleBatch, which looks circuits up ahead of handling records (with
-// many circuits), ends exactly where handling the records one by one does,
-// also when records in a chunk make circuits that evict ones looked up
-// earlier in it.
-func TestHandleBatchMatchesOneByOne(t *testing.T) {
-	const n = 8192 // the engine's prefetchFrom
-	cfg := "max_circuits: " + strconv.Itoa(n) + "\nall:\n  consecutive_failures: 3\n  open_duration: 4m\n"
-	var evs []maps.Event
-	cookie := uint64(1)
-	ev := func(i int, o maps.Outcome) {
-		evs = append(evs, maps.Event{Dest: dynamicDest(i), Outcome: o, Duration: time.Millisecond, Cookie: cookie, Time: time.Duration(cookie) * time.Microsecond})
-		cookie++
-	}
-	for i := range n {
-		ev(i, maps.Established)
-	}
-	// Then chunks mixing old destinations (some failing three times in a
-	// row, which opens them), new ones (each evicts the least recently
-	// active idle circuit, often one looked up earlier in the chunk) and
-	// resets dated by the reset-dating table.
-	for round := range 8 {
-		for j := range 300 {
-			switch j % 5 {
-			case 0:
-				ev(n+round*300+j, maps.Established)
-			case 1, 2:
-				ev((round*977+j*31)%n, maps.Refused)
-			case 3:
-				ev((round*977+j*31)%n, maps.Established)
-			default:
-				ev(j, maps.Refused)
-			}
-		}
-	}
-	now := time.Now()
-	type summary struct {
-		state                              string
-		calls, failures, consecutive, trip int
-	}
-	run := func(batched bool) map[string]summary {
-		f := newFixture(t, cfg)
-		d := f.start()
-		d.mu.Lock()
-		if batched {
-			for rest := evs; len(rest) > 0; {
-				k := min(len(rest), readBatch)
-				d.eng.HandleBatch(rest[:k], now)
-				rest = rest[k:]
-			}
-		} else {
-			for i := range evs {
-				d.eng.HandleBatch(evs[i:i+1], now)
-			}
-		}
-		checkRegistry(t, d.eng)
-		d.mu.Unlock()
-		out := map[string]summary{}
-		for _, c := range d.Circuits() {
-			out[c.Name] = summary{c.State, c.Calls, c.Failures, c.ConsecutiveFailures, c.Trip}
-		}
-		f.stop()
-		return out
-	}
-	one, batched := run(false), run(true)
-	if len(one) != n || len(batched) != len(one) {
-		t.Fatalf("%d circuits one by one, %d batched, want %d", len(one), len(batched), n)
-	}
-	open := 0
-	for name, c := range one {
-		if b := batched[name]; b != c {
-			t.Fatalf("%s: one by one %+v, batched %+v", name, c, b)
-		}
-		if c.state == "open" {
-			open++
-		}
-	}
-	if open == 0 {
-		t.Fatal("no circuit opened: the records test nothing")
-	}
-}

@@ -35,9 +35,10 @@
 //     the configuration, its classes and what host names and Services
 //     resolved to, which the daemon resolves and hands the engine
 //     (SetMatching) on start, reload and every change of a resolution.
-//   - The limits entries of a destination (WriteLimit, WantedLimits) and
+//   - The limits entries of a destination (WriteLimit, WantedLimits),
 //     the answered words of the circuits whose ordinary successes the
-//     kernel counts (answered.go).
+//     kernel counts (answered.go), and an operator's change to a
+//     circuit (Force).
 //   - Circuit, one circuit in a single 192-byte allocation, and the
 //     destination index (DestIndex), ids and the rules of their seating
 //     (IDs), the overrides kept across restarts (Overrides), circuit names
@@ -48,14 +49,16 @@
 // computed (policy.Seat, passed by Record), so the transition's round is
 // its verdict's, and a verdict write never changes the state machine.
 //
+// Its tests run without root and without real time: engine_test.go
+// calls the engine's methods, handle_test.go feeds it records and runs
+// its tick as the daemon does, both on enginetest's kernel and clock.
+//
 // What the daemon still does around the engine, through Hooks: the close
 // pass of close_established (Opened), and the event list and the
 // Kubernetes Event of a transition (Transitioned).
 //
 // The cut still to make, in steps that each build and pass:
 //
-//   - The daemon's tests on the fake kernel (daemon/core_test.go) move
-//     here now that handle, lookup and the tick have.
 //   - The engine is driven by the reader's goroutine alone and publishes
 //     snapshots for the admin API, the metrics and the status page,
 //     which then no longer take its lock.

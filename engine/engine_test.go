@@ -27,12 +27,17 @@ type core struct {
 	metrics *metrics
 }
 
-// hooks remember the transitions the engine applied.
-type hooks struct{ transitions []policy.Transition }
+// hooks remember the transitions the engine applied, and the names of
+// their circuits.
+type hooks struct {
+	transitions []policy.Transition
+	circuits    []string
+}
 
 func (h *hooks) Opened(*engine.Circuit, policy.State, policy.State, time.Time) {}
-func (h *hooks) Transitioned(_ *engine.Circuit, t policy.Transition) {
+func (h *hooks) Transitioned(c *engine.Circuit, t policy.Transition) {
 	h.transitions = append(h.transitions, t)
+	h.circuits = append(h.circuits, c.Name())
 }
 
 // count is a Counter and an Observer.
