@@ -1,12 +1,12 @@
-// Package daemon ties breakerd together: outcome records from the kernel
-// are matched to circuits (made on first sight for `all`, looked up for
-// targets), fed to the state machine of package policy, and every
-// transition is written to the verdict map, logged, counted and kept for
-// the admin API. It also keeps the kernel's fail-safe heartbeat fresh (on
-// its own goroutine, which nothing else can hold up: heartbeat.go), counts
-// connections that outlive connect_timeout as timed out, re-resolves host
-// names (outside the lock), reloads its configuration on SIGHUP or when
-// the file changes, and on start adopts the open circuits a previous
+// Package daemon ties breakerd together: it reads the kernel's outcome
+// records and hands them to the engine (package engine), which matches
+// them to circuits, feeds the state machines and writes the verdicts; it
+// logs, counts and keeps every transition for the admin API. It also
+// keeps the kernel's fail-safe heartbeat fresh (on its own goroutine,
+// which nothing else can hold up: heartbeat.go), runs the engine's tick,
+// re-resolves host names and Services (outside the lock) and hands the
+// engine what they resolved to, reloads its configuration on SIGHUP or
+// when the file changes, and on start adopts the open circuits a previous
 // daemon left in the pinned verdict map.
 //
 // Shutdown order (Run's return path): the context is cancelled; the tick
