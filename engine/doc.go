@@ -61,7 +61,20 @@
 //
 //   - The engine is driven by the reader's goroutine alone and publishes
 //     snapshots for the admin API, the metrics and the status page,
-//     which then no longer take its lock.
+//     which then no longer take its lock. A snapshot of every circuit
+//     costs O(circuits) (a million at the largest max_circuits), too much
+//     to publish at every batch or tick: what is published has to be
+//     what changed, or the readers' questions answered by the reader's
+//     goroutine between batches.
+//   - Reload's part in the decisions (which circuits a new configuration
+//     keeps, drops or gives new options: Daemon.applyConfig and rematch)
+//     and adoption's (Daemon.adopt) still run in the daemon on the
+//     engine's methods, and are tested on the kernel only.
+//   - The kernel suites' twins of the engine's tests (daemon/lazyids_test.go,
+//     decisions_test.go) can lose what the engine's tests now show.
+//   - Methods the daemon no longer calls (DeleteLimits, Kept, NoLimits,
+//     ReleaseID, Seat, SeatForLimits, SyncBulkSlots, WriteVerdict) can be
+//     unexported.
 //
 // What stays in the daemon: start-up and adoption of pinned state, the
 // heartbeat, reload (it hands the engine a new configuration), the
