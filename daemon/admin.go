@@ -144,7 +144,7 @@ func (d *Daemon) CircuitsPage(after string, limit int) (_ []CircuitInfo, more bo
 	d.mu.Lock()
 	now := d.now()
 	for _, name := range names {
-		if c, ok := d.reg.Get(name); ok { // it may have gone in between
+		if c, ok := d.eng.Get(name); ok { // it may have gone in between
 			snaps = append(snaps, d.snap(c, now))
 		}
 	}
@@ -164,7 +164,7 @@ func (d *Daemon) sortedNames(stale bool) []string {
 	// Under the lock only copies: a named circuit's name, a dynamic one's
 	// destination (its name is made outside).
 	d.mu.Lock()
-	version := d.reg.Version
+	version := d.eng.Version()
 	d.pages.mu.Lock()
 	d.pages.used = time.Now()
 	if d.pages.names != nil && (d.pages.version == version || stale && time.Since(d.pages.at) < pagesStale) {
@@ -175,16 +175,16 @@ func (d *Daemon) sortedNames(stale bool) []string {
 	}
 	d.pages.mu.Unlock()
 	at := time.Now()
-	named := make([]string, 0, len(d.reg.ByName))
-	for name := range d.reg.ByName {
-		named = append(named, name)
+	named := make([]string, 0, d.eng.NamedCount())
+	for c := range d.eng.Named() {
+		named = append(named, c.Name())
 	}
 	type dyn struct {
 		dst      maps.Dest
 		workload string
 	}
-	dynamic := make([]dyn, 0, d.reg.Dynamic)
-	for c := range d.reg.All() {
+	dynamic := make([]dyn, 0, d.eng.Count()-d.eng.NamedCount())
+	for c := range d.eng.All() {
 		if !c.IsNamed() {
 			dynamic = append(dynamic, dyn{c.First(), c.Workload()})
 		}
@@ -238,7 +238,7 @@ func (d *Daemon) Circuits() []CircuitInfo {
 // Circuit returns one circuit's state.
 func (d *Daemon) Circuit(name string) (CircuitInfo, bool) {
 	d.mu.Lock()
-	c, ok := d.reg.Get(name)
+	c, ok := d.eng.Get(name)
 	var s circuitSnap
 	if ok {
 		s = d.snap(c, d.now())
@@ -264,39 +264,21 @@ var ErrNoCircuit = admin.ErrNoCircuit
 // "release" (back to the configured behaviour) or "reset".
 func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 	d.mu.Lock()
-	c, ok := d.reg.Get(name)
+	c, ok := d.eng.Get(name)
 	if !ok {
 		d.mu.Unlock()
 		return CircuitInfo{}, fmt.Errorf("%w: %s", ErrNoCircuit, admin.Quote(name))
 	}
 	now := d.now()
-	var t policy.Transition
-	switch action {
-	case "open":
-		d.eng.EnsureID(c) // its verdict needs one (none free: it waits, unenforced)
-		t = c.Machine.Override(now, policy.ForceOpen)
-		d.eng.KeepOverride(c, policy.ForceOpen)
-	case "close":
-		t = c.Machine.Override(now, policy.ForceClosed)
-		d.eng.KeepOverride(c, policy.ForceClosed)
-	case "release":
-		t = c.Machine.Override(now, policy.NoOverride)
-		d.eng.KeepOverride(c, policy.NoOverride)
-	case "reset":
-		t = c.Machine.Reset(now)
-	default:
+	t, ok := d.eng.Force(c, action, now)
+	if !ok {
 		d.mu.Unlock()
 		return CircuitInfo{}, fmt.Errorf("unknown action %s (open, close, release, reset)", admin.Quote(action))
 	}
-	d.reg.Track(c)
-	d.eng.WriteVerdicts(c, t)
 	d.opened(c, t.From, t.To, now)
 	d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.Workload()).Inc()
 	d.log.Info("circuit changed by hand", "circuit", c.Name(), "action", action, "from", t.From.String(), "to", t.To.String())
 	d.events.add(TransitionEvent{Time: now, Circuit: c.Name(), Target: c.Target(), Workload: c.Workload(), From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})
-	if t.From != t.To && t.To == policy.Closed {
-		d.eng.ReleaseID(c)
-	}
 	s := d.snap(c, now)
 	d.mu.Unlock()
 	return d.complete(s, &cgroupNamer{}), nil

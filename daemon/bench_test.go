@@ -47,7 +47,7 @@ func BenchmarkHandleOutcome(b *testing.B) {
 			defer d.mu.Unlock()
 			for i := range n {
 				ev.Dest = dynamicDest(i)
-				d.handle(&ev, now, nil)
+				d.eng.HandleBatch([]maps.Event{ev}, now)
 			}
 			const batch = 1024
 			evs := make([]maps.Event, batch)
@@ -67,7 +67,7 @@ func BenchmarkHandleOutcome(b *testing.B) {
 					e.Time = time.Duration(i) * time.Microsecond
 					i++
 				}
-				d.handleBatch(evs, now)
+				d.eng.HandleBatch(evs, now)
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/record")
 			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "records/s")
@@ -105,12 +105,12 @@ func BenchmarkCircuitFootprint(b *testing.B) {
 				now := time.Now()
 				d.mu.Lock()
 				for i := 0; i < n; i++ {
-					d.lookup(dynamicDest(i), now)
+					d.eng.Lookup(dynamicDest(i), now)
 				}
 				d.mu.Unlock()
 				runtime.GC()
 				runtime.ReadMemStats(&after)
-				index := d.reg.ByDest.Bytes()
+				index := d.eng.IndexBytes()
 				b.ReportMetric((float64(after.HeapAlloc-before.HeapAlloc)+float64(index))/float64(n), "bytes/circuit")
 				f.stop()
 			}
@@ -138,7 +138,7 @@ func idleCPU(b *testing.B, circuits int) {
 	d := f.start()
 	d.mu.Lock()
 	for i := range circuits {
-		d.lookup(dynamicDest(i), time.Now())
+		d.eng.Lookup(dynamicDest(i), time.Now())
 	}
 	d.mu.Unlock()
 	runtime.GC()
@@ -172,7 +172,7 @@ func BenchmarkControlPlane(b *testing.B) {
 			now := time.Now()
 			d.mu.Lock()
 			for i := range n {
-				d.lookup(dynamicDest(i), now)
+				d.eng.Lookup(dynamicDest(i), now)
 			}
 			d.mu.Unlock()
 			configs := []string{base + "all:\n  consecutive_failures: 7\n", base + "targets:\n  x:\n    match: {cidrs: [10.1.2.3/32], ports: [\"80\"]}\n"}

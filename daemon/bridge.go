@@ -42,7 +42,7 @@ func (d *Daemon) bridgeClasses(old *policy.Config, oldClasses policy.Classes) []
 		return nil
 	}
 	var bridged []maps.Dest
-	for c := range d.reg.Active {
+	for c := range d.eng.Active() {
 		for _, dst := range c.Dests() {
 			for _, kn := range to[dst.Class] {
 				v, ok, err := d.k.Verdict(dst)
@@ -69,7 +69,7 @@ func (d *Daemon) bridgeClasses(old *policy.Config, oldClasses policy.Classes) []
 // Under d.mu, after rematch.
 func (d *Daemon) unbridge(bridged []maps.Dest) {
 	for _, dst := range bridged {
-		if c, ok := d.reg.At(dst); ok && c.Machine.State().Rejects() {
+		if c, ok := d.eng.At(dst); ok && c.Machine.State().Rejects() {
 			continue // its own circuit wrote its verdict
 		}
 		if err := d.k.DeleteVerdict(dst); err != nil {

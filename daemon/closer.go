@@ -152,7 +152,7 @@ func (d *Daemon) runClose(batch []closeJob) {
 	owner := map[maps.Dest]int{}
 	var dests [3][]maps.Dest // by workloads
 	for i, j := range batch {
-		c, ok := d.reg.Get(j.circuit)
+		c, ok := d.eng.Get(j.circuit)
 		if !ok || !isOpen(c.Machine.State()) {
 			batch[i].dests = nil
 			continue
@@ -203,7 +203,7 @@ func (d *Daemon) runClose(batch []closeJob) {
 		}
 		d.metrics.closed.WithLabelValues(j.target, j.workload, "closed").Add(float64(closed[i]))
 		d.metrics.closed.WithLabelValues(j.target, j.workload, "failed").Add(float64(failed[i]))
-		if c, ok := d.reg.Get(j.circuit); ok {
+		if c, ok := d.eng.Get(j.circuit); ok {
 			c.AddClosedEstablished(closed[i])
 		}
 		d.events.noteClosed(j.circuit, j.at, closed[i])

@@ -1,12 +1,12 @@
-// Package daemon ties breakerd together: outcome records from the kernel
-// are matched to circuits (made on first sight for `all`, looked up for
-// targets), fed to the state machine of package policy, and every
-// transition is written to the verdict map, logged, counted and kept for
-// the admin API. It also keeps the kernel's fail-safe heartbeat fresh (on
-// its own goroutine, which nothing else can hold up: heartbeat.go), counts
-// connections that outlive connect_timeout as timed out, re-resolves host
-// names (outside the lock), reloads its configuration on SIGHUP or when
-// the file changes, and on start adopts the open circuits a previous
+// Package daemon ties breakerd together: it reads the kernel's outcome
+// records and hands them to the engine (package engine), which matches
+// them to circuits, feeds the state machines and writes the verdicts; it
+// logs, counts and keeps every transition for the admin API. It also
+// keeps the kernel's fail-safe heartbeat fresh (on its own goroutine,
+// which nothing else can hold up: heartbeat.go), runs the engine's tick,
+// re-resolves host names and Services (outside the lock) and hands the
+// engine what they resolved to, reloads its configuration on SIGHUP or
+// when the file changes, and on start adopts the open circuits a previous
 // daemon left in the pinned verdict map.
 //
 // Shutdown order (Run's return path): the context is cancelled; the tick
@@ -29,11 +29,9 @@ import (
 	"net/netip"
 	"os"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/breakerd/breakerd/admin"
 	"github.com/breakerd/breakerd/api"
@@ -110,27 +108,14 @@ type Daemon struct {
 
 	mu       sync.Mutex // guards everything below
 	cfg      *policy.Config
-	classes  policy.Classes            // the workloads' classes under cfg
-	matchers map[uint8]*policy.Matcher // by class, made as classes are seen
-	scope    *cgroupWatch              // keeps the kernel's workloads map
+	classes  policy.Classes // the workloads' classes under cfg
+	scope    *cgroupWatch   // keeps the kernel's workloads map
 	resolved map[string][]netip.Addr
 	services map[string][]policy.ServiceDest // Service targets' destinations, by target
 	// eng is the event-to-verdict core: the circuits, their ids and
-	// verdicts; reg is its registry.
-	eng      *engine.Engine
-	reg      *registry
-	pending  map[uint64]pendingConn // connecting sockets seen retransmitting SYNs, by cookie
-	counted  map[uint64]bool        // sockets already counted as timed out
-	timedOut map[uint64]timedOut    // turns counted at response_timeout, by cookie (responses.go)
-	awaiting []maps.Awaiting        // the last scan of the inflight map (reused)
-	// respSince: turns that began before the response programs were last
-	// attached are not counted; respTimeouts: some target has a
-	// response_timeout, so the tick scans the inflight map.
-	respSince    time.Duration
-	respTimeouts bool
-	events       eventRing
-	recent       recentConns // established connections by cookie, to date their resets
-	warmSum      uintptr     // see warm
+	// verdicts.
+	eng    *engine.Engine
+	events eventRing
 	// ready: running with protection in place (written under mu, read
 	// by /readyz without it); phase: what the start-up is doing, nil
 	// once Run has begun (probes.go).
@@ -147,13 +132,10 @@ type Daemon struct {
 	// its own lock (rejections.go).
 	rejections rejectionIndex
 
-	lastSweep time.Time
 	// runCtx is Run's context once it runs: a reload's lookups end with it.
 	runCtx context.Context
-	// lostSeen is the kernel's count of lost records at the last check
-	// (lastLostCheck), for reconcileRounds.
-	lostSeen      uint64
-	lastLostCheck time.Time
+	// lastPagesCheck is when the tick last dropped idle pages.
+	lastPagesCheck time.Time
 	// pages keeps the sorted circuit names for CircuitsPage while the set
 	// of circuits is unchanged (version: registry.version when taken).
 	pages struct {
@@ -162,25 +144,11 @@ type Daemon struct {
 		names    []string
 		at, used time.Time // when names were sorted, and last asked for
 	}
-	// batched are the circuits whose ordinary successes the kernel counts
-	// in their answered words (answered.go), and batchedIDs the same by
-	// circuit id.
-	batched    map[*circuit]batch
-	batchedIDs map[uint32]*circuit
-	// endpointIdle: see the constant (tests shorten it).
-	endpointIdle time.Duration
 	// closer runs the close passes of close_established (closer.go); nil
 	// until a configuration asks for it. closeJobs feeds its goroutine.
 	closer    *maps.Closer
 	closeJobs chan closeJob
 	closeMech atomic.Value // the closer's maps.CloseMechanism, read outside mu
-}
-
-type pendingConn struct {
-	dest  maps.Dest
-	start time.Time
-	probe bool
-	round uint32
 }
 
 // TransitionEvent is api.TransitionEvent.
@@ -240,9 +208,8 @@ func New(opts Options) (*Daemon, error) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	d := &Daemon{
 		opts: opts, log: opts.Logger, rand: rng.Float64, clock: engine.SystemClock{},
-		pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{}, batched: map[*circuit]batch{}, batchedIDs: map[uint32]*circuit{},
 		resolved: map[string][]netip.Addr{}, services: map[string][]policy.ServiceDest{},
-		endpointIdle: endpointIdle, closeJobs: make(chan closeJob, closeQueue),
+		closeJobs: make(chan closeJob, closeQueue),
 	}
 	d.metrics = newMetrics(d)
 	d.setPhase("loading the kernel side")
@@ -253,7 +220,7 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	srv.Serve()
-	d.respSince = maps.Now()
+	respSince := maps.Now()
 	k, err := maps.Load(maps.Options{Dir: opts.BPFFS, Cgroup: opts.Cgroup, Lock: lock, Logger: opts.Logger, MaxWorkloadCgroups: opts.MaxWorkloadCgroups,
 		Responses: followsResponses(cfg)})
 	if err != nil {
@@ -261,8 +228,7 @@ func New(opts Options) (*Daemon, error) {
 		return nil, fmt.Errorf("loading the kernel side: %w", err)
 	}
 	d.k, d.kernel, d.servers = k, k, srv
-	d.newEngine()
-	d.reg.Classes = &d.classes
+	d.newEngine(respSince)
 	if d.scope, err = newCgroupWatch(k, opts.Logger, opts.Cgroup); err == nil {
 		err = d.start(cfg)
 	}
@@ -379,181 +345,8 @@ func (d *Daemon) readEvents(rd *maps.EventReader) {
 		}
 		now := d.now()
 		d.mu.Lock()
-		d.handleBatch(batch[:n], now)
+		d.eng.HandleBatch(batch[:n], now)
 		d.mu.Unlock()
-	}
-}
-
-var _ [unsafe.Sizeof(circuit{}) - 65]byte
-
-// prefetchFrom is the number of circuits from which handleBatch warms the
-// caches first: below it they stay in the CPU caches anyway.
-const prefetchFrom = 8192
-
-// prefetchChunk is how many records one warming pass covers: their index
-// slots and circuits (some 256 bytes each) stay within a core's L2.
-const prefetchChunk = 256
-
-// handleBatch feeds records to their circuits, in their order. With many
-// circuits most records find theirs outside the CPU caches, and handle
-// would wait for each miss in turn (the index slot, then the circuit); so
-// each chunk is first walked with loads that do not depend on one
-// another, which the CPU overlaps, and then handled from warm caches.
-func (d *Daemon) handleBatch(evs []maps.Event, now time.Time) {
-	if len(evs) < 2 || d.reg.ByDest.Len() < prefetchFrom {
-		for i := range evs {
-			d.handle(&evs[i], now, nil)
-		}
-		return
-	}
-	var found [prefetchChunk]*circuit
-	for len(evs) > 0 {
-		chunk := evs[:min(len(evs), prefetchChunk)]
-		evs = evs[len(chunk):]
-		d.warm(chunk, found[:len(chunk)])
-		// What warm found stays each record's circuit until the map
-		// changes (a record can make, and evict, circuits).
-		v := d.reg.Version
-		for i := range chunk {
-			var c *circuit
-			if d.reg.Version == v {
-				c = found[i]
-			}
-			d.handle(&chunk[i], now, c)
-		}
-	}
-}
-
-// warm loads what handling evs will touch: each record's first index slot
-// (where its key is, or where the search for it starts), the first two
-// cache lines of its circuit (its metrics, flags and the state machine's
-// counters and window), and the reset-dating slot of its cookie; found
-// gets each record's circuit (nil when it has none yet). It goes over the
-// chunk in four loops: the hashes; the first slots, whose addresses the
-// hashes alone give; the lookups, which find those slots loaded; the
-// circuits and reset-dating slots. The loads of one loop do not depend on
-// one another, so the CPU overlaps their misses. The sum is kept so the
-// loads are not optimised away.
-//
-// The second line is read at offset 64, inside the circuit (the array
-// below fails to compile if a circuit shrinks to one line).
-func (d *Daemon) warm(evs []maps.Event, found []*circuit) {
-	var keys [prefetchChunk]maps.DestKey
-	var hs [prefetchChunk]uint32
-	x := &d.reg.ByDest
-	if x.Len() == 0 {
-		clear(found)
-		return
-	}
-	var sum uintptr
-	for i := range evs {
-		keys[i] = evs[i].Dest.Compact()
-		hs[i] = x.Hash(&keys[i])
-	}
-	// Loops of loads alone: the CPU has as many of them in flight as
-	// it can keep misses outstanding.
-	for _, h := range hs[:len(evs)] {
-		sum += x.Touch(h)
-	}
-	for i := range evs {
-		found[i] = x.GetHashed(&keys[i], hs[i])
-	}
-	for i, c := range found {
-		if c != nil {
-			sum += uintptr(c.ID) + uintptr(*(*byte)(unsafe.Add(unsafe.Pointer(c), 64)))
-		}
-		sum += uintptr(d.recent.peek(evs[i].Cookie))
-	}
-	d.warmSum += sum
-}
-
-// handle feeds one kernel record to its circuit: c when the caller has
-// looked it up already, else the one at the record's destination (made if
-// there is none yet).
-func (d *Daemon) handle(ev *maps.Event, now time.Time, c *circuit) {
-	if ev.Outcome == maps.Answered {
-		d.creditAnswered(ev, now)
-		return
-	}
-	if ev.Outcome == maps.ProbeRound {
-		if c == nil {
-			c, _ = d.reg.At(ev.Dest)
-		}
-		if c != nil {
-			if t, moved := c.Machine.BeginHalfOpen(now, ev.Round); moved {
-				d.eng.Apply(c, t)
-			}
-		}
-		return
-	}
-	var resetAt time.Duration
-	if ev.Outcome == maps.Reset && ev.NoAge {
-		// A reset the kernel could not date (reset_seen, or on_close of a
-		// socket without storage) is dated by its established record. The
-		// tracepoint sees the storage-less sockets of every breakerd on
-		// the machine: one this daemon has no record of may be another's,
-		// so it makes no circuit and counts nothing (nor does one whose
-		// record was evicted: the fail-open direction).
-		at, ok := d.recent.established(ev.Cookie)
-		if !ok || ev.Time < at {
-			return
-		}
-		resetAt = at
-	}
-	known := true // not made by this record
-	if c == nil {
-		var made bool
-		if c, made = d.lookup(ev.Dest, now); c == nil {
-			return
-		}
-		known = !made
-	}
-	if ev.Outcome == maps.Response || ev.Outcome == maps.NoResponse {
-		d.handleResponse(c, ev, now)
-		return
-	}
-	tm := c.Metrics
-	tm.Outcome(ev.Outcome).Inc()
-	if ev.Outcome == maps.SYNRetrans {
-		d.pending[ev.Cookie] = pendingConn{dest: ev.Dest, start: now.Add(-ev.Duration), probe: ev.Probe, round: ev.Round}
-		return
-	}
-	if len(d.pending) > 0 {
-		delete(d.pending, ev.Cookie)
-	}
-	if len(d.counted) > 0 && d.counted[ev.Cookie] {
-		// Already counted as timed out by connect_timeout.
-		delete(d.counted, ev.Cookie)
-		return
-	}
-	r := policy.Result{Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
-	switch ev.Outcome {
-	case maps.Established:
-		r.Kind = policy.Success
-		tm.Handshake().Observe(ev.Duration.Seconds())
-		if c.Machine.Options().ResetFailureWindow > 0 {
-			d.recent.add(ev.Cookie, ev.Time)
-		}
-	case maps.Abandoned:
-		r.Kind = policy.Abandoned
-	case maps.Reset:
-		r.Kind = policy.Reset
-		if ev.NoAge {
-			// Dated by its established record, above (the handshake
-			// time is within the window's precision).
-			r.Duration = ev.Time - resetAt
-		}
-	case maps.Refused, maps.TimedOut, maps.Unreachable, maps.Stalled, maps.Error:
-		r.Kind = policy.Failure
-	default:
-		return
-	}
-	call := policy.Classify(c.Machine.Options(), r)
-	if call.Failed {
-		c.NoteFailedCgroup(ev.CgroupID) // kube.go: the pods that saw failures
-	}
-	if !d.eng.Record(c, now, r, call, 1) && known {
-		c.Referenced() // see engine.Registry.Victim
 	}
 }
 
@@ -576,69 +369,13 @@ func (d *Daemon) tickLoop(ctx context.Context, rd *maps.EventReader) {
 	}
 }
 
-// tick runs the timers: connect timeouts, probe timeouts (the heartbeat
-// has its own goroutine: heartbeat.go).
+// tick runs the engine's timers (engine.Tick) and, once a second, drops
+// the admin API's idle pages. The caller holds d.mu.
 func (d *Daemon) tick(now time.Time) {
-	for cookie, p := range d.pending {
-		c, _ := d.reg.At(p.dest)
-		if c == nil {
-			delete(d.pending, cookie)
-			continue
-		}
-		if now.Sub(p.start) < c.Machine.Options().ConnectTimeout {
-			continue
-		}
-		delete(d.pending, cookie)
-		d.counted[cookie] = true
-		d.metrics.outcomes.WithLabelValues("connect_timeout", c.Target(), c.Workload()).Inc()
-		r := policy.Result{Kind: policy.Failure, Duration: now.Sub(p.start), Probe: p.probe, Round: p.round}
-		d.eng.Record(c, now, r, policy.Classify(c.Machine.Options(), r), 1)
-	}
-	if len(d.counted) > 100000 {
-		clear(d.counted) // final records of those sockets were lost
-	}
-	d.scanResponseTimeouts(now)
-	for c := range d.reg.Active { // only a half-open circuit has timers
-		if t, moved := c.Machine.Tick(now); moved {
-			d.eng.Apply(c, t)
-		}
-	}
-	if now.Sub(d.lastSweep) >= d.endpointIdle/10 {
-		d.lastSweep = now
-		d.sweepDepartedEndpoints(now)
-	}
-	if now.Sub(d.lastLostCheck) >= time.Second {
-		d.lastLostCheck = now
-		d.eng.RetryUnenforced()
+	d.eng.Tick(now)
+	if now.Sub(d.lastPagesCheck) >= time.Second {
+		d.lastPagesCheck = now
 		d.dropIdlePages()
-		if st, err := d.kernel.Stats(); err == nil && st.EventsLost != d.lostSeen {
-			d.lostSeen = st.EventsLost
-			d.reconcileRounds(now)
-		}
-	}
-}
-
-// reconcileRounds runs after the kernel lost records: a round's first-probe
-// record and its probes' outcomes may be among them, which would leave a
-// circuit open (or waiting for its new round) in the daemon's view while
-// the kernel has spent the round's tokens, rejecting for good. Every
-// circuit whose probe budget has reached its round begins that round
-// here, so probe_timeout applies to it.
-func (d *Daemon) reconcileRounds(now time.Time) {
-	for c := range d.reg.Active {
-		if s := c.Machine.State(); s != policy.Open && s != policy.HalfOpen {
-			continue
-		}
-		if c.ID == 0 {
-			continue // no verdict: nothing of it in the kernel
-		}
-		b, err := d.kernel.Budget(c.ID)
-		if err != nil || b.Round != c.Machine.Round() {
-			continue
-		}
-		if t, moved := c.Machine.BeginHalfOpen(now, b.Round); moved {
-			d.eng.Apply(c, t)
-		}
 	}
 }
 
@@ -669,7 +406,7 @@ func fleetBlocks(cfg *policy.Config) bool {
 func (d *Daemon) applyConfig(cfg *policy.Config) {
 	old, oldClasses := d.cfg, d.classes
 	d.cfg = cfg
-	d.reg.ByDest.Reserve(cfg.MaxCircuits)
+	d.eng.Reserve(cfg.MaxCircuits)
 	if cfg.MaxCircuits > policy.GuaranteedCircuits && (old == nil || old.MaxCircuits <= policy.GuaranteedCircuits) {
 		d.log.Warn("max_circuits is above the number of circuits that can all reject at once; a circuit that opens when the kernel has no circuit id or verdict entry left is not enforced, logged and counted in breakerd_verdict_write_errors_total",
 			"max_circuits", cfg.MaxCircuits, "guaranteed", policy.GuaranteedCircuits)
@@ -678,8 +415,8 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 		d.log.Warn("the configuration has a fleet block: this version validates it and shares nothing with other nodes; every circuit is decided by this node's own evidence")
 	}
 	d.classes = cfg.Classes()
+	d.eng.SetMatching(d.matching())
 	d.ensureCloser(cfg)
-	d.respTimeouts = hasResponseTimeouts(cfg)
 	if old != nil {
 		d.setResponses(cfg)
 	}
@@ -695,7 +432,7 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 	if old != nil {
 		now := d.now()
 		ch := policy.Diff(old, cfg)
-		for _, c := range d.orderedCircuits() {
+		for _, c := range d.eng.Ordered() {
 			if c.Target() == allTarget {
 				if ch.AllChanged {
 					d.setOptions(c, &cfg.All, now)
@@ -718,12 +455,7 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 				d.eng.KeepOverride(c, policy.NoOverride)
 			}
 		}
-		for name, g := range d.reg.Groups {
-			tname, _, _ := strings.Cut(name, "@") // target@workload
-			if t := cfg.Targets[tname]; t != nil && t.Scope == policy.EndpointScope {
-				g.MaxEjectionPercent = t.MaxEjectionPercent
-			}
-		}
+		d.eng.SetEjection(cfg)
 		d.log.Info("configuration reloaded", "all_changed", ch.AllChanged, "mode_changed", ch.ModeChanged, "workloads_changed", ch.WorkloadsChanged,
 			"added", ch.Added, "changed", ch.Changed, "removed", ch.Removed, "unchanged", ch.Unchanged)
 		if err := d.heartbeat(); err != nil { // mode and limits flags
@@ -743,8 +475,14 @@ func (d *Daemon) setOptions(c *circuit, o *policy.Options, now time.Time) {
 		return // no limits entry before or now: nothing to write or delete
 	}
 	for _, dst := range c.Dests() {
-		d.writeLimit(c, dst)
+		d.eng.WriteLimit(c, dst)
 	}
+}
+
+// matching is what the engine matches destinations with: the
+// configuration, its classes and what names and Services resolved to.
+func (d *Daemon) matching() engine.Matching {
+	return engine.Matching{Config: d.cfg, Classes: d.classes, Resolved: d.resolved, Services: d.services}
 }
 
 // rematch rebuilds the matcher, drops circuits whose destinations now
@@ -752,14 +490,14 @@ func (d *Daemon) setOptions(c *circuit, o *policy.Options, now time.Time) {
 // can be enumerated (so forced states and open verdicts cover them before
 // any traffic).
 func (d *Daemon) rematch() {
-	d.matchers = map[uint8]*policy.Matcher{}
+	d.eng.SetMatching(d.matching())
 	now := d.now()
-	for _, c := range d.orderedCircuits() {
+	for _, c := range d.eng.Ordered() {
 		var stale []maps.Dest
 		for _, dst := range c.Dests() {
 			// A circuit of a class that now names another workload
 			// (or none) goes too.
-			m, workload := d.matcherOf(dst.Class)
+			m, workload := d.eng.MatcherOf(dst.Class)
 			if m == nil || workload != c.Workload() {
 				stale = c.Dests()
 				break
@@ -777,7 +515,7 @@ func (d *Daemon) rematch() {
 		case len(stale) < len(c.Dests()) && isServiceTarget(d.cfg, c.Target()):
 			// A Service's endpoints come and go: the circuit keeps its
 			// state; only the departed destinations leave it.
-			d.detach(c, stale)
+			d.eng.Detach(c, stale)
 		default:
 			d.eng.Drop(c)
 		}
@@ -786,7 +524,7 @@ func (d *Daemon) rematch() {
 		for _, name := range sortedKeys(d.cfg.Targets) {
 			for _, dst := range append(engine.StaticDests(d.cfg.Targets[name], d.resolved), serviceStaticDests(d.services[name])...) {
 				dst.Class = class
-				if c, _ := d.lookup(dst, now); c != nil {
+				if c, _ := d.eng.Lookup(dst, now); c != nil {
 					c.Enumerated = true
 				}
 			}

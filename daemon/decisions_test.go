@@ -164,21 +164,21 @@ targets:
 `)
 	f.start()
 	f.d.mu.Lock()
-	f.d.endpointIdle = 300 * time.Millisecond
+	f.d.eng.SetEndpointIdle(300 * time.Millisecond)
 	f.d.mu.Unlock()
 	f.dial(8500, 1, 0)
 	name := fmt.Sprintf("wide/%s:8500", f.srv.IPv4)
 	if _, ok := f.circuit(name); !ok {
 		t.Fatalf("no endpoint circuit: %v", f.d.Circuits())
 	}
-	if n, _ := f.d.reg.Groups["wide"].Counts(); n != 1 {
+	if n, _ := f.d.eng.Group("wide").Counts(); n != 1 {
 		t.Fatalf("%d endpoints, want 1", n)
 	}
 	if !kerneltest.WaitFor(3*time.Second, func() bool { _, ok := f.circuit(name); return !ok }) {
 		t.Fatalf("idle endpoint stayed: %v", f.d.Circuits())
 	}
 	f.d.mu.Lock()
-	n, _ := f.d.reg.Groups["wide"].Counts()
+	n, _ := f.d.eng.Group("wide").Counts()
 	f.d.mu.Unlock()
 	if n != 0 {
 		t.Fatalf("%d endpoints after the departure, want 0", n)
@@ -328,12 +328,13 @@ func TestLostRoundRecordsAreReconciled(t *testing.T) {
 	}
 	defer budgets.Close()
 	f.d.mu.Lock()
-	round := f.d.reg.ByName["svc"].Machine.Round()
+	svc, _ := f.d.eng.Get("svc")
+	round := svc.Machine.Round()
 	if err := budgets.Put(c.CircuitID, uint64(round)<<32); err != nil {
 		f.d.mu.Unlock()
 		t.Fatal(err)
 	}
-	f.d.reconcileRounds(time.Now())
+	f.d.eng.ReconcileRounds(time.Now())
 	f.d.mu.Unlock()
 	f.waitState("svc", "half_open", time.Second)
 	// No probe of the round succeeded: probe_timeout (2s) reopens it, with

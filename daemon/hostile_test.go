@@ -31,7 +31,7 @@ func makeCircuits(t *testing.T, d *Daemon, n int) {
 		now := d.now()
 		for end := min(i+5000, n); i < end; i++ {
 			dst := maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 9000)}
-			if c, _ := d.lookup(dst, now); c == nil {
+			if c, _ := d.eng.Lookup(dst, now); c == nil {
 				d.mu.Unlock()
 				t.Fatalf("circuit %d refused", i)
 			}
@@ -91,7 +91,7 @@ targets:
 	makeCircuits(t, d, n-1) // and guard
 	d.mu.Lock()
 	addr := d.admin.String()
-	total := d.reg.Count()
+	total := d.eng.Count()
 	d.mu.Unlock()
 	if total != n {
 		t.Fatalf("%d circuits, want %d", total, n)

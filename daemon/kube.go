@@ -197,20 +197,6 @@ func isServiceTarget(cfg *policy.Config, target string) bool {
 	return t != nil && t.Match.Service != ""
 }
 
-// detach removes departed destinations from a circuit that keeps others:
-// their verdicts and limits go, the circuit's state stays.
-func (d *Daemon) detach(c *circuit, gone []maps.Dest) {
-	for _, dst := range gone {
-		if err := d.k.DeleteVerdict(dst); err != nil {
-			d.log.Warn("deleting verdict", "dest", dst, "err", err)
-		}
-		d.eng.DeleteLimits(c, dst)
-		d.reg.ByDest.Del(dst.Compact())
-		d.reg.Version++
-		c.RemoveDest(dst)
-	}
-}
-
 // podWorkloads returns cfg's workloads that select pods.
 func podWorkloads(cfg *policy.Config) []policy.Workload {
 	var out []policy.Workload

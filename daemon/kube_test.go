@@ -314,7 +314,7 @@ targets:
 	counts := func() (int, int) {
 		kf.d.mu.Lock()
 		defer kf.d.mu.Unlock()
-		g := kf.d.reg.Groups["pay"]
+		g := kf.d.eng.Group("pay")
 		if g == nil {
 			return 0, 0
 		}

@@ -79,7 +79,7 @@ func TestDynamicCircuitTakesItsIDWhenItOpens(t *testing.T) {
 		t.Fatalf("a healthy dynamic circuit: %+v (found %v), want closed with no kernel id", c, ok)
 	}
 	f.d.mu.Lock()
-	held := f.d.reg.IDs.Held()
+	held := f.d.eng.IDs().Held()
 	f.d.mu.Unlock()
 	if held != 0 {
 		t.Fatalf("%d ids held with only healthy dynamic circuits", held)
@@ -137,7 +137,7 @@ func (f *fixture) expire(port uint16) {
 	d := f.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	c, ok := d.reg.At(f.dest(port))
+	c, ok := d.eng.At(f.dest(port))
 	if !ok || c.Machine.State() != policy.Open {
 		f.t.Fatalf("port %d: no open circuit to expire (%v)", port, c)
 	}
@@ -147,17 +147,17 @@ func (f *fixture) expire(port uint16) {
 	d.eng.WriteVerdicts(c, policy.Transition{To: policy.Open, At: now, OpenUntil: now, Round: round})
 }
 
-// With ids scarce, what only the kernel shows (the decisions are
-// TestCoreScarceIDsAreGivenBackAndWaitedFor's, on a fake clock): an open
-// circuit with no id is not enforced, its connects reach the host; once
-// an id comes free the circuit takes it and the kernel rejects for it;
-// and the kernel admits its probes in that id, whose budget the previous
-// holder's probe spent.
+// With ids scarce, what only the kernel shows (the decisions are the
+// engine's TestRecordsScarceIDsAreGivenBackAndWaitedFor's, on a fake
+// clock): an open circuit with no id is not enforced, its connects reach
+// the host; once an id comes free the circuit takes it and the kernel
+// rejects for it; and the kernel admits its probes in that id, whose
+// budget the previous holder's probe spent.
 func TestScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 	f := newFixture(t, lazyLongConfig)
 	d := f.start()
 	d.mu.Lock()
-	d.reg.IDs.SetLimit(3) // ids 1 and 2; scarce from one held
+	d.eng.IDs().SetLimit(3) // ids 1 and 2; scarce from one held
 	d.mu.Unlock()
 
 	for _, p := range []uint16{9411, 9412} {
@@ -238,10 +238,10 @@ func TestNoIDNoSharedBulkhead(t *testing.T) {
 	d := f.start()
 	ports := []uint16{9431, 9432, 9433, 9434}
 	d.mu.Lock()
-	d.reg.IDs.SetLimit(3) // ids 1 and 2
+	d.eng.IDs().SetLimit(3) // ids 1 and 2
 	now := d.now()
 	for _, p := range ports {
-		if c, _ := d.lookup(f.dest(p), now); c == nil || c.ID != 0 {
+		if c, _ := d.eng.Lookup(f.dest(p), now); c == nil || c.ID != 0 {
 			d.mu.Unlock()
 			t.Fatalf("port %d: %v, want a circuit with no id", p, c)
 		}
@@ -284,7 +284,7 @@ func TestNoIDNoSharedBulkhead(t *testing.T) {
 	// Ids come free: the tick writes the two missing limits, each in a
 	// slot of its own.
 	d.mu.Lock()
-	d.reg.IDs.SetLimit(5)
+	d.eng.IDs().SetLimit(5)
 	d.mu.Unlock()
 	if !kerneltest.WaitFor(3*time.Second, func() bool {
 		limits, err := d.k.AllLimits()
@@ -303,15 +303,15 @@ func TestSeatedByReloadIsEnforced(t *testing.T) {
 	f := newFixture(t, lazyConfig)
 	d := f.start()
 	d.mu.Lock()
-	d.reg.IDs.SetLimit(3)
+	d.eng.IDs().SetLimit(3)
 	d.mu.Unlock()
 	for _, p := range []uint16{9441, 9442, 9443} {
 		f.dial(p, 2, 0)
 		f.waitState(f.dynName(p), "open", 2*time.Second)
 	}
 	d.mu.Lock()
-	d.lastLostCheck = d.now().Add(time.Hour) // no retry from the tick
-	d.reg.IDs.SetLimit(4)                    // id 3 comes free
+	d.eng.HoldChecks(d.now().Add(time.Hour)) // no retry from the tick
+	d.eng.IDs().SetLimit(4)                  // id 3 comes free
 	d.mu.Unlock()
 	f.writeConfig(lazyConfig + "  max_connections: 100\n")
 	if err := d.Reload(); err != nil {
@@ -370,7 +370,7 @@ func TestAdoptedWithoutIDIsEnforcedLater(t *testing.T) {
 		t.Fatalf("not logged:\n%s", f.logs.String())
 	}
 	d.mu.Lock()
-	d.reg.IDs.SetLimit(svc.CircuitID + 2)
+	d.eng.IDs().SetLimit(svc.CircuitID + 2)
 	d.mu.Unlock()
 	if !kerneltest.WaitFor(3*time.Second, func() bool {
 		v, ok, err := d.k.Verdict(f.dest(orphan))
@@ -390,7 +390,7 @@ func TestUnenforcedOpenCircuitCloses(t *testing.T) {
 	f := newFixture(t, lazyConfig)
 	d := f.start()
 	d.mu.Lock()
-	d.reg.IDs.SetLimit(2) // one id
+	d.eng.IDs().SetLimit(2) // one id
 	d.mu.Unlock()
 	f.dial(9421, 2, 0)
 	f.waitState(f.dynName(9421), "open", 2*time.Second)
@@ -415,7 +415,8 @@ func TestUnenforcedOpenCircuitCloses(t *testing.T) {
 	f.dial(9422, 2, 0)
 	f.waitState(f.dynName(9422), "open", 2*time.Second)
 	d.mu.Lock()
-	unenforced := d.eng.Unenforced(d.reg.ByDest.Get(f.dest(9422).Compact()))
+	c9422, _ := d.eng.At(f.dest(9422))
+	unenforced := d.eng.Unenforced(c9422)
 	d.mu.Unlock()
 	if !unenforced {
 		t.Fatal("reopened with no id free, and not among the unenforced")
@@ -477,10 +478,10 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 	d := f.start()
 	ports := []uint16{9461, 9462, 9463, 9464}
 	d.mu.Lock()
-	d.reg.IDs.SetLimit(3) // ids 1 and 2
+	d.eng.IDs().SetLimit(3) // ids 1 and 2
 	now := d.now()
 	for _, p := range ports {
-		d.lookup(f.dest(p), now)
+		d.eng.Lookup(f.dest(p), now)
 	}
 	d.mu.Unlock()
 	f.writeConfig(lazyConfig + "  max_connections: 1\n")
@@ -508,7 +509,7 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 		t.Fatalf("%d circuits still wait for an id after the limits went", waiting)
 	}
 	d.mu.Lock()
-	d.reg.IDs.SetLimit(4) // id 3 comes free
+	d.eng.IDs().SetLimit(4) // id 3 comes free
 	d.mu.Unlock()
 	time.Sleep(1500 * time.Millisecond) // a retry pass of the tick
 	f.dial(9466, 2, 0)                  // refused twice: it opens, and takes id 3
@@ -545,7 +546,8 @@ func TestPartlyEnforcedCircuitIsNotClosedAsUnenforced(t *testing.T) {
 	f.dial(9481, 2, 0)
 	f.waitState("svc", "open", 2*time.Second)
 	d.mu.Lock()
-	waiting := d.eng.Unenforced(d.reg.ByName["svc"])
+	svc, _ := d.eng.Get("svc")
+	waiting := d.eng.Unenforced(svc)
 	d.mu.Unlock()
 	if !waiting {
 		t.Fatal("svc, one verdict short, is not among the unenforced circuits")

@@ -9,7 +9,6 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
-	"github.com/breakerd/breakerd/engine"
 	"github.com/breakerd/breakerd/internal/cgroup2"
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
@@ -48,7 +47,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	if err != nil {
 		return fmt.Errorf("reading bulkhead counts: %w", err)
 	}
-	d.reg.IDs.LoadPinned(verdicts, limits, busy)
+	d.eng.IDs().LoadPinned(verdicts, limits, busy)
 	// Host names are looked up first, in parallel and each bounded,
 	// keeping a fresh previous heartbeat fresh meanwhile.
 	hosts := hostNamesOf(cfg)
@@ -87,7 +86,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	// open circuit or the sockets counted in its bulkhead.
 	moved := d.scope.movedClasses(cfg, pinnedEntries(pinnedClasses, pinnedBulkheads))
 	if len(moved) > 0 {
-		d.reg.IDs.ForgetClasses(moved)
+		d.eng.IDs().ForgetClasses(moved)
 		// Gone before the workloads map says the new classes, so no
 		// connection is judged by another workload's entry meanwhile.
 		droppedVerdicts, droppedLimits := 0, 0
@@ -118,15 +117,15 @@ func (d *Daemon) start(cfg *policy.Config) error {
 		d.log.Log(context.Background(), lvl, "workload classes changed since the previous daemon: their pinned circuits and bulkheads are not adopted",
 			"classes", len(moved), "rejecting_verdicts_dropped", droppedVerdicts, "bulkhead_limits_dropped", droppedLimits)
 	}
-	d.retirePinnedBatches(limits)
+	d.eng.RetirePinnedBatches(limits)
 	d.eng.LoadKept()
 	d.applyConfig(cfg)
 	d.applyResolved(resolved)
 	d.applyServices(services)
-	d.reg.Adopting = true // max_circuits never drops an adopted verdict
+	d.eng.SetAdopting(true) // max_circuits never drops an adopted verdict
 	d.adopt(verdicts, limits)
-	d.reg.Adopting = false
-	d.reg.IDs.EndStartup()
+	d.eng.SetAdopting(false)
+	d.eng.IDs().EndStartup()
 	if err := d.reconcileLimits(); err != nil {
 		return err
 	}
@@ -146,7 +145,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 		if beat++; beat%4096 == 0 {
 			d.keepAlive()
 		}
-		c, _ := d.lookup(dst, now)
+		c, _ := d.eng.Lookup(dst, now)
 		if c == nil {
 			// Excluded or no longer protected under this configuration.
 			_ = d.k.DeleteVerdict(dst)
@@ -170,7 +169,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 				_ = d.k.DeleteVerdict(dst)
 				if c.Machine.State() == policy.Closed {
 					c.Machine.Restore(now, now.Add(v.Due-mono), c.Machine.Round()+1, false)
-					d.reg.Track(c)
+					d.eng.Track(c)
 				}
 				d.eng.MarkUnenforced(c)
 				d.metrics.verdictWriteErrors.Inc()
@@ -192,7 +191,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 					round, begun = c.Machine.Round()+1, false
 				}
 				c.Machine.Restore(now, now.Add(v.Due-mono), round, begun)
-				d.reg.Track(c)
+				d.eng.Track(c)
 				d.log.Debug("adopted open circuit", "circuit", c.Name(), "dest", dst, "round", round, "half_open", begun, "due_in", (v.Due - mono).String())
 				adopted++
 			}
@@ -216,13 +215,13 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 		if d.classes.SharedOfBulkhead(policy.Class(dst.Class)) != "" {
 			dst.Class = 0
 		}
-		d.lookup(dst, now) // reconcileLimits keeps or removes the entry
+		d.eng.Lookup(dst, now) // reconcileLimits keeps or removes the entry
 	}
 	if adopted > 0 {
 		d.log.Info("adopted open circuit(s) from the pinned verdict map", "count", adopted)
 	}
-	if over := d.reg.ByDest.Len() - d.cfg.MaxCircuits; over > 0 {
-		d.log.Warn("more destinations adopted than max_circuits allows; idle closed circuits are evicted as new ones come", "destinations", d.reg.ByDest.Len(), "max_circuits", d.cfg.MaxCircuits)
+	if over := d.eng.Destinations() - d.cfg.MaxCircuits; over > 0 {
+		d.log.Warn("more destinations adopted than max_circuits allows; idle closed circuits are evicted as new ones come", "destinations", d.eng.Destinations(), "max_circuits", d.cfg.MaxCircuits)
 	}
 }
 
@@ -236,35 +235,13 @@ func (d *Daemon) keepAlive() {
 
 // reconcileLimits makes the kernel's limits map hold exactly the bulkheads
 // of the current circuits: entries per TCP destination of a circuit with a
-// limit (bulkheadEntries: also one per sharing workload for a shared
+// limit (engine.WantedLimits: also one per sharing workload for a shared
 // circuit), each in its slot. Anything else (a limit the configuration
 // dropped, a destination that moved, a workload no longer sharing, an
 // entry a previous daemon left) is removed; sockets it counted still
 // release into their slot.
 func (d *Daemon) reconcileLimits() error {
-	want := map[maps.Dest]maps.Limit{}
-	for c := range d.reg.All() {
-		d.eng.SyncBulkSlots(c)
-		o := c.Machine.Options()
-		if !engine.NeedsLimitEntry(o) {
-			d.eng.NoLimits(c)
-			if b, ok := d.batched[c]; ok && !b.off {
-				d.retireBatch(c)
-			}
-			continue
-		}
-		if !d.eng.SeatForLimits(c) {
-			continue // logged and counted by writeLimit
-		}
-		for _, dst := range c.Dests() {
-			if dst.Proto != maps.TCP {
-				continue
-			}
-			for _, e := range d.limitEntries(c, dst) {
-				want[e.dst] = d.limitFor(c, o, e)
-			}
-		}
-	}
+	want := d.eng.WantedLimits()
 	have, err := d.k.AllLimits()
 	if err != nil {
 		return fmt.Errorf("reconciling bulkhead limits: %w", err)

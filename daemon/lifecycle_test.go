@@ -240,7 +240,7 @@ all:
 		t.Fatalf("%d verdicts after adoption, want all %d", cnt, n)
 	}
 	f.d.mu.Lock()
-	circuits := f.d.reg.Count()
+	circuits := f.d.eng.Count()
 	f.d.mu.Unlock()
 	if circuits != n {
 		t.Fatalf("%d circuits adopted, want %d", circuits, n)
@@ -383,13 +383,13 @@ all:
 	now := f.d.now()
 	for i := range n {
 		dst := maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 77, byte(i >> 8), byte(i)}), uint16(1000+i>>16))}
-		if c, _ := f.d.lookup(dst, now); c == nil {
+		if c, _ := f.d.eng.Lookup(dst, now); c == nil {
 			f.d.mu.Unlock()
 			t.Fatalf("destination %d refused", i)
 		}
 	}
 	ids := map[uint32]string{}
-	for c := range f.d.reg.All() {
+	for c := range f.d.eng.All() {
 		if c.ID == 0 {
 			t.Errorf("circuit %s has id 0", c.Name())
 		}
@@ -411,7 +411,7 @@ all:
 	if !kerneltest.WaitFor(3*time.Second, func() bool {
 		f.d.mu.Lock()
 		defer f.d.mu.Unlock()
-		if c, _ := f.d.reg.Get(name); c != nil {
+		if c, _ := f.d.eng.Get(name); c != nil {
 			id = c.ID
 		}
 		return id != 0
@@ -459,10 +459,10 @@ targets:
 	now := f.d.now()
 	for i := range 50 {
 		for _, net := range []byte{20, 30} {
-			f.d.lookup(maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, net, 0, byte(i)}), 443)}, now)
+			f.d.eng.Lookup(maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, net, 0, byte(i)}), 443)}, now)
 		}
 	}
-	dests, circuits := f.d.reg.ByDest.Len(), f.d.reg.Count()
+	dests, circuits := f.d.eng.Destinations(), f.d.eng.Count()
 	f.d.mu.Unlock()
 	if dests != 10 {
 		t.Fatalf("%d destinations tracked (%d circuits), want max_circuits = 10", dests, circuits)

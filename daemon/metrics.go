@@ -166,11 +166,11 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			states[t] = map[policy.State]int{}
 		}
 	}
-	maxID, gen := d.reg.IDs.Next(), d.reg.IDs.Releases()
+	maxID, gen := d.eng.IDs().Next(), d.eng.IDs().Releases()
 	unenforced := d.eng.UnenforcedCount()
 	// Circuits with a kernel id only: a million closed dynamic ones have none.
-	slots := make([]slot, 0, len(d.reg.ByName)+len(d.reg.Active))
-	for c := range d.reg.All() {
+	slots := make([]slot, 0, d.eng.NamedCount()+d.eng.ActiveCount())
+	for c := range d.eng.All() {
 		st := c.Machine.State()
 		if c.Target() == allTarget {
 			dynamic[st]++
@@ -194,7 +194,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	d.mu.Lock()
 	// An id given back since the copy may be another circuit's now.
-	moved := d.reg.IDs.Releases() != gen
+	moved := d.eng.IDs().Releases() != gen
 	d.mu.Unlock()
 	for _, sl := range slots {
 		sum := perTarget[sl.target]

@@ -134,7 +134,7 @@ func (d *Daemon) sweepRejections() {
 	}
 	d.mu.Lock()
 	for o := range live {
-		c := d.reg.Recording[o.id]
+		c := d.eng.Recording(o.id)
 		live[o] = c != nil && records(c, o)
 	}
 	d.mu.Unlock()

@@ -580,7 +580,7 @@ func TestCountedSuccessesKeepTheOrder(t *testing.T) {
 		t.Fatalf("after a reset and a refused connect each with a success before it: %+v", c)
 	}
 	f.d.mu.Lock()
-	batched := len(f.d.batched)
+	batched := f.d.eng.Counting()
 	f.d.mu.Unlock()
 	if batched != 1 {
 		t.Fatalf("%d circuits count their successes in the kernel, want 1 (web)", batched)
@@ -611,12 +611,7 @@ func TestCountedSuccessesReachTheDaemon(t *testing.T) {
 	if !kerneltest.WaitFor(5*time.Second, func() bool {
 		f.d.mu.Lock()
 		defer f.d.mu.Unlock()
-		for _, b := range f.d.batched {
-			if !b.off {
-				return false
-			}
-		}
-		return true
+		return f.d.eng.Counting() == 0
 	}) {
 		t.Fatal("a target whose failures include 404 still has its successes counted in the kernel")
 	}
@@ -719,13 +714,7 @@ func TestCountedSuccessesReviewCases(t *testing.T) {
 		if !kerneltest.WaitFor(5*time.Second, func() bool {
 			f.d.mu.Lock()
 			defer f.d.mu.Unlock()
-			n := 0
-			for _, b := range f.d.batched {
-				if !b.off {
-					n++
-				}
-			}
-			return n == want
+			return f.d.eng.Counting() == want
 		}) {
 			t.Fatalf("circuits counting successes in the kernel: want %d", want)
 		}

@@ -15,14 +15,14 @@ func bulkSlotName(c *Circuit, workload string) string { return c.Name() + "#" + 
 // limits entries are left to reconcileLimits, which follows every change
 // of the configuration.
 func (e *Engine) SyncBulkSlots(c *Circuit) {
-	sharing := c.Workload() == policy.SharedWorkload && c.Machine.Options().HasLimits() && len(e.reg.Classes.SharedBulkheads()) > 0
+	sharing := c.Workload() == policy.SharedWorkload && c.Machine.Options().HasLimits() && len(e.reg.classes.SharedBulkheads()) > 0
 	if !sharing && len(c.SharedSlots()) == 0 {
 		return // the usual case: nothing to give or take back
 	}
 	want := map[uint8]string{}
 	if sharing {
-		for _, k := range e.reg.Classes.SharedBulkheads() {
-			want[uint8(k)] = e.reg.Classes.SharedOfBulkhead(k)
+		for _, k := range e.reg.classes.SharedBulkheads() {
+			want[uint8(k)] = e.reg.classes.SharedOfBulkhead(k)
 		}
 	}
 	// A workload that still shares under another class (a reordered
@@ -65,7 +65,7 @@ func (e *Engine) SyncBulkSlots(c *Circuit) {
 		}
 		dst.Class = k
 		name := bulkSlotName(c, w)
-		id, inherited, ok := e.reg.IDs.Alloc(name, dst)
+		id, inherited, ok := e.reg.ids.Alloc(name, dst)
 		if !ok {
 			e.metrics.Refused(c.Target()).Inc()
 			e.log.Error("no circuit id free for a workload's bulkhead; its connections are not limited", "circuit", c.Name(), "workload", w)
@@ -73,7 +73,7 @@ func (e *Engine) SyncBulkSlots(c *Circuit) {
 		}
 		var epoch uint32
 		if inherited {
-			epoch = e.reg.IDs.PinnedEpoch(id) // its rejected cgroups carry on
+			epoch = e.reg.ids.PinnedEpoch(id) // its rejected cgroups carry on
 		} else if err := e.k.ResetCounters(id); err != nil {
 			e.log.Warn("resetting counters", "circuit", name, "err", err)
 		}
@@ -81,7 +81,7 @@ func (e *Engine) SyncBulkSlots(c *Circuit) {
 			epoch = e.reg.NewEpoch()
 		}
 		c.SetSharedSlot(k, BulkSlot{ID: id, Epoch: epoch, Workload: w})
-		e.reg.Recording[id] = c
+		e.reg.recording[id] = c
 	}
 }
 
@@ -90,10 +90,10 @@ func (e *Engine) SyncBulkSlots(c *Circuit) {
 // rejected are no longer c's (the next sweep deletes their entries).
 func (e *Engine) releaseBulkSlot(c *Circuit, s BulkSlot) {
 	e.retire(c.Target(), s.ID)
-	if e.reg.Recording[s.ID] == c {
-		delete(e.reg.Recording, s.ID)
+	if e.reg.recording[s.ID] == c {
+		delete(e.reg.recording, s.ID)
 	}
-	e.reg.IDs.Release(s.ID, bulkSlotName(c, s.Workload))
+	e.reg.ids.Release(s.ID, bulkSlotName(c, s.Workload))
 }
 
 // retire adds the kernel counts of slot id to target's retired counters,
@@ -128,7 +128,7 @@ func (e *Engine) DeleteLimits(c *Circuit, dst maps.Dest) {
 // rejections are recorded.
 func (e *Engine) setEpoch(c *Circuit, ep uint32) {
 	c.SetEpoch(ep)
-	e.reg.Recording[c.ID] = c
+	e.reg.recording[c.ID] = c
 }
 
 // EpochOf returns c's epoch, giving it one first if it has none.
@@ -147,7 +147,7 @@ func (e *Engine) EpochOf(c *Circuit) uint32 {
 // forgetEpoch is called when c is dropped: its entries are stale from now
 // on (its verdicts are gone) and the next sweep deletes them.
 func (e *Engine) forgetEpoch(c *Circuit) {
-	if c.Epoch() != 0 && e.reg.Recording[c.ID] == c {
-		delete(e.reg.Recording, c.ID)
+	if c.Epoch() != 0 && e.reg.recording[c.ID] == c {
+		delete(e.reg.recording, c.ID)
 	}
 }

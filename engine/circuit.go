@@ -33,7 +33,7 @@ type Circuit struct {
 	ID     uint32
 	inIdle bool
 	// referenced: it recorded a call since it was last queued in
-	// Registry's idle list (eviction gives it a second chance).
+	// registry's idle list (eviction gives it a second chance).
 	referenced bool
 	// endpoint: one circuit of an endpoint-scoped target (see Scope).
 	endpoint bool

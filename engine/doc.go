@@ -13,17 +13,32 @@
 //
 // What the package holds:
 //
-//   - Engine, which owns the circuits (Registry: by name and destination,
-//     the active and endpoint sets, the idle list eviction takes its
-//     victim from), the circuits waiting for an id or for room
-//     (unenforced, unlimited), the kept overrides, the retired kernel
-//     counts and the rate-limited error log. Its methods make a circuit
-//     and attach destinations (Make, Attach), record calls (Record: one
-//     way, with a count), apply a transition (Apply), seat and release
-//     kernel ids (Seat, EnsureID, ReleaseID), write verdicts
-//     (WriteVerdicts), retry what could not be written (RetryUnenforced),
-//     evict and drop circuits, and keep the sharing workloads' bulkhead
-//     slots and the circuits' epochs.
+//   - Engine, which owns the circuits (its registry: by name and
+//     destination, the active and endpoint sets, the endpoint groups,
+//     the idle list eviction takes its victim from; the daemon reads
+//     them through At, Get, All, Active, Ordered and the counts), the
+//     circuits waiting for an id or for room (unenforced, unlimited),
+//     the kept overrides, the retired kernel counts and the
+//     rate-limited error log. Its methods make a circuit and attach
+//     destinations (Make, Attach), record calls (Record: one way, with
+//     a count), apply a transition (Apply), seat and release kernel ids
+//     (Seat, EnsureID, ReleaseID), write verdicts (WriteVerdicts),
+//     retry what could not be written (RetryUnenforced), evict and drop
+//     circuits, and keep the sharing workloads' bulkhead slots and the
+//     circuits' epochs.
+//   - Handling the kernel's outcome records (HandleBatch: the cache
+//     warming, the dating of resets, connect timeouts, responses and the
+//     answered batches) and the timers (Tick: connect, response and probe
+//     timeouts, the sweep of departed endpoints, the retries, the
+//     reconciliation after lost records).
+//   - The lookup of a destination's circuit (Lookup) under a Matching:
+//     the configuration, its classes and what host names and Services
+//     resolved to, which the daemon resolves and hands the engine
+//     (SetMatching) on start, reload and every change of a resolution.
+//   - The limits entries of a destination (WriteLimit, WantedLimits),
+//     the answered words of the circuits whose ordinary successes the
+//     kernel counts (answered.go), and an operator's change to a
+//     circuit (Force).
 //   - Circuit, one circuit in a single 192-byte allocation, and the
 //     destination index (DestIndex), ids and the rules of their seating
 //     (IDs), the overrides kept across restarts (Overrides), circuit names
@@ -34,29 +49,32 @@
 // computed (policy.Seat, passed by Record), so the transition's round is
 // its verdict's, and a verdict write never changes the state machine.
 //
+// Its tests run without root and without real time: engine_test.go
+// calls the engine's methods, handle_test.go feeds it records and runs
+// its tick as the daemon does, both on enginetest's kernel and clock.
+//
 // What the daemon still does around the engine, through Hooks: the close
-// pass of close_established (Opened), the event list and the Kubernetes
-// Event of a transition (Transitioned), the limits entries of a
-// destination (WriteLimit: they need the configuration's workloads) and
-// the answered batches (Unbatch).
+// pass of close_established (Opened), and the event list and the
+// Kubernetes Event of a transition (Transitioned).
 //
 // The cut still to make, in steps that each build and pass:
 //
-//   - Handling an outcome record (daemon.handle and handleBatch, with the
-//     cache warming, reset dating, connect timeouts and responses) and the
-//     tick move here; they need the matcher (lookup: the configuration,
-//     resolved names and Services) as an input the daemon hands the
-//     engine on reload. The answered batches (daemon/answered.go) and the
-//     limits entries (bulkheadEntries, limitFor) follow, and Hooks shrinks
-//     to the close pass and the notices of transitions.
-//   - The Registry's exported fields (ByName, ByDest, Active, IDs, ...),
-//     exported while the daemon's methods still reach into them, become
-//     the engine's own; the daemon's reg shortcut goes.
-//   - The daemon's tests on the fake kernel (daemon/core_test.go) move
-//     here once handle, lookup and the tick have.
 //   - The engine is driven by the reader's goroutine alone and publishes
 //     snapshots for the admin API, the metrics and the status page,
-//     which then no longer take its lock.
+//     which then no longer take its lock. A snapshot of every circuit
+//     costs O(circuits) (a million at the largest max_circuits), too much
+//     to publish at every batch or tick: what is published has to be
+//     what changed, or the readers' questions answered by the reader's
+//     goroutine between batches.
+//   - Reload's part in the decisions (which circuits a new configuration
+//     keeps, drops or gives new options: Daemon.applyConfig and rematch)
+//     and adoption's (Daemon.adopt) still run in the daemon on the
+//     engine's methods, and are tested on the kernel only.
+//   - The kernel suites' twins of the engine's tests (daemon/lazyids_test.go,
+//     decisions_test.go) can lose what the engine's tests now show.
+//   - Methods the daemon no longer calls (DeleteLimits, Kept, NoLimits,
+//     ReleaseID, Seat, SeatForLimits, SyncBulkSlots, WriteVerdict) can be
+//     unexported.
 //
 // What stays in the daemon: start-up and adoption of pinned state, the
 // heartbeat, reload (it hands the engine a new configuration), the

@@ -8,15 +8,16 @@ import (
 	"github.com/breakerd/breakerd/policy"
 )
 
-// Engine is the core's state: the circuits (Registry), their kernel ids
+// Engine is the core's state: the circuits (registry), their kernel ids
 // and verdicts, the circuits whose verdicts or limits wait for an id or
-// for room, the overrides kept across restarts and the kernel counts of
-// circuits gone. It reaches the kernel only through Kernel and the time
-// only through Clock, and tells the daemon what is not yet its own
-// through Hooks. It is used by one goroutine at a time (the daemon's
-// lock).
+// for room, the overrides kept across restarts, the kernel counts of
+// circuits gone, and what handling records and the tick keep (sockets
+// connecting or awaiting a response, the answered batches). It reaches
+// the kernel only through Kernel and the time only through Clock, and
+// tells the daemon of transitions through Hooks. It is used by one
+// goroutine at a time (the daemon's lock).
 type Engine struct {
-	reg     *Registry
+	reg     *registry
 	k       Kernel
 	clock   Clock
 	log     *slog.Logger
@@ -43,10 +44,44 @@ type Engine struct {
 	// errorsLogged: when each rate-limited error line was last logged
 	// (ErrorEverySecond).
 	errorsLogged map[string]time.Time
+
+	// matching decides which circuit a destination belongs to (the
+	// daemon's input, SetMatching); matchers are its matchers by class,
+	// made as classes are seen.
+	matching Matching
+	matchers map[uint8]*policy.Matcher
+	// pending are connecting sockets seen retransmitting SYNs, by cookie;
+	// counted the sockets already counted as timed out by connect_timeout.
+	pending map[uint64]pendingConn
+	counted map[uint64]bool
+	// timedOut are the turns counted at response_timeout, by cookie, and
+	// awaiting the last scan of the inflight map (reused).
+	timedOut map[uint64]timedOut
+	awaiting []maps.Awaiting
+	// respSince: turns that began before the response programs were last
+	// attached are not counted (RespondingSince); respTimeouts: some
+	// target has a response_timeout, so the tick scans the inflight map.
+	respSince    time.Duration
+	respTimeouts bool
+	recent       recentConns // established connections by cookie, to date their resets
+	warmSum      uintptr     // see warm
+	// batched are the circuits whose ordinary successes the kernel counts
+	// in their answered words (answered.go), and batchedIDs the same by
+	// circuit id.
+	batched    map[*Circuit]batch
+	batchedIDs map[uint32]*Circuit
+	// endpointIdle: see EndpointIdle (tests shorten it).
+	endpointIdle time.Duration
+	// lastSweep is the tick's last sweep of departed endpoints;
+	// lastLostCheck its last look at the kernel's count of lost records,
+	// which was lostSeen then (ReconcileRounds).
+	lastSweep     time.Time
+	lastLostCheck time.Time
+	lostSeen      uint64
 }
 
 // Hooks are what the daemon does around the engine's decisions, with
-// state the engine does not hold (yet).
+// state the engine does not hold.
 type Hooks interface {
 	// Opened is told that c went from one state to another with new
 	// verdicts (its close_established pass, when it began rejecting).
@@ -54,12 +89,6 @@ type Hooks interface {
 	// Transitioned is told of every transition applied, after it was
 	// written and logged (the event list, the Kubernetes Event).
 	Transitioned(c *Circuit, t policy.Transition)
-	// WriteLimit writes (or removes) the limits entries of destination
-	// dst of c from its options.
-	WriteLimit(c *Circuit, dst maps.Dest)
-	// Unbatch forgets the successes the kernel counts for c (c is
-	// dropped or gives its id back).
-	Unbatch(c *Circuit)
 }
 
 // Config is what an Engine is made with.
@@ -74,16 +103,20 @@ type Config struct {
 	// IDs is the number of circuit ids (maps.MaxCircuitIDs; fewer in
 	// tests that run out of them).
 	IDs uint32
+	// RespondingSince is when the response programs were attached, on
+	// the maps.Now clock: turns begun before it are not counted.
+	RespondingSince time.Duration
 }
 
 // New returns an engine with no circuits.
 func New(cfg Config) *Engine {
-	return &Engine{reg: NewRegistry(cfg.Kernel, cfg.IDs), k: cfg.Kernel, clock: cfg.Clock, log: cfg.Log, metrics: cfg.Metrics, hooks: cfg.Hooks, rand: cfg.Rand, seriesOf: map[string]*Series{},
-		unenforced: map[*Circuit]struct{}{}, unlimited: map[*Circuit]struct{}{}, retired: map[string]maps.Counters{}, errorsLogged: map[string]time.Time{}}
+	e := &Engine{reg: newRegistry(cfg.Kernel, cfg.IDs), k: cfg.Kernel, clock: cfg.Clock, log: cfg.Log, metrics: cfg.Metrics, hooks: cfg.Hooks, rand: cfg.Rand, seriesOf: map[string]*Series{},
+		unenforced: map[*Circuit]struct{}{}, unlimited: map[*Circuit]struct{}{}, retired: map[string]maps.Counters{}, errorsLogged: map[string]time.Time{},
+		matchers: map[uint8]*policy.Matcher{}, pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{},
+		respSince: cfg.RespondingSince, batched: map[*Circuit]batch{}, batchedIDs: map[uint32]*Circuit{}, endpointIdle: EndpointIdle}
+	e.reg.classes = &e.matching.Classes
+	return e
 }
-
-// Registry is the engine's circuits.
-func (e *Engine) Registry() *Registry { return e.reg }
 
 // Kept returns the override kept for the circuit named name.
 func (e *Engine) Kept(name string) (policy.Override, bool) { return e.kept.Get(name) }
@@ -172,8 +205,8 @@ func (e *Engine) Drop(c *Circuit) {
 			e.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
 		e.DeleteLimits(c, dst)
-		e.reg.ByDest.Del(dst.Compact())
-		e.reg.Version++
+		e.reg.byDest.Del(dst.Compact())
+		e.reg.version++
 	}
 	// Keep its kernel counts so the per-target counters never go down.
 	if c.ID != 0 {
@@ -187,18 +220,18 @@ func (e *Engine) Drop(c *Circuit) {
 		e.KeepOverride(c, policy.NoOverride)
 	}
 	if c.IsNamed() {
-		delete(e.reg.ByName, c.Name())
+		delete(e.reg.byName, c.Name())
 	}
 	e.reg.Untrack(c)
 	delete(e.unenforced, c)
 	delete(e.unlimited, c)
 	if c.Target() == AllTarget {
-		e.reg.Dynamic--
+		e.reg.dynamic--
 	}
 	e.forgetEpoch(c)
-	e.hooks.Unbatch(c)
-	e.reg.IDs.Release(c.ID, c.Name())
-	e.reg.Version++ // also for a named circuit left with no destination
+	e.unbatch(c)
+	e.reg.ids.Release(c.ID, c.Name())
+	e.reg.version++ // also for a named circuit left with no destination
 }
 
 // ErrorEverySecond logs msg at error level at most once a second per key

@@ -25,18 +25,20 @@ type core struct {
 	logs    *bytes.Buffer // the engine is used by this goroutine alone
 	hooks   *hooks
 	metrics *metrics
-	classes policy.Classes
 }
 
-// hooks remember the transitions the engine applied.
-type hooks struct{ transitions []policy.Transition }
+// hooks remember the transitions the engine applied, and the names of
+// their circuits.
+type hooks struct {
+	transitions []policy.Transition
+	circuits    []string
+}
 
 func (h *hooks) Opened(*engine.Circuit, policy.State, policy.State, time.Time) {}
-func (h *hooks) Transitioned(_ *engine.Circuit, t policy.Transition) {
+func (h *hooks) Transitioned(c *engine.Circuit, t policy.Transition) {
 	h.transitions = append(h.transitions, t)
+	h.circuits = append(h.circuits, c.Name())
 }
-func (h *hooks) WriteLimit(*engine.Circuit, maps.Dest) {}
-func (h *hooks) Unbatch(*engine.Circuit)               {}
 
 // count is a Counter and an Observer.
 type count struct{ n float64 }
@@ -76,8 +78,7 @@ func newCore(t *testing.T, ids uint32, k *enginetest.Kernel) *core {
 		hooks: &hooks{}, metrics: &metrics{series: map[string]*count{}}}
 	c.e = engine.New(engine.Config{Kernel: k, Clock: c.clk, Log: slog.New(slog.NewTextHandler(c.logs, nil)), Metrics: c.metrics,
 		Hooks: c.hooks, Rand: func() float64 { return 0.5 }, IDs: ids})
-	c.classes = (&policy.Config{}).Classes()
-	c.e.Registry().Classes = &c.classes
+	c.e.SetMatching(engine.Matching{Classes: (&policy.Config{}).Classes()})
 	c.e.LoadKept()
 	return c
 }
@@ -96,7 +97,7 @@ func dest(port uint16) maps.Dest {
 // circuit returns port's dynamic circuit, made when there is none.
 func (c *core) circuit(port uint16, o *policy.Options) *engine.Circuit {
 	c.t.Helper()
-	if x, ok := c.e.Registry().At(dest(port)); ok {
+	if x, ok := c.e.At(dest(port)); ok {
 		return x
 	}
 	x := c.e.Make("", engine.AllTarget, "", o, policy.NoOverride, nil, dest(port), c.clk.Now())
@@ -256,10 +257,10 @@ func TestEvictionGivesSecondChance(t *testing.T) {
 	if !c.e.EvictIdle() {
 		t.Fatal("nothing evicted")
 	}
-	if _, ok := c.e.Registry().At(dest(9442)); ok {
+	if _, ok := c.e.At(dest(9442)); ok {
 		t.Fatal("the circuit without a call since was not the victim")
 	}
-	if _, ok := c.e.Registry().At(dest(9441)); !ok || c.metrics.get("evicted").n != 1 {
+	if _, ok := c.e.At(dest(9441)); !ok || c.metrics.get("evicted").n != 1 {
 		t.Fatal("the referenced circuit was evicted, or the eviction not counted")
 	}
 	_ = b
@@ -267,7 +268,7 @@ func TestEvictionGivesSecondChance(t *testing.T) {
 	if c.e.EvictIdle() {
 		t.Fatal("an open circuit was evicted")
 	}
-	if err := c.e.Registry().CheckSets(); err != nil {
+	if err := c.e.CheckSets(); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -122,7 +122,7 @@ func (s *IDs) PinnedFor(dst maps.Dest) bool {
 
 // Scarce reports whether half the ids or more are handed out or held
 // back for sockets still counted in their slots: a closing dynamic circuit
-// then gives its id back (the daemon's releaseID).
+// then gives its id back (Engine.ReleaseID).
 func (s *IDs) Scarce() bool { return s.held+len(s.draining) >= int(s.limit/2) }
 
 func (s *IDs) take(name string, dst maps.Dest) (id uint32, inherited, ok bool) {

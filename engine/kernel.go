@@ -9,7 +9,8 @@ import (
 // Kernel is what the core reads and writes in the kernel's maps: verdicts,
 // the probe budget of a circuit id, bulkhead limits and counts, counters,
 // the answered words of circuits whose ordinary successes the kernel
-// counts, and the overrides kept across restarts. Loading, attaching,
+// counts, the overrides kept across restarts and the requests awaiting a
+// response. Loading, attaching,
 // reading the ring and checking the pins are the daemon's (maps.Kernel).
 type Kernel interface {
 	// PutVerdict writes the verdict of a destination.
@@ -44,6 +45,9 @@ type Kernel interface {
 	Overrides() iter.Seq2[string, maps.OverrideState]
 	// Stats reads the kernel's global statistics (lost records).
 	Stats() (maps.Stats, error)
+	// Awaiting appends every request awaiting its first response byte
+	// (the inflight map) to out.
+	Awaiting(out []maps.Awaiting) ([]maps.Awaiting, error)
 }
 
 var _ Kernel = (*maps.Kernel)(nil)

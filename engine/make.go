@@ -10,7 +10,7 @@ import (
 // Make makes a circuit whose first destination is dst (named name;
 // "" for a dynamic circuit, named by dst); nil when no circuit id is free.
 func (e *Engine) Make(name, target string, scope policy.Scope, o *policy.Options, ov policy.Override, g *policy.Group, dst maps.Dest, now time.Time) *Circuit {
-	workload := e.reg.Classes.Name(policy.Class(dst.Class))
+	workload := e.reg.classes.Name(policy.Class(dst.Class))
 	dynamic := name == ""
 	if dynamic {
 		name = Classed(DynamicName(dst), workload)
@@ -19,9 +19,9 @@ func (e *Engine) Make(name, target string, scope policy.Scope, o *policy.Options
 	// is about to open (Record), unless it inherits one now.
 	var id uint32
 	var inherited bool
-	if !dynamic || NeedsLimitEntry(o) || e.reg.IDs.PinnedFor(dst) {
+	if !dynamic || NeedsLimitEntry(o) || e.reg.ids.PinnedFor(dst) {
 		var ok bool
-		id, inherited, ok = e.reg.IDs.Alloc(name, dst)
+		id, inherited, ok = e.reg.ids.Alloc(name, dst)
 		if !ok {
 			e.metrics.Refused(target).Inc()
 			// At most a line a second a target: every new destination
@@ -45,13 +45,13 @@ func (e *Engine) Make(name, target string, scope policy.Scope, o *policy.Options
 		e.Seat(c, id, inherited)
 	}
 	if dynamic {
-		e.reg.Dynamic++
+		e.reg.dynamic++
 	} else {
-		e.reg.ByName[name] = c
-		e.reg.Version++
+		e.reg.byName[name] = c
+		e.reg.version++
 	}
 	if scope == policy.EndpointScope {
-		e.reg.Endpoints[c] = struct{}{}
+		e.reg.endpoints[c] = struct{}{}
 	}
 	e.reg.Track(c)
 	if ov == policy.ForceOpen {
@@ -70,7 +70,7 @@ func (e *Engine) Attach(c *Circuit, dst maps.Dest) {
 	}
 	e.reg.Attach(c, dst)
 	if o := c.Machine.Options(); NeedsLimitEntry(o) {
-		e.hooks.WriteLimit(c, dst)
+		e.WriteLimit(c, dst)
 	}
 	if s := c.Machine.State(); s.Rejects() {
 		e.WriteVerdict(c, dst, s, c.Machine.Status(e.clock.Now()).OpenUntil, c.Machine.Round())

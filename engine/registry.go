@@ -11,58 +11,58 @@ import (
 	"github.com/breakerd/breakerd/policy"
 )
 
-// Registry holds every circuit: dynamic ones by destination only, named
-// ones also by name. It is used by one goroutine at a time (the daemon's
-// lock).
+// registry holds every circuit: dynamic ones by destination only, named
+// ones also by name. It is the engine's own: the daemon reaches it only
+// through the Engine's methods.
 //
 // Besides the indexes by name and destination it keeps the few circuits
 // periodic work visits, so that this work does not grow with the number of
-// closed circuits: Active (open, half-open or forced open: the tick and
-// the reconciliation after lost records), Endpoints (the departed-endpoint
+// closed circuits: active (open, half-open or forced open: the tick and
+// the reconciliation after lost records), endpoints (the departed-endpoint
 // sweep), and the idle list, the closed dynamic circuits in the order they
 // were queued, from whose front eviction takes its victim (second chance,
 // see Victim).
-type Registry struct {
-	ByName    map[string]*Circuit // named circuits only: use Get and All
-	ByDest    DestIndex[Circuit]  // use At to look up
-	Active    map[*Circuit]struct{}
-	Endpoints map[*Circuit]struct{}
+type registry struct {
+	byName    map[string]*Circuit // named circuits only: use Get and All
+	byDest    DestIndex[Circuit]  // use At to look up
+	active    map[*Circuit]struct{}
+	endpoints map[*Circuit]struct{}
 	idle      idleList
-	Groups    map[string]*policy.Group
-	IDs       *IDs
-	Classes   *policy.Classes // the workloads' classes, for the names of isolated workloads' circuits
-	Version   uint64          // counts the changes of ByDest and ByName
-	Dynamic   int
-	// Adopting is set while start-up rebuilds the circuits of the pinned
+	groups    map[string]*policy.Group // endpoint groups, by target@workload
+	ids       *IDs
+	classes   *policy.Classes // the workloads' classes, for the names of isolated workloads' circuits
+	version   uint64          // counts the changes of byDest and byName
+	dynamic   int
+	// adopting is set while start-up rebuilds the circuits of the pinned
 	// verdicts: max_circuits does not refuse those (an open verdict is
 	// never dropped for want of room; eviction brings the count back).
-	Adopting bool
-	// Recording holds the circuits that have an epoch, by id (only the
+	adopting bool
+	// recording holds the circuits that have an epoch, by id (only the
 	// circuits that ever wrote a rejecting verdict or a limit), and the
 	// circuits of the sharing workloads' bulkhead slots, by slot id.
-	Recording map[uint32]*Circuit
+	recording map[uint32]*Circuit
 	nextEpoch uint32
 }
 
-// NewRegistry returns an empty registry whose ids (limit of them, see
+// newRegistry returns an empty registry whose ids (limit of them, see
 // NewIDs) read their bulkhead counts from k.
-func NewRegistry(k Kernel, limit uint32) *Registry {
-	return &Registry{ByName: map[string]*Circuit{}, Groups: map[string]*policy.Group{},
-		Active: map[*Circuit]struct{}{}, Endpoints: map[*Circuit]struct{}{}, IDs: NewIDs(k, limit), Recording: map[uint32]*Circuit{}}
+func newRegistry(k Kernel, limit uint32) *registry {
+	return &registry{byName: map[string]*Circuit{}, groups: map[string]*policy.Group{},
+		active: map[*Circuit]struct{}{}, endpoints: map[*Circuit]struct{}{}, ids: NewIDs(k, limit), recording: map[uint32]*Circuit{}}
 }
 
 // Get returns the circuit named name.
-func (r *Registry) Get(name string) (*Circuit, bool) {
-	if c, ok := r.ByName[name]; ok {
+func (r *registry) Get(name string) (*Circuit, bool) {
+	if c, ok := r.byName[name]; ok {
 		return c, true
 	}
 	// A dynamic circuit: its destination's name, and @workload for an
 	// isolated workload's (see Classed).
 	base, class := name, policy.Class(0)
-	if i := strings.LastIndexByte(name, '@'); i >= 0 && r.Classes != nil {
+	if i := strings.LastIndexByte(name, '@'); i >= 0 && r.classes != nil {
 		w := name[i+1:]
-		class = r.Classes.Of(w)
-		if class == 0 || r.Classes.Name(class) != w {
+		class = r.classes.Of(w)
+		if class == 0 || r.classes.Name(class) != w {
 			return nil, false
 		}
 		base = name[:i]
@@ -77,14 +77,14 @@ func (r *Registry) Get(name string) (*Circuit, bool) {
 }
 
 // All yields every circuit once, in no order.
-func (r *Registry) All() iter.Seq[*Circuit] {
+func (r *registry) All() iter.Seq[*Circuit] {
 	return func(yield func(*Circuit) bool) {
-		for _, c := range r.ByName {
+		for _, c := range r.byName {
 			if !yield(c) {
 				return
 			}
 		}
-		for _, c := range r.ByDest.All() {
+		for _, c := range r.byDest.All() {
 			if !c.IsNamed() && !yield(c) {
 				return
 			}
@@ -93,37 +93,37 @@ func (r *Registry) All() iter.Seq[*Circuit] {
 }
 
 // Count is the number of circuits.
-func (r *Registry) Count() int { return len(r.ByName) + r.Dynamic }
+func (r *registry) Count() int { return len(r.byName) + r.dynamic }
 
 // At returns the circuit of destination dst.
-func (r *Registry) At(dst maps.Dest) (*Circuit, bool) {
-	c := r.ByDest.Get(dst.Compact())
+func (r *registry) At(dst maps.Dest) (*Circuit, bool) {
+	c := r.byDest.Get(dst.Compact())
 	return c, c != nil
 }
 
 // Attach indexes dst as a destination of c (named circuits keep any
 // number; a dynamic one has its first only).
-func (r *Registry) Attach(c *Circuit, dst maps.Dest) {
+func (r *registry) Attach(c *Circuit, dst maps.Dest) {
 	c.addDest(dst)
-	r.ByDest.Put(dst.Compact(), c)
-	r.Version++
+	r.byDest.Put(dst.Compact(), c)
+	r.version++
 }
 
 // Detach removes dst from the index (the circuit's own list is the
 // caller's: Circuit.RemoveDest).
-func (r *Registry) Detach(dst maps.Dest) {
-	r.ByDest.Del(dst.Compact())
-	r.Version++
+func (r *registry) Detach(dst maps.Dest) {
+	r.byDest.Del(dst.Compact())
+	r.version++
 }
 
 // Track files c under the sets its state puts it in; call it whenever c's
 // state may have changed.
-func (r *Registry) Track(c *Circuit) {
+func (r *registry) Track(c *Circuit) {
 	s := c.Machine.State()
 	if s.Rejects() {
-		r.Active[c] = struct{}{}
+		r.active[c] = struct{}{}
 	} else {
-		delete(r.Active, c)
+		delete(r.active, c)
 	}
 	if c.Target() == AllTarget && s == policy.Closed {
 		if c.inIdle {
@@ -137,9 +137,9 @@ func (r *Registry) Track(c *Circuit) {
 }
 
 // Untrack removes c from every set (it is being dropped).
-func (r *Registry) Untrack(c *Circuit) {
-	delete(r.Active, c)
-	delete(r.Endpoints, c)
+func (r *registry) Untrack(c *Circuit) {
+	delete(r.active, c)
+	delete(r.endpoints, c)
 	r.idle.remove(c)
 }
 
@@ -150,7 +150,7 @@ func (r *Registry) Untrack(c *Circuit) {
 // record costs one flag, not a move in the list that touches two other
 // circuits' memory. Every circuit passed over loses its flag, so the loop
 // ends within one pass. nil: there is none.
-func (r *Registry) Victim() *Circuit {
+func (r *registry) Victim() *Circuit {
 	l := &r.idle
 	victim := l.head
 	for victim != nil && victim.referenced {
@@ -164,7 +164,7 @@ func (r *Registry) Victim() *Circuit {
 // NewEpoch returns an epoch no live circuit has (never 0). Epochs start
 // at a random point, so a daemon after a restart does not repeat the
 // previous one's for the ids it does not inherit.
-func (r *Registry) NewEpoch() uint32 {
+func (r *registry) NewEpoch() uint32 {
 	if r.nextEpoch == 0 {
 		r.nextEpoch = rand.Uint32()
 	}
@@ -216,16 +216,16 @@ func (l *idleList) remove(c *Circuit) {
 	c.prev, c.next, c.inIdle = nil, nil, false
 }
 
-// CheckSets reports the first way the registry's sets disagree with its
-// circuits' states (nil: none): Active holds exactly the circuits that
+// checkSets reports the first way the registry's sets disagree with its
+// circuits' states (nil: none): active holds exactly the circuits that
 // reject, the idle list exactly the closed dynamic ones, linked both ways,
-// Endpoints exactly the endpoint-scoped ones. For tests.
-func (r *Registry) CheckSets() error {
+// endpoints exactly the endpoint-scoped ones.
+func (r *registry) checkSets() error {
 	var errs []error
 	active, idle, endpoints := 0, 0, 0
 	for c := range r.All() {
 		s := c.Machine.State()
-		if _, in := r.Active[c]; in != s.Rejects() {
+		if _, in := r.active[c]; in != s.Rejects() {
 			errs = append(errs, fmt.Errorf("%s (%s): in active %v", c.Name(), s, in))
 		}
 		if s.Rejects() {
@@ -236,7 +236,7 @@ func (r *Registry) CheckSets() error {
 		} else if want {
 			idle++
 		}
-		if _, in := r.Endpoints[c]; in != (c.Scope() == policy.EndpointScope) {
+		if _, in := r.endpoints[c]; in != (c.Scope() == policy.EndpointScope) {
 			errs = append(errs, fmt.Errorf("%s: in endpoints %v", c.Name(), in))
 		} else if in {
 			endpoints++
@@ -249,8 +249,8 @@ func (r *Registry) CheckSets() error {
 			return errors.Join(append(errs, fmt.Errorf("idle list broken at %s", c.Name()))...)
 		}
 	}
-	if n != idle || len(r.Active) != active || len(r.Endpoints) != endpoints {
-		errs = append(errs, fmt.Errorf("idle list %d (want %d), active %d (want %d), endpoints %d (want %d)", n, idle, len(r.Active), active, len(r.Endpoints), endpoints))
+	if n != idle || len(r.active) != active || len(r.endpoints) != endpoints {
+		errs = append(errs, fmt.Errorf("idle list %d (want %d), active %d (want %d), endpoints %d (want %d)", n, idle, len(r.active), active, len(r.endpoints), endpoints))
 	}
 	return errors.Join(errs...)
 }

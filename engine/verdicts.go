@@ -34,13 +34,13 @@ func (e *Engine) Seat(c *Circuit, id uint32, inherited bool) {
 func (e *Engine) seat(c *Circuit, id uint32, inherited bool) (round uint32, ok bool) {
 	c.ID = id
 	if c.Epoch() != 0 {
-		e.reg.Recording[id] = c // its rejections are recorded under its id
+		e.reg.recording[id] = c // its rejections are recorded under its id
 	}
 	if !inherited {
 		if err := e.k.ResetCounters(id); err != nil {
 			e.log.Warn("resetting counters", "circuit", c.Name(), "err", err)
 		}
-	} else if ep := e.reg.IDs.PinnedEpoch(id); ep != 0 {
+	} else if ep := e.reg.ids.PinnedEpoch(id); ep != 0 {
 		e.setEpoch(c, ep) // its rejections carry on with its counters
 	}
 	b, err := e.k.Budget(id)
@@ -55,7 +55,7 @@ func (e *Engine) EnsureID(c *Circuit) bool {
 	if c.ID != 0 {
 		return true
 	}
-	id, inherited, ok := e.reg.IDs.Alloc(c.Name(), c.First())
+	id, inherited, ok := e.reg.ids.Alloc(c.Name(), c.First())
 	if !ok {
 		return false
 	}
@@ -93,7 +93,7 @@ type seater Engine
 func (s *seater) Seat() (uint32, bool) {
 	e := (*Engine)(s)
 	c := e.seating
-	id, inherited, ok := e.reg.IDs.Alloc(c.Name(), c.First())
+	id, inherited, ok := e.reg.ids.Alloc(c.Name(), c.First())
 	if !ok {
 		return 0, false
 	}
@@ -111,14 +111,14 @@ func (s *seater) Seat() (uint32, bool) {
 // count of rejections, and whom it rejected, start again if it opens
 // again.
 func (e *Engine) ReleaseID(c *Circuit) {
-	if c.ID == 0 || c.IsNamed() || NeedsLimitEntry(c.Machine.Options()) || c.Machine.State() != policy.Closed || !e.reg.IDs.Scarce() {
+	if c.ID == 0 || c.IsNamed() || NeedsLimitEntry(c.Machine.Options()) || c.Machine.State() != policy.Closed || !e.reg.ids.Scarce() {
 		return
 	}
 	e.retire(c.Target(), c.ID)
 	e.forgetEpoch(c)
-	e.hooks.Unbatch(c)
+	e.unbatch(c)
 	c.SetEpoch(0)
-	e.reg.IDs.Release(c.ID, c.Name())
+	e.reg.ids.Release(c.ID, c.Name())
 	c.ID = 0
 }
 
@@ -143,7 +143,7 @@ func (e *Engine) RetryUnenforced() {
 			return
 		}
 		for _, dst := range c.Dests() {
-			e.hooks.WriteLimit(c, dst) // takes it out of the set (SeatForLimits)
+			e.WriteLimit(c, dst) // takes it out of the set (SeatForLimits)
 		}
 	}
 }

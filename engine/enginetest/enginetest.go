@@ -29,6 +29,7 @@ type Kernel struct {
 	answered  map[uint32]answeredWord
 	overrides map[string]kmaps.OverrideState
 	stats     kmaps.Stats
+	awaiting  []kmaps.Awaiting
 	calls     map[string]int
 	// maxVerdicts bounds the verdict map (0: no bound), as the kernel's
 	// does: a new entry past it is refused with kmaps.ErrVerdictsFull.
@@ -245,6 +246,21 @@ func (k *Kernel) Stats() (kmaps.Stats, error) {
 	defer k.mu.Unlock()
 	k.call("Stats")
 	return k.stats, nil
+}
+
+// Awaiting appends the requests SetAwaiting left in flight to out.
+func (k *Kernel) Awaiting(out []kmaps.Awaiting) ([]kmaps.Awaiting, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.call("Awaiting")
+	return append(out, k.awaiting...), nil
+}
+
+// SetAwaiting sets the requests in flight, as the inflight map holds them.
+func (k *Kernel) SetAwaiting(a []kmaps.Awaiting) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.awaiting = append([]kmaps.Awaiting(nil), a...)
 }
 
 // LoseEvents adds n to the count of lost records.

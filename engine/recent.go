@@ -1,4 +1,4 @@
-package daemon
+package engine
 
 import "time"
 
@@ -15,7 +15,7 @@ import "time"
 // counted (the fail-open direction: a reset that would have counted is
 // missed, never the reverse). At 2^16 sets the table holds some 130,000
 // connections; at 10,000 new connections a second and a 5 s window (50,000
-// live entries) few are lost. Used under Daemon.mu.
+// live entries) few are lost. Used by the engine's goroutine.
 type recentConns struct {
 	sets []recentSet
 }
@@ -54,7 +54,7 @@ func (r *recentConns) established(cookie uint64) (time.Duration, bool) {
 	return 0, false
 }
 
-// peek loads the set of cookie (see Daemon.warm).
+// peek loads the set of cookie (see Engine.warm).
 func (r *recentConns) peek(cookie uint64) uint8 {
 	if r.sets == nil {
 		return 0

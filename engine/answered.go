@@ -1,4 +1,4 @@
-package daemon
+package engine
 
 import (
 	"math/rand/v2"
@@ -24,7 +24,7 @@ type batch struct {
 // the response time from which one is recorded instead (0: none is): c
 // follows responses, has a circuit id the answered map holds, and its
 // failure statuses are among those the kernel records anyway (5xx, 429).
-func batchable(c *circuit, o *policy.Options) (time.Duration, bool) {
+func batchable(c *Circuit, o *policy.Options) (time.Duration, bool) {
 	r := &o.Responses
 	if !r.Followed() || c.ID == 0 || c.ID >= maps.AnsweredIDs || (r.HTTP && !r.FailureStatuses.OnlyServerErrorsAnd429()) {
 		return 0, false
@@ -41,37 +41,37 @@ func batchable(c *circuit, o *policy.Options) (time.Duration, bool) {
 // other options (or for the id's former holder) then records every
 // response, as without batching, and what was counted under the old
 // epoch is written out first and still credited to c. false: c's
-// successes are recorded one by one. The caller holds d.mu and writes the
-// limits entries after it.
-func (d *Daemon) batchOf(c *circuit, o *policy.Options) (batch, bool) {
+// successes are recorded one by one. The caller writes the limits entries
+// after it.
+func (e *Engine) batchOf(c *Circuit, o *policy.Options) (batch, bool) {
 	fast, ok := batchable(c, o)
-	b, had := d.batched[c]
+	b, had := e.batched[c]
 	if had && !b.off && ok && b.id == c.ID && b.fast == fast {
 		return b, true
 	}
 	if !ok {
 		if had && !b.off {
-			d.retireBatch(c)
+			e.retireBatch(c)
 		}
 		return batch{}, false
 	}
 	var prev uint32
 	if had && b.id == c.ID {
 		if !b.off {
-			d.retireBatch(c)
+			e.retireBatch(c)
 		}
-		prev = d.batched[c].prev
+		prev = e.batched[c].prev
 	} else if had {
-		d.unbatch(c)
+		e.unbatch(c)
 	}
-	epoch, err := d.nextAnsweredEpoch(c.ID)
+	epoch, err := e.nextAnsweredEpoch(c.ID)
 	if err != nil {
-		d.eng.ErrorEverySecond("answered", "counting successes in the kernel (each response is recorded instead)", "circuit", c.Name(), "err", err)
+		e.ErrorEverySecond("answered", "counting successes in the kernel (each response is recorded instead)", "circuit", c.Name(), "err", err)
 		return batch{}, false
 	}
 	b = batch{id: c.ID, epoch: epoch, prev: prev, fast: fast}
-	d.batched[c] = b
-	d.batchedIDs[c.ID] = c
+	e.batched[c] = b
+	e.batchedIDs[c.ID] = c
 	return b, true
 }
 
@@ -79,33 +79,33 @@ func (d *Daemon) batchOf(c *circuit, o *policy.Options) (batch, bool) {
 // living on (its options changed): the count is written out first (into
 // the ring, after every record before it) and the word gets a new epoch
 // no limits entry names; records of the old epoch are still credited to
-// c (prev). The caller holds d.mu.
-func (d *Daemon) retireBatch(c *circuit) {
-	b := d.batched[c]
-	if err := d.kernel.FlushAnswered([]uint32{b.id}); err != nil {
-		d.eng.ErrorEverySecond("answered", "writing out a circuit's counted successes before its options change (they are dropped)", "circuit", c.Name(), "err", err)
+// c (prev).
+func (e *Engine) retireBatch(c *Circuit) {
+	b := e.batched[c]
+	if err := e.k.FlushAnswered([]uint32{b.id}); err != nil {
+		e.ErrorEverySecond("answered", "writing out a circuit's counted successes before its options change (they are dropped)", "circuit", c.Name(), "err", err)
 	}
-	if _, err := d.nextAnsweredEpoch(b.id); err != nil {
-		d.eng.ErrorEverySecond("answered", "retiring a circuit's counted successes", "circuit", c.Name(), "err", err)
+	if _, err := e.nextAnsweredEpoch(b.id); err != nil {
+		e.ErrorEverySecond("answered", "retiring a circuit's counted successes", "circuit", c.Name(), "err", err)
 	}
-	d.batched[c] = batch{id: b.id, prev: b.epoch, off: true}
+	e.batched[c] = batch{id: b.id, prev: b.epoch, off: true}
 }
 
-// retirePinnedBatches gives a new epoch to every answered word a pinned
+// RetirePinnedBatches gives a new epoch to every answered word a pinned
 // limits entry names, at start-up, before any limits entry is written:
 // sockets a previous daemon marked then record each response, whether or
 // not this daemon counts their circuit's successes (it may not, its
 // options having changed), and what they counted is dropped, as no turn
 // begun before a start counts.
-func (d *Daemon) retirePinnedBatches(limits map[maps.Dest]maps.Limit) {
+func (e *Engine) RetirePinnedBatches(limits map[maps.Dest]maps.Limit) {
 	done := map[uint32]bool{}
 	for _, l := range limits {
 		if l.Responses&maps.RespBatch == 0 || done[l.BatchID] || l.BatchID >= maps.AnsweredIDs {
 			continue
 		}
 		done[l.BatchID] = true
-		if _, err := d.nextAnsweredEpoch(l.BatchID); err != nil {
-			d.log.Error("retiring a previous daemon's counted successes (its sockets may go on counting them unread)", "circuit_id", l.BatchID, "err", err)
+		if _, err := e.nextAnsweredEpoch(l.BatchID); err != nil {
+			e.log.Error("retiring a previous daemon's counted successes (its sockets may go on counting them unread)", "circuit_id", l.BatchID, "err", err)
 		}
 	}
 }
@@ -114,8 +114,8 @@ func (d *Daemon) retirePinnedBatches(limits map[maps.Dest]maps.Limit) {
 // its current one, and returns it. A word never written (epoch 0: a map
 // made anew, perhaps beside sockets marked under the one it replaced)
 // starts at a random epoch, which such a socket is unlikely to carry.
-func (d *Daemon) nextAnsweredEpoch(id uint32) (uint32, error) {
-	cur, _, err := d.kernel.Answered(id)
+func (e *Engine) nextAnsweredEpoch(id uint32) (uint32, error) {
+	cur, _, err := e.k.Answered(id)
 	if err != nil {
 		return 0, err
 	}
@@ -126,7 +126,7 @@ func (d *Daemon) nextAnsweredEpoch(id uint32) (uint32, error) {
 	if next >= maps.AnsweredEpochs {
 		next = 1
 	}
-	if err := d.kernel.SetAnswered(id, next); err != nil {
+	if err := e.k.SetAnswered(id, next); err != nil {
 		return 0, err
 	}
 	return next, nil
@@ -134,30 +134,28 @@ func (d *Daemon) nextAnsweredEpoch(id uint32) (uint32, error) {
 
 // unbatch forgets c's batch, c going (dropped, or giving its id back):
 // the word gets a new epoch no limits entry names if c still holds it, so
-// c's sockets add nothing more, and what it held is dropped with c. The
-// caller holds d.mu.
-func (d *Daemon) unbatch(c *circuit) {
-	b, ok := d.batched[c]
+// c's sockets add nothing more, and what it held is dropped with c.
+func (e *Engine) unbatch(c *Circuit) {
+	b, ok := e.batched[c]
 	if !ok {
 		return
 	}
-	delete(d.batched, c)
-	if d.batchedIDs[b.id] != c {
+	delete(e.batched, c)
+	if e.batchedIDs[b.id] != c {
 		return // the id is another circuit's now: its word is not c's
 	}
-	delete(d.batchedIDs, b.id)
-	if _, err := d.nextAnsweredEpoch(b.id); err != nil {
-		d.eng.ErrorEverySecond("answered", "retiring a circuit's counted successes", "circuit", c.Name(), "err", err)
+	delete(e.batchedIDs, b.id)
+	if _, err := e.nextAnsweredEpoch(b.id); err != nil {
+		e.ErrorEverySecond("answered", "retiring a circuit's counted successes", "circuit", c.Name(), "err", err)
 	}
 }
 
 // unbatchAll retires every batch: the response programs were attached
 // again, and sockets marked before may carry stale turns, whose successes
-// must not count (respSince). The next limits writes give new epochs. The
-// caller holds d.mu.
-func (d *Daemon) unbatchAll() {
-	for c := range d.batched {
-		d.unbatch(c)
+// must not count (respSince). The next limits writes give new epochs.
+func (e *Engine) unbatchAll() {
+	for c := range e.batched {
+		e.unbatch(c)
 	}
 }
 
@@ -165,42 +163,47 @@ func (d *Daemon) unbatchAll() {
 // in the record's place among the circuit's other records. A record of an
 // epoch that is not the circuit's (current or previous: a daemon before
 // this one, or the id's former holder), or of a circuit that no longer
-// follows responses, is dropped, as a stale turn's record is. The caller
-// holds d.mu.
-func (d *Daemon) creditAnswered(ev *maps.Event, now time.Time) {
-	c := d.batchedIDs[ev.Round]
+// follows responses, is dropped, as a stale turn's record is.
+func (e *Engine) creditAnswered(ev *maps.Event, now time.Time) {
+	c := e.batchedIDs[ev.Round]
 	if c == nil || !c.Machine.Options().Responses.Followed() {
 		return
 	}
-	if b := d.batched[c]; ev.Count == 0 || (ev.Count != b.prev && (b.off || ev.Count != b.epoch)) {
+	if b := e.batched[c]; ev.Count == 0 || (ev.Count != b.prev && (b.off || ev.Count != b.epoch)) {
 		return
 	}
 	n := ev.AnsweredCount()
 	c.Metrics.Response(policy.ResponseAnswered).Add(float64(n))
 	r := policy.Result{Kind: policy.Answered}
-	d.record(c, r, policy.Classify(c.Machine.Options(), r), int(n), now)
+	e.record(c, r, policy.Classify(c.Machine.Options(), r), int(n), now)
 }
 
-// flushAnswered has the kernel write out the successes counted for every
-// batched circuit whose word holds some (read from the mapped map, no
-// system call for the others), so a circuit that went quiet has them
+// Unflushed returns the ids of the batched circuits whose answered
+// words hold successes (read from the mapped map, no system call for the
+// others): the daemon has the kernel write them out (Kernel.FlushAnswered)
+// outside its lock every tick, so a circuit that went quiet has them
 // read within a tick, after its earlier records.
-func (d *Daemon) flushAnswered() {
-	d.mu.Lock()
+func (e *Engine) Unflushed() []uint32 {
 	var ids []uint32
-	for id, c := range d.batchedIDs {
-		if d.batched[c].off {
+	for id, c := range e.batchedIDs {
+		if e.batched[c].off {
 			continue
 		}
-		if _, n, err := d.kernel.Answered(id); err == nil && n > 0 {
+		if _, n, err := e.k.Answered(id); err == nil && n > 0 {
 			ids = append(ids, id)
 		}
 	}
-	d.mu.Unlock()
-	if len(ids) == 0 {
-		return
+	return ids
+}
+
+// Counting is the number of circuits whose ordinary successes the kernel
+// counts now.
+func (e *Engine) Counting() int {
+	n := 0
+	for _, b := range e.batched {
+		if !b.off {
+			n++
+		}
 	}
-	if err := d.kernel.FlushAnswered(ids); err != nil {
-		d.eng.ErrorEverySecond("answered-flush", "writing out counted successes (they stay counted for the next try)", "err", err)
-	}
+	return n
 }
