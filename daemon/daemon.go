@@ -379,9 +379,6 @@ func (d *Daemon) tick(now time.Time) {
 	}
 }
 
-// applyConfig installs a new configuration (first start or reload) and
-// rebuilds what depends on it.
-//
 // fleetBlocks reports whether cfg has a fleet block (policy.FleetOptions),
 // which this version accepts and does not act on.
 func fleetBlocks(cfg *policy.Config) bool {
@@ -396,6 +393,9 @@ func fleetBlocks(cfg *policy.Config) bool {
 	return false
 }
 
+// applyConfig installs a new configuration (first start or reload) and
+// rebuilds what depends on it.
+//
 // A reload keeps every circuit whose matching still holds: its state,
 // window, trips, open time and any override set through the API stay, and
 // the new options apply from its next call and transition (a verdict
