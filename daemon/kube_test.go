@@ -869,49 +869,24 @@ targets:
 	t.Cleanup(cl.Close)
 	f.cluster = cl
 	f.admin, f.probe = kerneltest.FreeLoopbackAddr(t), kerneltest.FreeLoopbackAddr(t)
-	type started struct {
-		d   *Daemon
-		err error
-	}
-	result := make(chan started, 1)
 	begun := time.Now()
-	go func() {
-		d, err := New(f.options())
-		result <- started{d, err}
-	}()
-	var s started
-	waited := false
-	wait := func() {
-		if !waited {
-			s, waited = <-result, true
-		}
-	}
-	t.Cleanup(func() {
-		wait()
-		if s.d != nil && f.d == nil { // never run: New's servers and kernel side
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel()
-			s.d.Run(ctx)
-		}
-	})
+	start := startAsync(t, f, nil)
 
 	c := probeClient(2 * time.Second)
 	for _, addr := range []string{f.admin, f.probe} {
 		probesSayStarting(t, c, addr, "waiting on the Kubernetes API")
 	}
-	select {
-	case <-result:
+	if start.returned() {
 		t.Fatal("the start-up did not wait on the API: the test proves nothing")
-	default:
 	}
-	wait()
-	if s.err != nil {
-		t.Fatalf("New: %v", s.err)
+	d, err := start.wait()
+	if err != nil {
+		t.Fatalf("New: %v", err)
 	}
 	if took := time.Since(begun); took > serviceSyncTimeout+5*time.Second {
 		t.Fatalf("the start-up took %v with the API silent, want about %v", took, serviceSyncTimeout)
 	}
-	f.run(s.d)
+	f.run(d)
 	for _, addr := range []string{f.admin, f.probe} {
 		if code, body, _, err := getTimed(c, "http://"+addr+"/readyz"); err != nil || code != http.StatusOK {
 			t.Fatalf("GET %s/readyz once running: %d %s %v", addr, code, body, err)

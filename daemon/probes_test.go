@@ -204,31 +204,7 @@ targets:
 	openGate := func() { openOnce.Do(func() { close(gate.open) }) }
 	f.resolver = gate
 	f.admin, f.probe = kerneltest.FreeLoopbackAddr(t), kerneltest.FreeLoopbackAddr(t)
-	type started struct {
-		d   *Daemon
-		err error
-	}
-	result := make(chan started, 1)
-	go func() {
-		d, err := New(f.options())
-		result <- started{d, err}
-	}()
-	var s started
-	waited := false
-	wait := func() {
-		if !waited {
-			openGate()
-			s, waited = <-result, true
-		}
-	}
-	t.Cleanup(func() {
-		wait()
-		if s.d != nil && f.d == nil { // never run: New's servers and kernel side
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel()
-			s.d.Run(ctx)
-		}
-	})
+	start := startAsync(t, f, openGate)
 
 	c := probeClient(2 * time.Second)
 	for _, addr := range []string{f.admin, f.probe} {
@@ -238,22 +214,73 @@ targets:
 	if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(string(body), "starting") {
 		t.Fatalf("GET /metrics while starting: %d %s %v", code, body, err)
 	}
-	select {
-	case <-result:
+	if start.returned() {
 		t.Fatal("the start-up did not wait on DNS: the test proves nothing")
-	default:
 	}
-
-	wait()
-	if s.err != nil {
-		t.Fatalf("New: %v", s.err)
+	d, err := start.wait()
+	if err != nil {
+		t.Fatalf("New: %v", err)
 	}
-	f.run(s.d)
+	f.run(d)
 	for _, addr := range []string{f.admin, f.probe} {
 		if code, body, _, err := getTimed(c, "http://"+addr+"/readyz"); err != nil || code != http.StatusOK {
 			t.Fatalf("GET %s/readyz once running: %d %s %v", addr, code, body, err)
 		}
 	}
+}
+
+// asyncStart is New running on a goroutine of its own, for the tests of
+// what the daemon answers while it starts.
+type asyncStart struct {
+	result  chan error
+	d       *Daemon
+	err     error
+	done    bool
+	release func() // lets a start-up the test holds up go on (nil: none)
+}
+
+// startAsync runs New(f.options()) on a goroutine; release, when not nil,
+// lets a start-up the test holds up go on. The test's cleanup waits for
+// New and runs (and so shuts down) a daemon the test did not run, so
+// New's servers and kernel side never outlive the test.
+func startAsync(t *testing.T, f *fixture, release func()) *asyncStart {
+	a := &asyncStart{result: make(chan error, 1), release: release}
+	go func() {
+		var err error
+		a.d, err = New(f.options())
+		a.result <- err
+	}()
+	t.Cleanup(func() {
+		if d, _ := a.wait(); d != nil && f.d == nil {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			d.Run(ctx)
+		}
+	})
+	return a
+}
+
+// returned reports, without waiting, whether New has returned.
+func (a *asyncStart) returned() bool {
+	if !a.done {
+		select {
+		case a.err = <-a.result:
+			a.done = true
+		default:
+		}
+	}
+	return a.done
+}
+
+// wait lets a held start-up go on and returns what New returned.
+func (a *asyncStart) wait() (*Daemon, error) {
+	if !a.done {
+		if a.release != nil {
+			a.release()
+		}
+		a.err, a.done = <-a.result, true
+	}
+	return a.d, a.err
 }
 
 // probesSayStarting waits for addr to open (New opens it a moment after
