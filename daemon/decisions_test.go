@@ -153,38 +153,6 @@ targets:
 	}
 }
 
-// An endpoint seen only in traffic leaves its group once closed and idle.
-func TestIdleEndpointLeavesItsGroup(t *testing.T) {
-	f := newFixture(t, `
-targets:
-  wide:
-    match: {cidrs: [SRV], ports: ["8000-9000"]}
-    scope: endpoint
-    consecutive_failures: 2
-`)
-	f.start()
-	f.d.mu.Lock()
-	f.d.eng.SetEndpointIdle(300 * time.Millisecond)
-	f.d.mu.Unlock()
-	f.dial(8500, 1, 0)
-	name := fmt.Sprintf("wide/%s:8500", f.srv.IPv4)
-	if _, ok := f.circuit(name); !ok {
-		t.Fatalf("no endpoint circuit: %v", f.d.Circuits())
-	}
-	if n, _ := f.d.eng.Group("wide").Counts(); n != 1 {
-		t.Fatalf("%d endpoints, want 1", n)
-	}
-	if !kerneltest.WaitFor(3*time.Second, func() bool { _, ok := f.circuit(name); return !ok }) {
-		t.Fatalf("idle endpoint stayed: %v", f.d.Circuits())
-	}
-	f.d.mu.Lock()
-	n, _ := f.d.eng.Group("wide").Counts()
-	f.d.mu.Unlock()
-	if n != 0 {
-		t.Fatalf("%d endpoints after the departure, want 0", n)
-	}
-}
-
 // With half_open_success_threshold 2 and one connection per round (little
 // traffic) a circuit begins a new round at probe_timeout instead of
 // reopening, and closes; and a service-scope target with two destinations

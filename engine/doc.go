@@ -6,8 +6,8 @@
 // The core reaches the kernel only through Kernel, the map operations it
 // truly uses (*maps.Kernel implements it; tests use enginetest.Kernel,
 // which counts its calls so that a test can wait for a positive signal
-// instead of sleeping), reads the time only through a Clock
-// (enginetest.Clock in tests), and counts through Metrics, which the
+// instead of sleeping), reads the time only through a Clock, wall and
+// kernel-monotonic (enginetest.Clock in tests), and counts through Metrics, which the
 // daemon implements with its Prometheus vectors (the engine does not
 // import Prometheus).
 //
@@ -71,7 +71,8 @@
 //     and adoption's (Daemon.adopt) still run in the daemon on the
 //     engine's methods, and are tested on the kernel only.
 //   - The kernel suites' twins of the engine's tests (daemon/lazyids_test.go,
-//     decisions_test.go) can lose what the engine's tests now show.
+//     decisions_test.go) can lose more of what the engine's tests now
+//     show.
 //   - Methods the daemon no longer calls (DeleteLimits, Kept, NoLimits,
 //     ReleaseID, Seat, SeatForLimits, SyncBulkSlots, WriteVerdict) can be
 //     unexported.

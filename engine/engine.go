@@ -238,7 +238,7 @@ func (e *Engine) Drop(c *Circuit) {
 // (msg and key): a shortage of ids or map room meets every circuit or
 // record at once. The metrics count each.
 func (e *Engine) ErrorEverySecond(key, msg string, args ...any) {
-	now := time.Now()
+	now := e.clock.Now()
 	if now.Sub(e.errorsLogged[msg+"\x00"+key]) < time.Second {
 		return
 	}

@@ -552,7 +552,7 @@ targets:
     response_timeout: 1s
     consecutive_failures: 5
 `, nil)
-	since := maps.Now() - 2*time.Second // waited longer than response_timeout
+	since := f.clk.Mono() - 2*time.Second // waited longer than response_timeout
 	f.k.SetAwaiting([]maps.Awaiting{{Cookie: 42, Dest: dest(8095), Since: since}})
 	f.tick()
 	f.tick()

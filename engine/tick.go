@@ -4,7 +4,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
 
@@ -112,7 +111,7 @@ func (e *Engine) scanResponseTimeouts(now time.Time) {
 	// The clock first: a request seen still waiting got no response byte
 	// before it, so one the kernel counted as an ordinary success (faster
 	// than response_timeout) is never also seen timed out here.
-	mono := maps.Now()
+	mono := e.clock.Mono()
 	var err error
 	e.awaiting, err = e.k.Awaiting(e.awaiting[:0])
 	if err != nil {

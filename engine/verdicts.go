@@ -274,7 +274,7 @@ func (e *Engine) putVerdict(c *Circuit, dst maps.Dest, s policy.State, openUntil
 	}
 	switch s {
 	case policy.Open, policy.HalfOpen:
-		due := maps.Now()
+		due := e.clock.Mono()
 		if s == policy.Open {
 			due += openUntil.Sub(e.clock.Now())
 		}

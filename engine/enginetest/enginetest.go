@@ -270,15 +270,26 @@ func (k *Kernel) LoseEvents(n uint64) {
 	k.stats.EventsLost += n
 }
 
-// Clock is a clock that moves only when told to. Its zero value is not
-// ready: use NewClock.
+// Clock is a clock that moves only when told to: its wall time and its
+// monotonic reading advance together. Its zero value is not ready: use
+// NewClock.
 type Clock struct {
-	mu  sync.Mutex
-	now time.Time
+	mu   sync.Mutex
+	now  time.Time
+	mono time.Duration
 }
 
-// NewClock returns a clock reading start.
-func NewClock(start time.Time) *Clock { return &Clock{now: start} }
+// NewClock returns a clock reading start, whose monotonic reading starts
+// at an hour (a kernel's clock that has run a while: times before it are
+// positive).
+func NewClock(start time.Time) *Clock { return &Clock{now: start, mono: time.Hour} }
+
+// Mono returns the clock's monotonic reading.
+func (c *Clock) Mono() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mono
+}
 
 // Now returns the clock's time.
 func (c *Clock) Now() time.Time {
@@ -292,4 +303,5 @@ func (c *Clock) Advance(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
+	c.mono += d
 }
