@@ -346,7 +346,7 @@ func TestUIThousandsOfCircuits(t *testing.T) {
 // TestUIPageServedWithoutData: on TCP the page is served to anyone, the
 // same bytes whoever asks, and its data calls keep the API's rules.
 func TestUIPageServedWithoutData(t *testing.T) {
-	tcp := Handler(fakeBackend{}, ExposeTCP, nil)
+	tcp := Handler(&fakeBackend{}, ExposeTCP, nil)
 	remote := "192.0.2.7:40000"
 	for _, p := range []string{"/", "/ui/app.js", "/ui/app.css"} {
 		rec := do(t, tcp, "GET", p, "", remote)

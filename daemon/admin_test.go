@@ -205,6 +205,9 @@ func do(t *testing.T, h http.Handler, method, target, body string, remote ...str
 	return rec
 }
 
+// TestAdminAPIHostileRequests: a refused request changes no circuit of
+// the daemon, its pages are served, and the event ring stays at its
+// capacity through changes by hand.
 func TestAdminAPIHostileRequests(t *testing.T) {
 	f := newFixture(t, svcConfig)
 	f.start()
@@ -223,58 +226,12 @@ func TestAdminAPIHostileRequests(t *testing.T) {
 		t.Fatalf("a refused request changed the circuit: %s", c.State)
 	}
 
-	// Other methods: 405 with Allow.
-	for _, c := range []struct{ method, path, allow string }{
-		{"DELETE", "/v1/circuits/svc", "GET, HEAD, POST"},
-		{"PUT", "/v1/circuits", "GET, HEAD"},
-		{"POST", "/metrics", "GET, HEAD"},
-		{"PATCH", "/v1/events", "GET, HEAD"},
-		{"POST", "/healthz", "GET, HEAD"},
-	} {
-		rec := do(t, sock, c.method, c.path, "")
-		var e apiError
-		if rec.Code != http.StatusMethodNotAllowed || rec.Header().Get("Allow") != c.allow || json.Unmarshal(rec.Body.Bytes(), &e) != nil {
-			t.Errorf("%s %s: %d Allow %q %s", c.method, c.path, rec.Code, rec.Header().Get("Allow"), rec.Body.String())
-		}
-	}
-
-	// Error bodies never echo a 900 KB name.
-	long := strings.Repeat("x", 900<<10)
-	for _, rec := range []*httptest.ResponseRecorder{
-		do(t, sock, "GET", "/v1/circuits/"+long, ""),
-		do(t, sock, "POST", "/v1/circuits/"+long, `{"action":"open"}`),
-		do(t, sock, "GET", "/nothing/"+long, ""),
-		do(t, sock, "GET", "/v1/circuits?limit="+long, ""),
-	} {
-		if rec.Code/100 != 4 || rec.Body.Len() > 300 {
-			t.Errorf("long name: %d, %d bytes", rec.Code, rec.Body.Len())
-		}
-	}
-
-	// Non-loopback TCP clients get metrics and health, not circuits or
-	// events (without the token).
-	remote := "192.0.2.7:40000"
-	for _, p := range []string{"/v1/circuits", "/v1/circuits/svc", "/v1/events"} {
-		if rec := do(t, tcp, "GET", p, "", remote); rec.Code != http.StatusForbidden {
-			t.Errorf("remote GET %s: %d", p, rec.Code)
-		}
+	// The daemon's pages through the TCP server, for a loopback client
+	// (admin's TestHandlerHostileRequests has the servers' other rules).
+	for _, p := range []string{"/v1/circuits", "/v1/circuits/svc", "/v1/events", "/metrics", "/healthz", "/readyz"} {
 		if rec := do(t, tcp, "GET", p, "", "127.0.0.1:40000"); rec.Code != http.StatusOK {
 			t.Errorf("loopback GET %s: %d", p, rec.Code)
 		}
-	}
-	for _, p := range []string{"/metrics", "/healthz", "/readyz"} {
-		if rec := do(t, tcp, "GET", p, "", remote); rec.Code != http.StatusOK {
-			t.Errorf("remote GET %s: %d", p, rec.Code)
-		}
-	}
-	withToken := f.d.handler(exposeTCP, []byte("s3cret"))
-	req := httptest.NewRequest("GET", "/v1/circuits", nil)
-	req.RemoteAddr = remote
-	req.Header.Set("Authorization", "Bearer s3cret")
-	rec := httptest.NewRecorder()
-	withToken.ServeHTTP(rec, req)
-	if rec.Code != http.StatusOK {
-		t.Errorf("remote GET with the token: %d", rec.Code)
 	}
 
 	// The event ring stays at its capacity through changes by hand.
