@@ -81,7 +81,7 @@ func run(args []string) (int, error) {
 	if err != nil || strings.HasPrefix(rel, "..") {
 		rel = "."
 	}
-	extra, err := testInitramfs(args, rel)
+	extra, err := testInitramfs(args, rel, filepath.Join(cache, helperName))
 	if err != nil {
 		return 0, err
 	}
@@ -371,10 +371,15 @@ func copyFile(src, dst string) error {
 	return out.Close()
 }
 
+// helperName is internal/kerneltest/helper's binary in the cache, built by
+// run.sh and scripts/vmtest beside vmtest's own.
+const helperName = "kerneltest-helper"
+
 // testInitramfs packs the test binary, its arguments and the environment
 // the tests need (CI) into a second gzipped archive, appended to the base
-// one.
-func testInitramfs(args []string, pkg string) (string, error) {
+// one; and the kernel test harness's helper binary when it was built, so
+// that a test's client processes need not start the whole test binary.
+func testInitramfs(args []string, pkg, helper string) (string, error) {
 	stage, err := os.MkdirTemp("", "vmtest-test-")
 	if err != nil {
 		return "", err
@@ -388,6 +393,12 @@ func testInitramfs(args []string, pkg string) (string, error) {
 	}
 	var env bytes.Buffer
 	fmt.Fprintf(&env, "export VMTEST_PKG=%s\nexport VMTEST_ARGS=%q\nexport BREAKERD_VMTEST=1\nexport PATH=/bin:/sbin\nexport HOME=/tmp\n", shellQuote(pkg), strings.Join(args[1:], " "))
+	if _, err := os.Stat(helper); err == nil {
+		if err := copyWithLibs(helper, stage, filepath.Join("test", "helper")); err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&env, "export BREAKERD_KERNELTEST_HELPER_BIN=/test/helper\n")
+	}
 	if v := os.Getenv("CI"); v != "" {
 		fmt.Fprintf(&env, "export CI=%s\n", shellQuote(v))
 	}
