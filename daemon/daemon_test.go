@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -343,30 +342,27 @@ func TestReloadOnFileChange(t *testing.T) {
 }
 
 func TestRestartAdoptsWithoutGap(t *testing.T) {
-	// The fail-safe must outlast the restart (in a TCG VM it takes seconds).
-	// So must the open state (400,000 connects take over a minute there).
+	// The fail-safe must outlast the restart (in a TCG VM it takes seconds),
+	// and so must the open state.
 	f := newFixture(t, strings.Replace(strings.Replace(svcConfig, "open_duration: 1s", "open_duration: 4m", 1), "failsafe_timeout: 2s", "failsafe_timeout: 30s", 1))
 	f.start()
 	f.dial(8080, 3, 0)
 	f.waitState("svc", "open", 2*time.Second)
 	before, _ := f.circuit("svc")
 
-	// A client hammers the open destination while the daemon stops and a
-	// new one starts: it must be rejected throughout.
-	var res []kerneltest.DialResult
-	var wg sync.WaitGroup
-	var done atomic.Bool
-	wg.Go(func() {
-		res = f.topo.Client.Dial(t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, 8080), Count: 400000, Parallel: 2})
-		done.Store(true)
-	})
-	time.Sleep(100 * time.Millisecond)
+	// Two clients hammer the open destination, back to back, from before
+	// the daemon stops until a few thousand connects after the new one is
+	// ready: it must be rejected throughout.
+	h := f.topo.Client.StartHammer(t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, 8080)}, 2)
+	if !h.Await(500, 30*time.Second) {
+		t.Fatal("the clients did not connect 500 times each before the restart")
+	}
 	f.stop()
 	f.start()
-	if done.Load() {
-		t.Fatal("the client finished before the new daemon started; the test proves nothing (raise Count)")
+	if !h.Await(5000, time.Minute) {
+		t.Fatal("the clients did not connect 5000 times each after the restart")
 	}
-	wg.Wait()
+	res := h.Stop(t)
 	if got := errnos(res); got[unix.EHOSTUNREACH] != len(res) {
 		st, _ := f.d.k.Stats()
 		t.Fatalf("during the restart: %v (verdicts ignored for a stale heartbeat: %d)\nlogs:\n%s", got, st.FailsafeAllowed, f.logs.String())

@@ -7,8 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -488,28 +486,23 @@ func TestReloadAdoptsPinsWithoutGap(t *testing.T) {
 	if err := e.k.PutVerdict(d, OpenVerdict(Now()+farFuture, 1, 1, 0, 8)); err != nil {
 		t.Fatal(err)
 	}
-	// A client hammers the open destination while the first daemon goes
-	// away (its pinned links stay) and a second one loads, adopts the pins
-	// and swaps its programs into the links. (The pin directory's lock
-	// allows one at a time.)
-	var wg sync.WaitGroup
-	var res []kerneltest.DialResult
-	var hammerDone atomic.Bool
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		res = e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 200000, Parallel: 2})
-		hammerDone.Store(true)
-	}()
-	time.Sleep(100 * time.Millisecond)
+	// Two clients hammer the open destination, back to back, while the
+	// first daemon goes away (its pinned links stay) and a second one
+	// loads, adopts the pins and swaps its programs into the links, and
+	// for a few thousand connects after. (The pin directory's lock allows
+	// one at a time.)
+	h := e.topo.Client.StartHammer(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr}, 2)
+	if !h.Await(500, 30*time.Second) {
+		t.Fatal("the clients did not connect 500 times each before the reload")
+	}
 	if err := e.k.Close(); err != nil {
 		t.Fatal(err)
 	}
 	e.k = e.load(t)
-	if hammerDone.Load() {
-		t.Fatal("the client finished before the reload; the test proves nothing (raise Count)")
+	if !h.Await(5000, time.Minute) {
+		t.Fatal("the clients did not connect 5000 times each after the reload")
 	}
-	wg.Wait()
+	res := h.Stop(t)
 	if got := errnos(res); got[0] != 0 {
 		t.Fatalf("%d connects got through while breakerd reloaded (errnos %v)", got[0], got)
 	}

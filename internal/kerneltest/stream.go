@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -88,4 +90,72 @@ func runStream(spec DialSpec) int {
 			time.Sleep(spec.Interval)
 		}
 	}
+}
+
+// Hammer is n "stream" helpers connecting to one destination back to back,
+// for a test that asserts every connect during some change (a restart, a
+// reload) had the same outcome. Unlike a helper given a fixed Count, it
+// runs until Stop, so the test waits for results before and after the
+// change (Await) instead of guessing a count that outlasts the change on
+// a slow machine.
+type Hammer struct {
+	streams []*Stream
+	counts  []atomic.Int64
+	mu      sync.Mutex
+	res     []DialResult
+	done    sync.WaitGroup
+}
+
+// StartHammer starts n streams (StartStream, Interval 0) to spec.Addr
+// inside cg and the host.
+func (h *Host) StartHammer(tb testing.TB, cg *Cgroup, spec DialSpec, n int) *Hammer {
+	tb.Helper()
+	spec.Interval = 0
+	m := &Hammer{counts: make([]atomic.Int64, n)}
+	for i := range n {
+		s := h.StartStream(tb, cg, spec)
+		m.streams = append(m.streams, s)
+		m.done.Add(1)
+		go func() {
+			defer m.done.Done()
+			for r := range s.Results {
+				m.mu.Lock()
+				m.res = append(m.res, r)
+				m.mu.Unlock()
+				m.counts[i].Add(1)
+			}
+		}()
+	}
+	return m
+}
+
+// Await waits until every stream has reported k more results than it had
+// when Await was called, and reports whether they did within timeout.
+func (m *Hammer) Await(k int, timeout time.Duration) bool {
+	base := make([]int64, len(m.counts))
+	for i := range m.counts {
+		base[i] = m.counts[i].Load()
+	}
+	return WaitFor(timeout, func() bool {
+		for i := range m.counts {
+			if m.counts[i].Load()-base[i] < int64(k) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// Stop ends the streams and returns every result they reported.
+func (m *Hammer) Stop(tb testing.TB) []DialResult {
+	tb.Helper()
+	for _, s := range m.streams {
+		if err := s.Close(); err != nil {
+			tb.Error(err)
+		}
+	}
+	m.done.Wait()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.res
 }
