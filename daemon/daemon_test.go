@@ -459,7 +459,10 @@ func TestAdminAPI(t *testing.T) {
 }
 
 func TestMetrics(t *testing.T) {
-	f := newFixture(t, svcConfig)
+	// An open duration the dials after it cannot outlast on a slow machine:
+	// with 1 s, the emulated guest let a probe through before the four
+	// connects were done (3 rejections, 4 refused).
+	f := newFixture(t, strings.Replace(svcConfig, "open_duration: 1s", "open_duration: 1m", 1))
 	f.start()
 	f.dial(8080, 3, 0)
 	f.waitState("svc", "open", 2*time.Second)
