@@ -70,7 +70,8 @@ type DialSpec struct {
 	// Op is "connect" (default), "rate" (connect and close, Rate connects a
 	// second — 0: as fast as Parallel workers go — for For, spread over
 	// Ports; the result is one entry per errno seen, with the count in
-	// Nanos), "connect-read" (connect, then read once:
+	// Nanos), "dialer" (a connect to each address the test sends:
+	// StartDialer), "connect-read" (connect, then read once:
 	// reports the read's errno), "sendto" (unconnected UDP datagram) or
 	// "abandon" (non-blocking connect, close after Hold) or
 	// "connect-send" (connect, wait Hold, write, wait Linger, close) or
@@ -321,6 +322,8 @@ func runHelper(js string) int {
 		return encodeResults(runRate(spec))
 	case "stream":
 		return runStream(spec)
+	case "dialer":
+		return runDialer(spec)
 	}
 	res := make([]DialResult, spec.Count)
 	var wg sync.WaitGroup

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -158,4 +159,69 @@ func (m *Hammer) Stop(tb testing.TB) []DialResult {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.res
+}
+
+// Dialer is a "dialer" client helper: one connect (and close) to the
+// address the test names, each time Dial asks. A test that changes the
+// kernel's state between single connects pays for one helper process
+// instead of one a connect (in vmtest's emulated VM, a sixth of a second
+// each).
+type Dialer struct {
+	p   *Process
+	in  io.WriteCloser
+	out *json.Decoder
+	err *LogBuffer
+}
+
+// StartDialer starts a "dialer" client helper inside cg and the host; its
+// connects are spec's (Network, Timeout) to the address of each Dial. It
+// ends with the test or at Close.
+func (h *Host) StartDialer(tb testing.TB, cg *Cgroup, spec DialSpec) *Dialer {
+	tb.Helper()
+	spec.Op = "dialer"
+	p, in, out, errOut := h.startPiped(tb, cg, spec)
+	return &Dialer{p: p, in: in, out: json.NewDecoder(bufio.NewReader(out)), err: errOut}
+}
+
+// Dial makes one connect to addr and returns its result.
+func (d *Dialer) Dial(addr netip.AddrPort) (DialResult, error) {
+	var r DialResult
+	if _, err := fmt.Fprintln(d.in, addr); err != nil {
+		return r, fmt.Errorf("asking the dialer for a connect to %s: %w (stderr: %s)", addr, err, d.err.String())
+	}
+	if err := d.out.Decode(&r); err != nil {
+		return r, fmt.Errorf("reading the dialer's result for %s: %w (stderr: %s)", addr, err, d.err.String())
+	}
+	return r, nil
+}
+
+// Close ends the helper and waits for it.
+func (d *Dialer) Close() error {
+	d.in.Close()
+	if err := d.p.Cmd.Wait(); err != nil {
+		return fmt.Errorf("dialer helper: %w (stderr: %s)", err, d.err.String())
+	}
+	return nil
+}
+
+// runDialer connects once to each address read from standard input, one
+// a line, and writes each result as one JSON line, until the input ends.
+func runDialer(spec DialSpec) int {
+	in := bufio.NewScanner(os.Stdin)
+	out := bufio.NewWriter(os.Stdout)
+	enc := json.NewEncoder(out)
+	s := spec
+	s.Op, s.Hold = "connect", 0
+	for in.Scan() {
+		addr, err := netip.ParseAddrPort(in.Text())
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "dialer: %v\n", err)
+			return 2
+		}
+		s.Addr = addr
+		if enc.Encode(dialOnce(s)) != nil || out.Flush() != nil {
+			return 2
+		}
+	}
+	return 0
 }
