@@ -502,8 +502,7 @@ func TestReloadAdoptsPinsWithoutGap(t *testing.T) {
 	if !h.Await(5000, time.Minute) {
 		t.Fatal("the clients did not connect 5000 times each after the reload")
 	}
-	res := h.Stop(t)
-	if got := errnos(res); got[0] != 0 {
+	if got := h.Stop(t); got[0] != 0 {
 		t.Fatalf("%d connects got through while breakerd reloaded (errnos %v)", got[0], got)
 	}
 	if v, ok, err := e.k.Verdict(d); err != nil || !ok || v.State != Open {

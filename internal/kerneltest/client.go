@@ -71,7 +71,8 @@ type DialSpec struct {
 	// second — 0: as fast as Parallel workers go — for For, spread over
 	// Ports; the result is one entry per errno seen, with the count in
 	// Nanos), "dialer" (a connect to each address the test sends:
-	// StartDialer), "connect-read" (connect, then read once:
+	// StartDialer), "hammer" (connect and close back to back until told to
+	// stop, reporting counts by errno: StartHammer), "connect-read" (connect, then read once:
 	// reports the read's errno), "sendto" (unconnected UDP datagram) or
 	// "abandon" (non-blocking connect, close after Hold) or
 	// "connect-send" (connect, wait Hold, write, wait Linger, close) or
@@ -324,6 +325,8 @@ func runHelper(js string) int {
 		return runStream(spec)
 	case "dialer":
 		return runDialer(spec)
+	case "hammer":
+		return runHammer(spec)
 	}
 	res := make([]DialResult, spec.Count)
 	var wg sync.WaitGroup

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Stream is a "stream" client helper: it connects (and closes) again and
@@ -93,53 +95,76 @@ func runStream(spec DialSpec) int {
 	}
 }
 
-// Hammer is n "stream" helpers connecting to one destination back to back,
+// Hammer is n "hammer" helpers connecting to one destination back to back,
 // for a test that asserts every connect during some change (a restart, a
 // reload) had the same outcome. Unlike a helper given a fixed Count, it
-// runs until Stop, so the test waits for results before and after the
+// runs until Stop, so the test waits for connects before and after the
 // change (Await) instead of guessing a count that outlasts the change on
-// a slow machine.
+// a slow machine. Each helper reports its counts by errno every
+// hammerEvery connects, not each result, so that the connects, not the
+// reporting, set the pace (in vmtest's emulated VM a result a line halved
+// it).
 type Hammer struct {
-	streams []*Stream
-	counts  []atomic.Int64
-	mu      sync.Mutex
-	res     []DialResult
-	done    sync.WaitGroup
+	procs []*hammerProc
 }
 
-// StartHammer starts n streams (StartStream, Interval 0) to spec.Addr
-// inside cg and the host.
+// hammerEvery is how many connects a hammer helper makes between reports.
+const hammerEvery = 250
+
+type hammerProc struct {
+	p    *Process
+	in   io.WriteCloser
+	err  *LogBuffer
+	done chan struct{}
+	mu   sync.Mutex
+	last map[unix.Errno]int // the latest report: counts by errno so far
+	n    atomic.Int64       // connects so far
+}
+
+// StartHammer starts n hammer helpers connecting to spec.Addr inside cg
+// and the host.
 func (h *Host) StartHammer(tb testing.TB, cg *Cgroup, spec DialSpec, n int) *Hammer {
 	tb.Helper()
-	spec.Interval = 0
-	m := &Hammer{counts: make([]atomic.Int64, n)}
-	for i := range n {
-		s := h.StartStream(tb, cg, spec)
-		m.streams = append(m.streams, s)
-		m.done.Add(1)
+	spec.Op = "hammer"
+	m := &Hammer{}
+	for range n {
+		p, in, out, errOut := h.startPiped(tb, cg, spec)
+		hp := &hammerProc{p: p, in: in, err: errOut, done: make(chan struct{}), last: map[unix.Errno]int{}}
+		m.procs = append(m.procs, hp)
 		go func() {
-			defer m.done.Done()
-			for r := range s.Results {
-				m.mu.Lock()
-				m.res = append(m.res, r)
-				m.mu.Unlock()
-				m.counts[i].Add(1)
+			defer close(hp.done)
+			dec := json.NewDecoder(bufio.NewReader(out))
+			for {
+				var rs []DialResult
+				if err := dec.Decode(&rs); err != nil {
+					return
+				}
+				counts, total := map[unix.Errno]int{}, 0
+				for _, r := range rs {
+					counts[r.Errno] = int(r.Nanos)
+					total += int(r.Nanos)
+				}
+				hp.mu.Lock()
+				hp.last = counts
+				hp.mu.Unlock()
+				hp.n.Store(int64(total))
 			}
 		}()
 	}
 	return m
 }
 
-// Await waits until every stream has reported k more results than it had
-// when Await was called, and reports whether they did within timeout.
+// Await waits until every helper has made k more connects than it had
+// reported when Await was called, and reports whether they did within
+// timeout.
 func (m *Hammer) Await(k int, timeout time.Duration) bool {
-	base := make([]int64, len(m.counts))
-	for i := range m.counts {
-		base[i] = m.counts[i].Load()
+	base := make([]int64, len(m.procs))
+	for i, hp := range m.procs {
+		base[i] = hp.n.Load()
 	}
 	return WaitFor(timeout, func() bool {
-		for i := range m.counts {
-			if m.counts[i].Load()-base[i] < int64(k) {
+		for i, hp := range m.procs {
+			if hp.n.Load()-base[i] < int64(k) {
 				return false
 			}
 		}
@@ -147,18 +172,60 @@ func (m *Hammer) Await(k int, timeout time.Duration) bool {
 	})
 }
 
-// Stop ends the streams and returns every result they reported.
-func (m *Hammer) Stop(tb testing.TB) []DialResult {
+// Stop ends the helpers and returns how many of their connects ended with
+// each errno (0: connected), every connect counted.
+func (m *Hammer) Stop(tb testing.TB) map[unix.Errno]int {
 	tb.Helper()
-	for _, s := range m.streams {
-		if err := s.Close(); err != nil {
-			tb.Error(err)
+	all := map[unix.Errno]int{}
+	for _, hp := range m.procs {
+		hp.in.Close()
+		<-hp.done // the last report, written when its input ended
+		if err := hp.p.Cmd.Wait(); err != nil {
+			tb.Errorf("hammer helper: %v (stderr: %s)", err, hp.err.String())
+		}
+		hp.mu.Lock()
+		for e, n := range hp.last {
+			all[e] += n
+		}
+		hp.mu.Unlock()
+	}
+	return all
+}
+
+// runHammer connects back to back until standard input ends, and writes
+// its counts so far by errno (one entry per errno, the count in Nanos, as
+// "rate") as one JSON line every hammerEvery connects and at the end.
+func runHammer(spec DialSpec) int {
+	stop := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		close(stop)
+	}()
+	enc := json.NewEncoder(os.Stdout)
+	s := spec
+	s.Op, s.Hold = "connect", 0
+	counts := map[unix.Errno]int64{}
+	report := func() bool {
+		rs := make([]DialResult, 0, len(counts))
+		for e, n := range counts {
+			rs = append(rs, DialResult{Errno: e, Nanos: n})
+		}
+		return enc.Encode(rs) == nil
+	}
+	for n := 1; ; n++ {
+		select {
+		case <-stop:
+			if !report() {
+				return 2
+			}
+			return 0
+		default:
+		}
+		counts[dialOnce(s).Errno]++
+		if n%hammerEvery == 0 && !report() {
+			return 2
 		}
 	}
-	m.done.Wait()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.res
 }
 
 // Dialer is a "dialer" client helper: one connect (and close) to the
