@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -343,31 +342,33 @@ func TestReloadOnFileChange(t *testing.T) {
 }
 
 func TestRestartAdoptsWithoutGap(t *testing.T) {
-	// The fail-safe must outlast the restart (in a TCG VM it takes seconds).
-	// So must the open state (400,000 connects take over a minute there).
+	// The fail-safe must outlast the restart (in a TCG VM it takes seconds),
+	// and so must the open state.
 	f := newFixture(t, strings.Replace(strings.Replace(svcConfig, "open_duration: 1s", "open_duration: 4m", 1), "failsafe_timeout: 2s", "failsafe_timeout: 30s", 1))
 	f.start()
 	f.dial(8080, 3, 0)
 	f.waitState("svc", "open", 2*time.Second)
 	before, _ := f.circuit("svc")
 
-	// A client hammers the open destination while the daemon stops and a
-	// new one starts: it must be rejected throughout.
-	var res []kerneltest.DialResult
-	var wg sync.WaitGroup
-	var done atomic.Bool
-	wg.Go(func() {
-		res = f.topo.Client.Dial(t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, 8080), Count: 400000, Parallel: 2})
-		done.Store(true)
-	})
-	time.Sleep(100 * time.Millisecond)
+	// Two clients hammer the open destination, back to back, from before
+	// the daemon stops until thousands of connects after the new one is
+	// ready: it must be rejected throughout.
+	h := f.topo.Client.StartHammer(t, f.cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, 8080)}, 2)
+	if !h.Await(500, 30*time.Second) {
+		t.Fatal("the clients did not connect 500 times each before the restart")
+	}
 	f.stop()
 	f.start()
-	if done.Load() {
-		t.Fatal("the client finished before the new daemon started; the test proves nothing (raise Count)")
+	// A second or so of connects after it on the host; a few seconds'
+	// worth in the emulated guest.
+	after := 50000
+	if kerneltest.Emulated() {
+		after = 5000
 	}
-	wg.Wait()
-	if got := errnos(res); got[unix.EHOSTUNREACH] != len(res) {
+	if !h.Await(after, time.Minute) {
+		t.Fatalf("the clients did not connect %d times each after the restart", after)
+	}
+	if got := h.Stop(t); len(got) != 1 || got[unix.EHOSTUNREACH] == 0 {
 		st, _ := f.d.k.Stats()
 		t.Fatalf("during the restart: %v (verdicts ignored for a stale heartbeat: %d)\nlogs:\n%s", got, st.FailsafeAllowed, f.logs.String())
 	}
@@ -463,7 +464,10 @@ func TestAdminAPI(t *testing.T) {
 }
 
 func TestMetrics(t *testing.T) {
-	f := newFixture(t, svcConfig)
+	// An open duration the dials after it cannot outlast on a slow machine:
+	// with 1 s, the emulated guest let a probe through before the four
+	// connects were done (3 rejections, 4 refused).
+	f := newFixture(t, strings.Replace(svcConfig, "open_duration: 1s", "open_duration: 1m", 1))
 	f.start()
 	f.dial(8080, 3, 0)
 	f.waitState("svc", "open", 2*time.Second)

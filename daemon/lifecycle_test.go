@@ -216,7 +216,14 @@ all:
 	if err != nil {
 		t.Fatal(err)
 	}
-	const n = 100000
+	// 100,000 on the host, where the registry's scale is the point. In the
+	// emulated guest the kernel's part (the pinned map read in batches and
+	// counted, past max_circuits) is the same at 10,000, and seating
+	// 100,000 circuits there takes 27 s of user-space work.
+	n := 100000
+	if kerneltest.Emulated() {
+		n = 10000
+	}
 	due := maps.Now() + time.Hour
 	for i := 0; i < n; i += 1000 {
 		dests := make([]maps.Dest, 0, 1000)

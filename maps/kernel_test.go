@@ -7,8 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -488,29 +486,29 @@ func TestReloadAdoptsPinsWithoutGap(t *testing.T) {
 	if err := e.k.PutVerdict(d, OpenVerdict(Now()+farFuture, 1, 1, 0, 8)); err != nil {
 		t.Fatal(err)
 	}
-	// A client hammers the open destination while the first daemon goes
-	// away (its pinned links stay) and a second one loads, adopts the pins
-	// and swaps its programs into the links. (The pin directory's lock
-	// allows one at a time.)
-	var wg sync.WaitGroup
-	var res []kerneltest.DialResult
-	var hammerDone atomic.Bool
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		res = e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 200000, Parallel: 2})
-		hammerDone.Store(true)
-	}()
-	time.Sleep(100 * time.Millisecond)
+	// Two clients hammer the open destination, back to back, while the
+	// first daemon goes away (its pinned links stay) and a second one
+	// loads, adopts the pins and swaps its programs into the links, and
+	// for thousands of connects after. (The pin directory's lock allows
+	// one at a time.)
+	h := e.topo.Client.StartHammer(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr}, 2)
+	if !h.Await(500, 30*time.Second) {
+		t.Fatal("the clients did not connect 500 times each before the reload")
+	}
 	if err := e.k.Close(); err != nil {
 		t.Fatal(err)
 	}
 	e.k = e.load(t)
-	if hammerDone.Load() {
-		t.Fatal("the client finished before the reload; the test proves nothing (raise Count)")
+	// A second or so of connects after it on the host; a few seconds'
+	// worth in the emulated guest.
+	after := 50000
+	if kerneltest.Emulated() {
+		after = 5000
 	}
-	wg.Wait()
-	if got := errnos(res); got[0] != 0 {
+	if !h.Await(after, time.Minute) {
+		t.Fatalf("the clients did not connect %d times each after the reload", after)
+	}
+	if got := h.Stop(t); got[0] != 0 {
 		t.Fatalf("%d connects got through while breakerd reloaded (errnos %v)", got[0], got)
 	}
 	if v, ok, err := e.k.Verdict(d); err != nil || !ok || v.State != Open {

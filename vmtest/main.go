@@ -37,6 +37,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -68,11 +69,7 @@ func run(args []string) (int, error) {
 		return 0, err
 	}
 	cache := filepath.Join(root, "vmtest", "cache")
-	k, err := fetchKernel(cache, series)
-	if err != nil {
-		return 0, err
-	}
-	base, err := baseInitramfs(cache, k)
+	k, base, err := prepare(cache, series)
 	if err != nil {
 		return 0, err
 	}
@@ -81,7 +78,7 @@ func run(args []string) (int, error) {
 	if err != nil || strings.HasPrefix(rel, "..") {
 		rel = "."
 	}
-	extra, err := testInitramfs(args, rel)
+	extra, err := testInitramfs(args, rel, filepath.Join(cache, helperName))
 	if err != nil {
 		return 0, err
 	}
@@ -108,6 +105,33 @@ func run(args []string) (int, error) {
 		fmt.Fprintf(os.Stderr, "vmtest: kernel %s: the suite passed on a second boot, after a guest kernel panic on the first\n", k.version)
 	}
 	return code, err
+}
+
+// prepare fetches the kernel and builds its base initramfs, once, under a
+// lock on the cache: VMs of one kernel started side by side (scripts/vmtest
+// memory) on a machine that has neither would otherwise both fetch and
+// build into the same paths.
+func prepare(cache, series string) (*kernel, string, error) {
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return nil, "", err
+	}
+	lock, err := os.OpenFile(filepath.Join(cache, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, "", err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return nil, "", fmt.Errorf("locking %s: %w", lock.Name(), err)
+	}
+	k, err := fetchKernel(cache, series)
+	if err != nil {
+		return nil, "", err
+	}
+	base, err := baseInitramfs(cache, k)
+	if err != nil {
+		return nil, "", err
+	}
+	return k, base, nil
 }
 
 func repoRoot() (string, error) {
@@ -317,7 +341,14 @@ func baseInitramfs(cache string, k *kernel) (string, error) {
 	if out, err := exec.Command("depmod", "-b", stage, k.version).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("depmod: %v: %s", err, out)
 	}
-	if err := writeCPIO(stage, out, true); err != nil {
+	// Written aside and renamed, so that a build cut short leaves no
+	// archive that a later run would take as whole.
+	tmp := out + ".tmp"
+	if err := writeCPIO(stage, tmp, true); err != nil {
+		os.Remove(tmp)
+		return "", err
+	}
+	if err := os.Rename(tmp, out); err != nil {
 		return "", err
 	}
 	return out, nil
@@ -371,10 +402,15 @@ func copyFile(src, dst string) error {
 	return out.Close()
 }
 
+// helperName is internal/kerneltest/helper's binary in the cache, built by
+// run.sh and scripts/vmtest beside vmtest's own.
+const helperName = "kerneltest-helper"
+
 // testInitramfs packs the test binary, its arguments and the environment
 // the tests need (CI) into a second gzipped archive, appended to the base
-// one.
-func testInitramfs(args []string, pkg string) (string, error) {
+// one; and the kernel test harness's helper binary when it was built, so
+// that a test's client processes need not start the whole test binary.
+func testInitramfs(args []string, pkg, helper string) (string, error) {
 	stage, err := os.MkdirTemp("", "vmtest-test-")
 	if err != nil {
 		return "", err
@@ -388,6 +424,12 @@ func testInitramfs(args []string, pkg string) (string, error) {
 	}
 	var env bytes.Buffer
 	fmt.Fprintf(&env, "export VMTEST_PKG=%s\nexport VMTEST_ARGS=%q\nexport BREAKERD_VMTEST=1\nexport PATH=/bin:/sbin\nexport HOME=/tmp\n", shellQuote(pkg), strings.Join(args[1:], " "))
+	if _, err := os.Stat(helper); err == nil {
+		if err := copyWithLibs(helper, stage, filepath.Join("test", "helper")); err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&env, "export BREAKERD_KERNELTEST_HELPER_BIN=/test/helper\n")
+	}
 	if v := os.Getenv("CI"); v != "" {
 		fmt.Fprintf(&env, "export CI=%s\n", shellQuote(v))
 	}

@@ -19,17 +19,21 @@ import (
 
 const helperEnv = "BREAKERD_KERNELTEST_HELPER"
 
+// HelperBinaryEnv names a binary built from internal/kerneltest/helper that
+// runs the client and pool helpers instead of a re-exec of the test binary.
+// vmtest sets it in its VM: there a test binary that links the daemon and
+// client-go takes about 0.3 s to start (TCG), the small helper a fraction of
+// that, and some tests start a hundred helpers.
+const HelperBinaryEnv = "BREAKERD_KERNELTEST_HELPER_BIN"
+
 // Main is the TestMain of every package with kernel tests. In a helper
 // process (a re-exec of the test binary that Host.Dial starts inside the
 // test cgroup and namespace) it runs the helper and exits. Otherwise it runs
 // the tests and then fails the run if anything the harness made in this
 // process (cgroups, namespaces, pins, all named by Prefix) was left behind.
 func Main(m *testing.M) {
-	if spec := os.Getenv(helperEnv); spec != "" {
-		os.Exit(runHelper(spec))
-	}
-	if spec := os.Getenv(poolEnv); spec != "" {
-		os.Exit(runPool(spec))
+	if code, ok := RunHelper(); ok {
+		os.Exit(code)
 	}
 	code := m.Run()
 	if left := Leftovers(); len(left) > 0 {
@@ -66,7 +70,9 @@ type DialSpec struct {
 	// Op is "connect" (default), "rate" (connect and close, Rate connects a
 	// second — 0: as fast as Parallel workers go — for For, spread over
 	// Ports; the result is one entry per errno seen, with the count in
-	// Nanos), "connect-read" (connect, then read once:
+	// Nanos), "dialer" (a connect to each address the test sends:
+	// StartDialer), "hammer" (connect and close back to back until told to
+	// stop, reporting counts by errno: StartHammer), "connect-read" (connect, then read once:
 	// reports the read's errno), "sendto" (unconnected UDP datagram) or
 	// "abandon" (non-blocking connect, close after Hold) or
 	// "connect-send" (connect, wait Hold, write, wait Linger, close) or
@@ -143,16 +149,39 @@ type DialResult struct {
 	Status int
 }
 
-// helperCommand prepares a client helper process (a re-exec of the test
-// binary) inside cg and the host.
-func (h *Host) helperCommand(tb testing.TB, cg *Cgroup, spec DialSpec) *Process {
+// RunHelper runs the client or pool helper its environment asks for, if
+// it asks for one, and returns its exit code and true; otherwise 0 and
+// false. Main calls it, and so does internal/kerneltest/helper.
+func RunHelper() (code int, ok bool) {
+	if spec := os.Getenv(helperEnv); spec != "" {
+		return runHelper(spec), true
+	}
+	if spec := os.Getenv(poolEnv); spec != "" {
+		return runPool(spec), true
+	}
+	return 0, false
+}
+
+// helperBinary is the program a helper process runs: HelperBinaryEnv's
+// when set, the test binary itself otherwise.
+func helperBinary(tb testing.TB) string {
 	tb.Helper()
+	if p := os.Getenv(HelperBinaryEnv); p != "" {
+		return p
+	}
 	self, err := os.Executable()
 	if err != nil {
 		tb.Fatalf("finding test binary: %v", err)
 	}
+	return self
+}
+
+// helperCommand prepares a client helper process (helperBinary) inside cg
+// and the host.
+func (h *Host) helperCommand(tb testing.TB, cg *Cgroup, spec DialSpec) *Process {
+	tb.Helper()
 	js, _ := json.Marshal(spec)
-	p := h.Command(cg, self)
+	p := h.Command(cg, helperBinary(tb))
 	p.Cmd.Env = helperEnviron(js)
 	return p
 }
@@ -294,6 +323,10 @@ func runHelper(js string) int {
 		return encodeResults(runRate(spec))
 	case "stream":
 		return runStream(spec)
+	case "dialer":
+		return runDialer(spec)
+	case "hammer":
+		return runHammer(spec)
 	}
 	res := make([]DialResult, spec.Count)
 	var wg sync.WaitGroup

@@ -31,8 +31,8 @@ type Pool struct {
 	out  *bufio.Reader
 }
 
-// StartPool starts a process in h and cg (a re-exec of the test binary,
-// so it runs where python does not, as in vmtest's VM) that connects N
+// StartPool starts a process in h and cg (helperBinary: a re-exec of the
+// test binary, so it runs where python does not, as in vmtest's VM) that connects N
 // times to every target and holds the connections; with listen it also
 // listens on that port (Accept takes one connection).
 func (h *Host) StartPool(tb testing.TB, cg *Cgroup, targets []PoolTarget, listen uint16) *Pool {
@@ -43,12 +43,8 @@ func (h *Host) StartPool(tb testing.TB, cg *Cgroup, targets []PoolTarget, listen
 // startPool starts the pool helper with spec.
 func (h *Host) startPool(tb testing.TB, cg *Cgroup, spec poolSpec) *Pool {
 	tb.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		tb.Fatalf("finding test binary: %v", err)
-	}
 	js, _ := json.Marshal(spec)
-	p := &Pool{proc: h.Command(cg, self)}
+	p := &Pool{proc: h.Command(cg, helperBinary(tb))}
 	p.proc.Cmd.Env = append(os.Environ(), poolEnv+"="+string(js), "GODEBUG=asyncpreemptoff=1") // as helperEnviron
 	return p.start(tb)
 }
