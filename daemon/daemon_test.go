@@ -28,7 +28,10 @@ import (
 	"github.com/breakerd/breakerd/maps"
 )
 
-func TestMain(m *testing.M) { kerneltest.Main(m) }
+func TestMain(m *testing.M) {
+	maps.ShareKernelBTF() // hundreds of loads in this process
+	kerneltest.Main(m)
+}
 
 type fixture struct {
 	t      testing.TB

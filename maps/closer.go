@@ -186,7 +186,7 @@ func (c *Closer) loadIterator(workloads *ebpf.Map) error {
 	if err != nil {
 		return fmt.Errorf("reading the close object: %w", err)
 	}
-	var opts ebpf.CollectionOptions
+	opts := ebpf.CollectionOptions{Cache: btfCache.Load()}
 	if workloads != nil {
 		opts.MapReplacements = map[string]*ebpf.Map{bpf.DestroyMapWorkloads: workloads}
 	}
@@ -218,7 +218,7 @@ func (c *Closer) loadLister() error {
 	var objs struct {
 		ListAccepted *ebpf.Program `ebpf:"list_accepted"`
 	}
-	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{Cache: btfCache.Load()}); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return fmt.Errorf("loading list_accepted: %+v", ve)

@@ -382,7 +382,8 @@ func Load(opts Options) (_ *Kernel, err error) {
 		spec.Maps[bpf.BreakerMapWorkloads].MaxEntries = opts.MaxWorkloadCgroups
 	}
 	err = spec.LoadAndAssign(&k.objs, &ebpf.CollectionOptions{
-		Maps: ebpf.MapOptions{PinPath: dir},
+		Maps:  ebpf.MapOptions{PinPath: dir},
+		Cache: btfCache.Load(),
 	})
 	if err != nil {
 		var ve *ebpf.VerifierError

@@ -19,7 +19,10 @@ import (
 	"github.com/breakerd/breakerd/internal/kerneltest"
 )
 
-func TestMain(m *testing.M) { kerneltest.Main(m) }
+func TestMain(m *testing.M) {
+	ShareKernelBTF()
+	kerneltest.Main(m)
+}
 
 type env struct {
 	k    *Kernel
