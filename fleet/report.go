@@ -58,7 +58,9 @@ type ReportSpec struct {
 	// Omitted is how many of them the report leaves out (past
 	// MaxCircuits; the least recently opened go first).
 	Omitted int `json:"omitted"`
-	// Circuits are the listed circuits, ordered by key.
+	// Circuits are the listed circuits, ordered by key. A report
+	// cleared by a server-side apply has none stored (the schema does
+	// not require the field), which reads as an empty list.
 	Circuits []Circuit `json:"circuits"`
 }
 
