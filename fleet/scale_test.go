@@ -123,6 +123,10 @@ func TestFleetScale(t *testing.T) {
 	t.Logf("%d informers listed and watching in %v; this process holds %d sockets", n,
 		watching.at.Sub(before.at).Round(time.Millisecond), countSockets(t))
 
+	// Other work on the machine slows every process here: the load
+	// average says how much.
+	loadStart := loadAverage(t)
+
 	// Failure: node order[k] would trip at start + k·spread/n.
 	rng := rand.New(rand.NewPCG(1, uint64(n)))
 	order := rng.Perm(n)
@@ -170,20 +174,21 @@ func TestFleetScale(t *testing.T) {
 	recovered := recovery.end(t)
 	closeLatency := latencies(followers, (*simNode).closedAt, belowAt)
 
+	// A write that fails (a timeout, on a loaded machine) is retried with
+	// the latest set, so each reporting node still writes its opening and
+	// its clearing once: a failure is a figure, not an error.
 	var writeErrors uint64
 	for _, node := range nodes {
 		writeErrors += node.writer.Stats().Errors
 	}
-	if writeErrors != 0 {
-		t.Errorf("%d writes failed", writeErrors)
-	}
 	if want := 2 * len(reporters); writes.total() != want {
 		t.Errorf("%d writes, want %d (one per reporting node and transition)", writes.total(), want)
 	}
-
 	var b strings.Builder
 	fmt.Fprintf(&b, "fleet scale: %d nodes (%d reported, %d followed), quorum %d, trips spread over %v\n",
 		n, len(reporters), len(followers), scaleQuorum, spread)
+	fmt.Fprintf(&b, "load average %s at the start, %s at the end; %d writes failed and were retried (timeouts of %v)\n",
+		loadStart, loadAverage(t), writeErrors, writeTimeout)
 	fmt.Fprintf(&b, "set-up with %d informers watching: kube-apiserver RSS %s → %s, etcd RSS %s → %s\n", n,
 		mib(before.rss["kube-apiserver"]), mib(watching.rss["kube-apiserver"]), mib(before.rss["etcd"]), mib(watching.rss["etcd"]))
 	fmt.Fprintf(&b, "%-9s %5s %7s %6s %9s %9s %7s %6s %6s %6s %6s %s\n", "phase", "wall", "writes", "per s", "apply p99",
@@ -200,6 +205,9 @@ func TestFleetScale(t *testing.T) {
 			float64(p.usage.events)/p.usage.wall.Seconds(),
 			percentile(p.lat, 50), percentile(p.lat, 99), percentile(p.lat, 100), p.usage.procs())
 	}
+	fmt.Fprintf(&b, "CPU per watch event: kube-apiserver %v sent, the nodes %v received (decoded and judged)\n",
+		perEvent(failed.cpu["kube-apiserver"]+recovered.cpu["kube-apiserver"], failed.apiEvents+recovered.apiEvents),
+		perEvent(failed.cpu["nodes (this process)"]+recovered.cpu["nodes (this process)"], float64(failed.events+recovered.events)))
 	fmt.Fprintf(&b, "events: delivered to the nodes' informers; event B: the API server's bytes per event it sent (%.0f and %.0f events,\n"+
 		"bookmarks included, %.0f and %.0f bytes)\n", failed.apiEvents, recovered.apiEvents, failed.eventBytes, recovered.eventBytes)
 	fmt.Fprintf(&b, "latency: from the quorum's second write (request sent) to each other node's Tally at failure (%d nodes);\n"+
@@ -662,6 +670,21 @@ func countSockets(t *testing.T) int {
 		}
 	}
 	return n
+}
+
+// perEvent is cpu divided among events, to the microsecond.
+func perEvent(cpu time.Duration, events float64) time.Duration {
+	return time.Duration(float64(cpu) / max(events, 1)).Round(time.Microsecond)
+}
+
+// loadAverage is the machine's load average over the last minute.
+func loadAverage(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Fields(string(data))[0]
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
