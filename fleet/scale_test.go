@@ -191,7 +191,7 @@ func TestFleetScale(t *testing.T) {
 		loadStart, loadAverage(t), writeErrors, writeTimeout)
 	fmt.Fprintf(&b, "set-up with %d informers watching: kube-apiserver RSS %s → %s, etcd RSS %s → %s\n", n,
 		mib(before.rss["kube-apiserver"]), mib(watching.rss["kube-apiserver"]), mib(before.rss["etcd"]), mib(watching.rss["etcd"]))
-	fmt.Fprintf(&b, "%-9s %5s %7s %6s %9s %9s %7s %6s %6s %6s %6s %s\n", "phase", "wall", "writes", "per s", "apply p99",
+	fmt.Fprintf(&b, "%-9s %5s %7s %9s %9s %9s %7s %6s %6s %6s %6s %s\n", "phase", "wall", "writes", "mean/peak", "apply p99",
 		"events", "event B", "per s", "p50", "p99", "max", "CPU time over the phase / peak RSS")
 	for _, p := range []struct {
 		name  string
@@ -200,7 +200,8 @@ func TestFleetScale(t *testing.T) {
 		lat   []time.Duration
 	}{{"failure", failed, true, openLatency}, {"recovery", recovered, false, closeLatency}} {
 		w := writes.phase(p.open)
-		fmt.Fprintf(&b, "%-9s %5.1f %7d %6.0f %9v %9d %7.0f %6.0f %6v %6v %6v %s\n", p.name, p.usage.wall.Seconds(), len(w), writeRate(w),
+		fmt.Fprintf(&b, "%-9s %5.1f %7d %4.0f/%-4d %9v %9d %7.0f %6.0f %6v %6v %6v %s\n", p.name, p.usage.wall.Seconds(), len(w),
+			writeRate(w), peakRate(w),
 			percentile(applyTimes(w), 99), p.usage.events, p.usage.eventBytes/max(float64(p.usage.apiEvents), 1),
 			float64(p.usage.events)/p.usage.wall.Seconds(),
 			percentile(p.lat, 50), percentile(p.lat, 99), percentile(p.lat, 100), p.usage.procs())
@@ -209,7 +210,7 @@ func TestFleetScale(t *testing.T) {
 		perEvent(failed.cpu["kube-apiserver"]+recovered.cpu["kube-apiserver"], failed.apiEvents+recovered.apiEvents),
 		perEvent(failed.cpu["nodes (this process)"]+recovered.cpu["nodes (this process)"], float64(failed.events+recovered.events)))
 	fmt.Fprintf(&b, "events: delivered to the nodes' informers; event B: the API server's bytes per event it sent (%.0f and %.0f events,\n"+
-		"bookmarks included, %.0f and %.0f bytes)\n", failed.apiEvents, recovered.apiEvents, failed.eventBytes, recovered.eventBytes)
+		"bookmarks included, %.0f and %.0f bytes); writes mean/peak: per second over the phase's writes, most in one second\n", failed.apiEvents, recovered.apiEvents, failed.eventBytes, recovered.eventBytes)
 	fmt.Fprintf(&b, "latency: from the quorum's second write (request sent) to each other node's Tally at failure (%d nodes);\n"+
 		"from the write that left fewer than %d reports (request sent) to each follower's Tally at recovery (%d nodes)",
 		len(openLatency), scaleQuorum, len(closeLatency))
@@ -417,6 +418,19 @@ func writeRate(ws []write) float64 {
 	}
 	first := slices.MinFunc(ws, func(a, b write) int { return a.sent.Compare(b.sent) }).sent
 	return float64(len(ws)) / ws[len(ws)-1].done.Sub(first).Seconds()
+}
+
+// peakRate is the most writes that returned within one second.
+func peakRate(ws []write) int {
+	peak := 0
+	for i, w := range ws { // ordered by when they returned
+		j := i
+		for j < len(ws) && ws[j].done.Sub(w.done) < time.Second {
+			j++
+		}
+		peak = max(peak, j-i)
+	}
+	return peak
 }
 
 func applyTimes(ws []write) []time.Duration {
