@@ -78,8 +78,8 @@ func requireScale(t *testing.T) {
 // authorizes and admits every request under its node's own token.
 func TestFleetScale(t *testing.T) {
 	requireScale(t)
-	n := envInt(t, scaleNodesEnv, 1000)
-	spread := envDuration(t, scaleSpreadEnv, 5*time.Second)
+	n := envPositive(t, scaleNodesEnv, 1000, strconv.Atoi)
+	spread := envPositive(t, scaleSpreadEnv, 5*time.Second, time.ParseDuration)
 	if n < scaleQuorum+1 {
 		t.Fatalf("%s=%d: the scenario needs at least %d nodes", scaleNodesEnv, n, scaleQuorum+1)
 	}
@@ -703,28 +703,18 @@ func loadAverage(t *testing.T) string {
 
 func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 
-func envInt(t *testing.T, name string, def int) int {
+// envPositive returns the environment variable name as parse reads it,
+// or def when it is unset; a value that does not parse or is not positive
+// fails the test.
+func envPositive[T int | time.Duration](t *testing.T, name string, def T, parse func(string) (T, error)) T {
 	t.Helper()
 	s := os.Getenv(name)
 	if s == "" {
 		return def
 	}
-	v, err := strconv.Atoi(s)
+	v, err := parse(s)
 	if err != nil || v <= 0 {
-		t.Fatalf("%s=%q: want a positive integer", name, s)
-	}
-	return v
-}
-
-func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
-	t.Helper()
-	s := os.Getenv(name)
-	if s == "" {
-		return def
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil || v <= 0 {
-		t.Fatalf("%s=%q: want a positive duration", name, s)
+		t.Fatalf("%s=%q: want a positive value (%v)", name, s, err)
 	}
 	return v
 }
