@@ -156,6 +156,16 @@ func TestFleetScale(t *testing.T) {
 	if !kerneltest.WaitFor(time.Minute, func() bool { return allSee(watchers, (*simNode).openedAt) }) {
 		t.Fatalf("not every node sees the quorum within a minute of the last write")
 	}
+	// A phase ends when every node has every event of its writes (each
+	// write is one event to each of the n informers, the writer's own
+	// included), so that its events, CPU and bytes are its own.
+	delivered := func(writes int) {
+		t.Helper()
+		if !kerneltest.WaitFor(time.Minute, func() bool { return countEvents(nodes) >= writes*n }) {
+			t.Fatalf("%d watch events delivered within a minute, want %d writes × %d nodes", countEvents(nodes), writes, n)
+		}
+	}
+	delivered(len(reporters))
 	failed := failure.end(t)
 	openLatency := latencies(watchers, (*simNode).openedAt, quorumAt)
 
@@ -172,6 +182,7 @@ func TestFleetScale(t *testing.T) {
 	if !kerneltest.WaitFor(time.Minute, func() bool { return allSee(followers, (*simNode).closedAt) }) {
 		t.Fatalf("not every follower sees the key close within a minute of the last write")
 	}
+	delivered(2 * len(reporters))
 	recovered := recovery.end(t)
 	closeLatency := latencies(followers, (*simNode).closedAt, belowAt)
 
@@ -210,8 +221,10 @@ func TestFleetScale(t *testing.T) {
 	fmt.Fprintf(&b, "CPU per watch event: kube-apiserver %v sent, the nodes %v received (decoded and judged)\n",
 		perEvent(failed.cpu["kube-apiserver"]+recovered.cpu["kube-apiserver"], failed.apiEvents+recovered.apiEvents),
 		perEvent(failed.cpu["nodes (this process)"]+recovered.cpu["nodes (this process)"], float64(failed.events+recovered.events)))
-	fmt.Fprintf(&b, "events: delivered to the nodes' informers; event B: the API server's bytes per event it sent (%.0f and %.0f events,\n"+
-		"bookmarks included, %.0f and %.0f bytes); writes mean/peak: per second over the phase's writes, most in one second\n", failed.apiEvents, recovered.apiEvents, failed.eventBytes, recovered.eventBytes)
+	fmt.Fprintf(&b, "events: delivered to the nodes' informers (%d writes × %d nodes = %d);", writes.total(), n, writes.total()*n)
+	fmt.Fprintf(&b, " event B: the API server's bytes per event it sent (%.0f and %.0f events,\n"+
+		"bookmarks included, %.0f and %.0f bytes); writes mean/peak: per second over the phase's writes, most in one second\n",
+		failed.apiEvents, recovered.apiEvents, failed.eventBytes, recovered.eventBytes)
 	fmt.Fprintf(&b, "latency: from the quorum's second write (request sent) to each other node's Tally at failure (%d nodes);\n"+
 		"from the write that left fewer than %d reports (request sent) to each follower's Tally at recovery (%d nodes)",
 		len(openLatency), scaleQuorum, len(closeLatency))
