@@ -37,6 +37,9 @@ const (
 	scaleSpreadEnv = "BREAKERD_FLEET_SCALE_SPREAD"
 )
 
+// simProcess names this process, the simulated nodes, in the figures.
+const simProcess = "nodes (this process)"
+
 // The failing dependency, and the quorum every node judges it by.
 const (
 	scaleKey    = "tcp/203.0.113.10:443"
@@ -70,7 +73,8 @@ func requireScale(t *testing.T) {
 // resident memory from /proc, and the time from the quorum's second write
 // to each follower's Tally seeing it, at failure and at recovery. It
 // asserts what the protocol promises: one write per reporting node and
-// transition (coalesced, none failed), and every follower following.
+// transition (coalesced; a write that fails is retried and counted), and
+// every node following.
 //
 // The nodes' clients share two TLS transports, one for the watches and
 // one for the writes (client-go caches transports by TLS configuration;
@@ -85,7 +89,7 @@ func TestFleetScale(t *testing.T) {
 		t.Fatalf("%s=%d: the scenario needs at least %d nodes", scaleNodesEnv, n, scaleQuorum+1)
 	}
 	f := startFleetAPI(t)
-	procs := map[string]int{"kube-apiserver": f.api.PID("kube-apiserver"), "etcd": f.api.PID("etcd"), "nodes (this process)": os.Getpid()}
+	procs := map[string]int{"kube-apiserver": f.api.PID("kube-apiserver"), "etcd": f.api.PID("etcd"), simProcess: os.Getpid()}
 	for name, pid := range procs {
 		if pid == 0 {
 			t.Fatalf("no PID for %s", name)
@@ -146,11 +150,11 @@ func TestFleetScale(t *testing.T) {
 		node.writer.Set([]Circuit{{Key: scaleKey, Target: "all", Workload: "shared", Since: metav1.NewMicroTime(now),
 			OpenUntil: metav1.NewMicroTime(now.Add(10 * time.Minute)), Reason: "consecutive_failures"}})
 	}
-	// Everyone but the quorum's two sees the quorum (those two do only
-	// when a third node reports: a Tally counts other nodes).
 	if !kerneltest.WaitFor(time.Minute, func() bool { return writes.count(true) == len(reporters) }) {
 		t.Fatalf("%d of %d reports written within a minute", writes.count(true), len(reporters))
 	}
+	// Everyone but the quorum's two sees the quorum (those two do only
+	// when a third node reports: a Tally counts other nodes).
 	quorumAt, quorumNodes := writes.quorum(true, scaleQuorum)
 	watchers := slices.DeleteFunc(slices.Clone(nodes), func(n *simNode) bool { return slices.Contains(quorumNodes, n.name) })
 	if !kerneltest.WaitFor(time.Minute, func() bool { return allSee(watchers, (*simNode).openedAt) }) {
@@ -176,7 +180,7 @@ func TestFleetScale(t *testing.T) {
 		node.writer.Set(nil)
 	}
 	if !kerneltest.WaitFor(time.Minute, func() bool { return writes.count(false) == len(reporters) }) {
-		t.Fatalf("%d of %d cleared reports written within a minute (writer %+v)", writes.count(false), len(reporters), reporters[0].writer.Stats())
+		t.Fatalf("%d of %d cleared reports written within a minute", writes.count(false), len(reporters))
 	}
 	belowAt, _ := writes.quorum(false, len(reporters)-scaleQuorum+1)
 	if !kerneltest.WaitFor(time.Minute, func() bool { return allSee(followers, (*simNode).closedAt) }) {
@@ -196,13 +200,35 @@ func TestFleetScale(t *testing.T) {
 	if want := 2 * len(reporters); writes.total() != want {
 		t.Errorf("%d writes, want %d (one per reporting node and transition)", writes.total(), want)
 	}
+	t.Log("\n" + scaleRun{
+		nodes: n, reported: len(reporters), followed: len(followers), spread: spread,
+		loadStart: loadStart, loadEnd: loadAverage(t), writeErrors: writeErrors,
+		before: before, watching: watching, writes: &writes,
+		failure: failed, recovery: recovered, openLatency: openLatency, closeLatency: closeLatency,
+	}.String())
+}
+
+// scaleRun is what TestFleetScale measured, for its log.
+type scaleRun struct {
+	nodes, reported, followed int
+	spread                    time.Duration
+	loadStart, loadEnd        string
+	writeErrors               uint64
+	before, watching          procSample // before the informers started, and once they listed
+	writes                    *writeLog
+	failure, recovery         phaseResult
+	openLatency, closeLatency []time.Duration
+}
+
+// String formats the run as a table, a phase a line, and its notes.
+func (r scaleRun) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "fleet scale: %d nodes (%d reported, %d followed), quorum %d, trips spread over %v\n",
-		n, len(reporters), len(followers), scaleQuorum, spread)
+		r.nodes, r.reported, r.followed, scaleQuorum, r.spread)
 	fmt.Fprintf(&b, "load average %s at the start, %s at the end; %d writes failed and were retried (timeouts of %v)\n",
-		loadStart, loadAverage(t), writeErrors, writeTimeout)
-	fmt.Fprintf(&b, "set-up with %d informers watching: kube-apiserver RSS %s → %s, etcd RSS %s → %s\n", n,
-		mib(before.rss["kube-apiserver"]), mib(watching.rss["kube-apiserver"]), mib(before.rss["etcd"]), mib(watching.rss["etcd"]))
+		r.loadStart, r.loadEnd, r.writeErrors, writeTimeout)
+	fmt.Fprintf(&b, "set-up with %d informers watching: kube-apiserver RSS %s → %s, etcd RSS %s → %s\n", r.nodes,
+		mib(r.before.rss["kube-apiserver"]), mib(r.watching.rss["kube-apiserver"]), mib(r.before.rss["etcd"]), mib(r.watching.rss["etcd"]))
 	fmt.Fprintf(&b, "%-9s %5s %7s %9s %9s %9s %7s %6s %6s %6s %6s %s\n", "phase", "wall", "writes", "mean/peak", "apply p99",
 		"events", "event B", "per s", "p50", "p99", "max", "CPU time over the phase / peak RSS")
 	for _, p := range []struct {
@@ -210,25 +236,26 @@ func TestFleetScale(t *testing.T) {
 		usage phaseResult
 		open  bool
 		lat   []time.Duration
-	}{{"failure", failed, true, openLatency}, {"recovery", recovered, false, closeLatency}} {
-		w := writes.phase(p.open)
+	}{{"failure", r.failure, true, r.openLatency}, {"recovery", r.recovery, false, r.closeLatency}} {
+		w := r.writes.phase(p.open)
 		fmt.Fprintf(&b, "%-9s %5.1f %7d %4.0f/%-4d %9v %9d %7.0f %6.0f %6v %6v %6v %s\n", p.name, p.usage.wall.Seconds(), len(w),
 			writeRate(w), peakRate(w),
-			percentile(applyTimes(w), 99), p.usage.events, p.usage.eventBytes/max(float64(p.usage.apiEvents), 1),
+			percentile(applyTimes(w), 99), p.usage.events, p.usage.eventBytes/max(p.usage.apiEvents, 1),
 			float64(p.usage.events)/p.usage.wall.Seconds(),
 			percentile(p.lat, 50), percentile(p.lat, 99), percentile(p.lat, 100), p.usage.procs())
 	}
 	fmt.Fprintf(&b, "CPU per watch event: kube-apiserver %v sent, the nodes %v received (decoded and judged)\n",
-		perEvent(failed.cpu["kube-apiserver"]+recovered.cpu["kube-apiserver"], failed.apiEvents+recovered.apiEvents),
-		perEvent(failed.cpu["nodes (this process)"]+recovered.cpu["nodes (this process)"], float64(failed.events+recovered.events)))
-	fmt.Fprintf(&b, "events: delivered to the nodes' informers (%d writes × %d nodes = %d);", writes.total(), n, writes.total()*n)
+		perEvent(r.failure.cpu["kube-apiserver"]+r.recovery.cpu["kube-apiserver"], r.failure.apiEvents+r.recovery.apiEvents),
+		perEvent(r.failure.cpu[simProcess]+r.recovery.cpu[simProcess], float64(r.failure.events+r.recovery.events)))
+	total := r.writes.total()
+	fmt.Fprintf(&b, "events: delivered to the nodes' informers (%d writes × %d nodes = %d);", total, r.nodes, total*r.nodes)
 	fmt.Fprintf(&b, " event B: the API server's bytes per event it sent (%.0f and %.0f events,\n"+
 		"bookmarks included, %.0f and %.0f bytes); writes mean/peak: per second over the phase's writes, most in one second\n",
-		failed.apiEvents, recovered.apiEvents, failed.eventBytes, recovered.eventBytes)
+		r.failure.apiEvents, r.recovery.apiEvents, r.failure.eventBytes, r.recovery.eventBytes)
 	fmt.Fprintf(&b, "latency: from the quorum's second write (request sent) to each other node's Tally at failure (%d nodes);\n"+
 		"from the write that left fewer than %d reports (request sent) to each follower's Tally at recovery (%d nodes)",
-		len(openLatency), scaleQuorum, len(closeLatency))
-	t.Log("\n" + b.String())
+		len(r.openLatency), scaleQuorum, len(r.closeLatency))
+	return b.String()
 }
 
 // TestFleetReportSize measures what one report costs: its JSON as the
@@ -590,7 +617,7 @@ type phaseResult struct {
 // procs formats each process's mean CPU use and peak memory.
 func (r phaseResult) procs() string {
 	var parts []string
-	for _, name := range []string{"kube-apiserver", "etcd", "nodes (this process)"} {
+	for _, name := range []string{"kube-apiserver", "etcd", simProcess} {
 		parts = append(parts, fmt.Sprintf("%s %.1f s = %.2f cores / %s", name, r.cpu[name].Seconds(),
 			r.cpu[name].Seconds()/r.wall.Seconds(), mib(r.peak[name])))
 	}
