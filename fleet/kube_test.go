@@ -130,24 +130,33 @@ func startFleetAPI(t *testing.T) *fleetAPI {
 // a token bound to that pod, as the kubelet projects into it.
 func (f *fleetAPI) nodeToken(t *testing.T, node string) string {
 	t.Helper()
-	ctx := context.Background()
-	if _, err := f.admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+	token, err := makeNodeToken(context.Background(), f.admin, node)
+	if err != nil {
 		t.Fatal(err)
 	}
-	pod, err := f.admin.CoreV1().Pods("breakerd").Create(ctx, &corev1.Pod{
+	return token
+}
+
+// makeNodeToken is nodeToken with admin's client, for callers that make
+// many at once.
+func makeNodeToken(ctx context.Context, admin kubernetes.Interface, node string) (string, error) {
+	if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+		return "", fmt.Errorf("creating node %s: %w", node, err)
+	}
+	pod, err := admin.CoreV1().Pods("breakerd").Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "breakerd-" + node},
 		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: "breakerd",
 			Containers: []corev1.Container{{Name: "breakerd", Image: "ghcr.io/breakerd/breakerd:latest"}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatal(err)
+		return "", fmt.Errorf("creating the pod of node %s: %w", node, err)
 	}
-	tr, err := f.admin.CoreV1().ServiceAccounts("breakerd").CreateToken(ctx, "breakerd", &authv1.TokenRequest{Spec: authv1.TokenRequestSpec{
+	tr, err := admin.CoreV1().ServiceAccounts("breakerd").CreateToken(ctx, "breakerd", &authv1.TokenRequest{Spec: authv1.TokenRequestSpec{
 		BoundObjectRef: &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}}}, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatalf("token bound to pod %s: %v", pod.Name, err)
+		return "", fmt.Errorf("token bound to pod %s: %w", pod.Name, err)
 	}
-	return tr.Status.Token
+	return tr.Status.Token, nil
 }
 
 // store returns a KubeStore that authenticates with token.
@@ -255,8 +264,25 @@ func TestFleetOwnReportOnly(t *testing.T) {
 		}) {
 			t.Fatalf("A's report not created again within 10 s: %+v, %v (writer %+v)", got, err, w.Stats())
 		}
-		if s := w.Stats(); s.Errors != 0 || s.Writes < 2 {
+		// Its last circuit closed, it clears its report: the server-side
+		// apply of an empty list, after a list of the same field manager.
+		w.Set(nil)
+		if !kerneltest.WaitFor(10*time.Second, func() bool {
+			got, err = storeA.Get(ctx, nodeA)
+			return err == nil && len(got.Spec.Circuits) == 0 && w.Stats().Writes == 3
+		}) {
+			t.Fatalf("A's report not cleared within 10 s: %+v, %v (writer %+v)", got, err, w.Stats())
+		}
+		if s := w.Stats(); s.Errors != 0 {
 			t.Fatalf("writer stats %+v", s)
+		}
+		// Its next circuit lists again.
+		w.Set([]Circuit{circuitAt("payments")})
+		if !kerneltest.WaitFor(10*time.Second, func() bool {
+			got, err = storeA.Get(ctx, nodeA)
+			return err == nil && len(got.Spec.Circuits) == 1
+		}) {
+			t.Fatalf("A's report not listing again within 10 s: %+v, %v (writer %+v)", got, err, w.Stats())
 		}
 		// Every node reads every report (the Tally's input).
 		if err := storeB.Apply(ctx, reportOf(nodeB, circuitAt("payments"))); err != nil {

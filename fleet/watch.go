@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -26,7 +27,8 @@ type Watcher struct {
 // NewWatcher returns a Watcher of the reports on the API server cfg
 // reaches: observe gets each report added or updated, forget the name of
 // each report deleted. A report that cannot be decoded is logged and
-// skipped.
+// skipped. observe's report is the one in the informer's cache: it must
+// not change it (Tally.Observe copies what it keeps).
 func NewWatcher(cfg *rest.Config, observe func(*CircuitReport), forget func(node string), log *slog.Logger) (*Watcher, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -36,18 +38,23 @@ func NewWatcher(cfg *rest.Config, observe func(*CircuitReport), forget func(node
 		return nil, fmt.Errorf("fleet watch client: %w", err)
 	}
 	inf := dynamicinformer.NewFilteredDynamicInformer(dc, GroupVersionResource, "", 0, cache.Indexers{}, nil).Informer()
+	if err := inf.SetTransform(compact); err != nil {
+		return nil, fmt.Errorf("fleet watch transform: %w", err)
+	}
 	w := &Watcher{informer: inf, log: log}
 	decode := func(obj any) *CircuitReport {
-		u, ok := obj.(*unstructured.Unstructured)
-		if !ok {
-			return nil
+		switch o := obj.(type) {
+		case *CircuitReport:
+			return o
+		case *unstructured.Unstructured: // compact could not decode it
+			r, err := FromUnstructured(o)
+			if err != nil {
+				log.Warn("skipping a CircuitReport", "name", o.GetName(), "err", err)
+				return nil
+			}
+			return r
 		}
-		r, err := FromUnstructured(u)
-		if err != nil {
-			log.Warn("skipping a CircuitReport", "name", u.GetName(), "err", err)
-			return nil
-		}
-		return r
+		return nil
 	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
@@ -64,14 +71,33 @@ func NewWatcher(cfg *rest.Config, observe func(*CircuitReport), forget func(node
 			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = d.Obj
 			}
-			if u, ok := obj.(*unstructured.Unstructured); ok {
-				forget(u.GetName())
+			if m, ok := obj.(metav1.Object); ok {
+				forget(m.GetName())
 			}
 		},
 	}); err != nil {
 		return nil, fmt.Errorf("fleet watch handler: %w", err)
 	}
 	return w, nil
+}
+
+// compact is the informer's transform: its cache keeps each report as a
+// CircuitReport without its managedFields, not as the unstructured map the
+// dynamic client decodes, which with the server-side apply's managedFields
+// takes several times the memory. Every node caches every other node's
+// report, so this is what the fleet costs each daemon in memory. A report
+// that does not decode stays unstructured, for the handler to log.
+func compact(obj any) (any, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return obj, nil // compacted already
+	}
+	u.SetManagedFields(nil)
+	r, err := FromUnstructured(u)
+	if err != nil {
+		return u, nil
+	}
+	return r, nil
 }
 
 // Run watches until ctx ends.

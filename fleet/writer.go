@@ -188,7 +188,7 @@ func Bound(open []Circuit, limit int) ([]Circuit, int) {
 	}
 	slices.SortStableFunc(kept, func(a, b Circuit) int { return cmp.Compare(a.Key, b.Key) })
 	if kept == nil {
-		kept = []Circuit{} // written as [], which the schema requires
+		kept = []Circuit{} // written as [], as a report with none reads
 	}
 	return kept, len(open) - len(kept)
 }

@@ -532,6 +532,18 @@ func (s *Server) stop() {
 	os.RemoveAll(s.dir)
 }
 
+// PID returns the process ID of the process the Server started under
+// name ("etcd", "kube-apiserver", …), or 0 when there is none: a test
+// reads the process's CPU time and memory from /proc/PID.
+func (s *Server) PID(name string) int {
+	for _, p := range s.procs {
+		if p.name == name {
+			return p.cmd.Process.Pid
+		}
+	}
+	return 0
+}
+
 // Stop ends the API server and etcd now (a test of what breakerd does
 // when the API goes away); cleanup still removes the directories.
 func (s *Server) Stop() { s.kill() }
