@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"strings"
+	"time"
 )
 
 // The fleet's quorum bounds. MinFleetQuorum is 2 so that one node alone,
@@ -75,4 +76,46 @@ func writeFleetReference(b *strings.Builder) {
 	b.WriteString("A reload that changes only a `fleet` block resets no circuit.\n\n")
 	writeTable(b, fleetFields)
 	b.WriteString("\n")
+}
+
+// The reasons of a follow's transitions.
+const (
+	// ReasonFleetQuorum: a quorum of other nodes has the circuit open on
+	// their own evidence, and this node follows (FleetOpen).
+	ReasonFleetQuorum Reason = "fleet_quorum"
+	// ReasonFleetQuorumLost: fewer than the quorum still have it open
+	// (their circuits closed, or their entries expired).
+	ReasonFleetQuorumLost Reason = "fleet_quorum_lost"
+)
+
+// Follow opens a closed circuit because a quorum of other nodes has it
+// open on their own evidence: FleetOpen, until until, when the fleet's
+// count falls below the quorum unless a later report renews it. A
+// followed circuit only renews its until (no transition). Any other
+// state stays: a circuit open on the node's own evidence is its own, and
+// an operator's override is never overridden by the fleet.
+func (c *Circuit) Follow(now, until time.Time) (Transition, bool) {
+	switch c.state {
+	case FleetOpen:
+		c.openUntil = stampOf(until)
+		return Transition{}, false
+	case Closed:
+	default:
+		return Transition{}, false
+	}
+	c.last = stampOf(now)
+	t := c.transition(now, FleetOpen, ReasonFleetQuorum)
+	t.OpenUntil = until
+	c.state, c.openUntil, c.consecutive, c.blocked = FleetOpen, stampOf(until), 0, false
+	return t, true
+}
+
+// Unfollow closes a followed circuit (FleetOpen) whose quorum is lost; it
+// counts its calls afresh. Any other state stays (false).
+func (c *Circuit) Unfollow(now time.Time) (Transition, bool) {
+	if c.state != FleetOpen {
+		return Transition{}, false
+	}
+	c.last = stampOf(now)
+	return c.close(now, ReasonFleetQuorumLost), true
 }
