@@ -71,11 +71,13 @@ func (f *Follower) Noted(c *Circuit, t policy.Transition) {
 // with a fleet block open or half-open on its own evidence (not a
 // follow, not an operator's forced_open), ordered by key. An open
 // circuit's entry counts until its open duration ends plus one
-// probe_timeout, so that followers stay open through its first probe
-// round; a half-open one's until now plus one probe_timeout (each new
-// round, or its end, is a transition and a new report); FleetMargin is
-// added to both. A due open circuit that no probe has come to yet is
-// left out once that time has passed.
+// probe_timeout and FleetMargin, so that followers stay open through its
+// first probe round; a half-open one's until its round began plus as
+// much (each new round, or its end, is a transition and a new report).
+// A round that began within FleetMargin of the due time keeps the open
+// entry as it was, so the usual half-open transition costs no write and
+// the close that follows it is written at once. A due open circuit that
+// no probe has come to yet is left out once its entry has expired.
 func (f *Follower) Reported(now time.Time) []FleetEntry {
 	var out []FleetEntry
 	for c := range f.e.reg.active {
@@ -84,11 +86,15 @@ func (f *Follower) Reported(now time.Time) []FleetEntry {
 		if !o.Fleet.Enabled || (st.State != policy.Open && st.State != policy.HalfOpen) {
 			continue
 		}
-		until := now
-		if st.State == policy.Open {
-			until = st.OpenUntil
+		// Open: from its due time; half-open: from when its round began
+		// (now, unless it began within FleetMargin of its due time:
+		// then the entry it had while open still covers the round, and
+		// needs no write of its own).
+		from := st.OpenUntil
+		if st.State == policy.HalfOpen && now.Sub(from) > FleetMargin {
+			from = now
 		}
-		until = until.Add(o.ProbeTimeout + FleetMargin)
+		until := from.Add(o.ProbeTimeout + FleetMargin)
 		if !until.After(now) {
 			continue
 		}

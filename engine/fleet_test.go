@@ -94,8 +94,8 @@ func TestFollowOpensWithoutProbesAndCloses(t *testing.T) {
 // Own evidence wins: a circuit open on this node's own failures is not
 // followed, and the fleet does not close it; it is what the node
 // reports, counting until its open duration ends plus a probe_timeout
-// (and the write margin), then, half-open, until now plus a
-// probe_timeout.
+// (and the write margin), through a round that begins soon after, and
+// from a later round's beginning.
 func TestOwnEvidenceWinsAndIsReported(t *testing.T) {
 	c := newCore(t, 8, nil)
 	o := fleetOptions()
@@ -123,9 +123,20 @@ func TestOwnEvidenceWinsAndIsReported(t *testing.T) {
 		t.Fatalf("after a probe: %s", s)
 	}
 	f.Noted(x, c.lastTransition())
+	// Its round began half a second after its due time: the open entry
+	// still covers it, unchanged (no write).
+	if r2 := f.Reported(c.clk.Now()); len(r2) != 1 || r2[0] != r[0] {
+		t.Fatalf("half-open within the margin: reported %+v, want %+v", r2, r)
+	}
+	// A new round probe_timeout later begins well past the due time: it
+	// counts from then.
+	c.clk.Advance(o.ProbeTimeout)
+	if tr, moved := x.Machine.Tick(c.clk.Now()); !moved || tr.Reason != policy.ReasonNewRound {
+		t.Fatalf("tick: %+v %v, want a new round", tr, moved)
+	}
 	r = f.Reported(c.clk.Now())
 	if want := c.clk.Now().Add(o.ProbeTimeout + engine.FleetMargin); len(r) != 1 || !r[0].OpenUntil.Equal(want) || !r[0].Since.Equal(opened) {
-		t.Fatalf("half-open: reported %+v, want until %v", r, want)
+		t.Fatalf("a late round: reported %+v, want until %v", r, want)
 	}
 	// Without a fleet block nothing is reported.
 	y := c.circuit(9503, options())
