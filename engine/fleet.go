@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
 
@@ -207,4 +208,85 @@ func (f *Follower) Count() int {
 func (f *Follower) live(c *Circuit) bool {
 	cur, ok := f.e.reg.Get(c.Name())
 	return ok && cur == c
+}
+
+// FleetQuorum returns the quorum of the circuit key names on this node
+// (0: none here, or it has no fleet block), for the fleet's tally.
+func (e *Engine) FleetQuorum(key string) int {
+	var o *policy.Options
+	if c, ok := e.reg.Get(key); ok {
+		o = c.Machine.Options()
+	} else if _, target, ok := e.fleetDest(key); ok {
+		if target == AllTarget {
+			o = &e.matching.Config.All
+		} else if t := e.matching.Config.Targets[target]; t != nil {
+			o = &t.Options
+		}
+	}
+	if o == nil || !o.Fleet.Enabled {
+		return 0
+	}
+	return o.Fleet.Quorum
+}
+
+// FleetCircuit returns the circuit key names on this node, made from its
+// destination (Lookup) when it is a dynamic or an endpoint circuit not
+// made yet; nil: none here.
+func (e *Engine) FleetCircuit(key string, now time.Time) *Circuit {
+	if c, ok := e.reg.Get(key); ok {
+		return c
+	}
+	dst, _, ok := e.fleetDest(key)
+	if !ok {
+		return nil
+	}
+	c, _ := e.Lookup(dst, now)
+	return c
+}
+
+// fleetDest reads the destination out of a dynamic circuit's key
+// (tcp/ADDR:PORT) or an endpoint circuit's (TARGET/ADDR:PORT), with
+// @WORKLOAD for an isolated workload's, and the target it matches on
+// this node (AllTarget for a dynamic one); false when the key names no
+// destination, or one this node's configuration puts elsewhere.
+func (e *Engine) fleetDest(key string) (maps.Dest, string, bool) {
+	cfg := e.matching.Config
+	if cfg == nil {
+		return maps.Dest{}, "", false
+	}
+	base, class := key, policy.Class(0)
+	if i := strings.LastIndexByte(key, '@'); i >= 0 {
+		w := key[i+1:]
+		class = e.matching.Classes.Of(w)
+		if class == 0 || e.matching.Classes.Name(class) != w {
+			return maps.Dest{}, "", false
+		}
+		base = key[:i]
+	}
+	dst, dynamic := ParseDynamicName(base)
+	var named string
+	if !dynamic {
+		t, addr, ok := strings.Cut(base, "/")
+		tg := cfg.Targets[t]
+		if !ok || tg == nil || tg.Scope != policy.EndpointScope {
+			return maps.Dest{}, "", false
+		}
+		if dst, ok = ParseDynamicName("tcp/" + addr); !ok {
+			return maps.Dest{}, "", false
+		}
+		named = t
+	}
+	dst.Class = uint8(class)
+	m, _ := e.MatcherOf(dst.Class)
+	if m == nil {
+		return maps.Dest{}, "", false
+	}
+	target, excluded := m.Match(dst.Addr.Addr(), dst.Addr.Port(), dst.Proto.String())
+	if target == "" {
+		target = AllTarget
+	}
+	if excluded || (dynamic && target != AllTarget) || (!dynamic && target != named) {
+		return maps.Dest{}, "", false
+	}
+	return dst, target, true
 }
