@@ -208,3 +208,70 @@ func TestFleetQuorumOpensFollowers(t *testing.T) {
 		t.Errorf("the closed follower's connect: %v, want it through", got)
 	}
 }
+
+// TestFleetFollowAcrossRestartAndAPIOutage: a follower restarted as by
+// SIGTERM keeps its follow through the restart (no connect through, no
+// SYN at its server) and confirms it once it has listed the reports;
+// then, with the API server gone, the reporters' local breaking is
+// unchanged (they reject, trip again on their probes, and count their
+// failed writes) and the follow ends at its open-until, when the
+// reporters' entries expire, without any report to say so.
+func TestFleetFollowAcrossRestartAndAPIOutage(t *testing.T) {
+	api, nodes := newFleetNodes(t, 3, fleetConfig)
+	a, b, c := nodes[0], nodes[1], nodes[2]
+	key := a.key()
+	a.trip()
+	b.trip()
+	c.waitState(key, "fleet_open", 3*time.Second)
+
+	c.restart()
+	if v, ok := c.verdict(); !ok || v.State != maps.ForcedOpen {
+		t.Fatalf("after the restart the follower's verdict is %+v (%v): its follow was not kept", v, ok)
+	}
+	if evs := c.d.Events(); len(evs) == 0 || evs[0].To != "fleet_open" || evs[0].Reason != "adopted_from_kernel" {
+		t.Fatalf("the restarted follower's first transitions %+v: want its follow adopted from the kernel", evs)
+	}
+	if got := errnos(c.dial(fleetPort, 3, time.Second)); got[unix.EHOSTUNREACH] != 3 {
+		t.Fatalf("the restarted follower's connects: %v, want 3 refused by breakerd", got)
+	}
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		ci, _ := c.circuit(key)
+		return c.link() != nil && c.link().Synced() && ci.State == "fleet_open" && ci.FleetNodes == 2
+	}) {
+		ci, _ := c.circuit(key)
+		t.Fatalf("the restarted follower did not confirm its follow: %+v (logs:\n%s)", ci, c.logs.String())
+	}
+	if syns := c.srv.SYNs(t); syns != 0 {
+		t.Fatalf("%d SYNs reached the follower's server across its restart", syns)
+	}
+
+	ci, _ := c.circuit(key)
+	until := ci.OpenUntil
+	api.Stop()
+	// The reporters break as before: they reject while open, and their
+	// probes (the server still refuses) reopen them.
+	if got := errnos(a.dial(fleetPort, 1, time.Second)); got[unix.EHOSTUNREACH] != 1 {
+		t.Fatalf("a's connect with the API down: %v, want it refused by breakerd", got)
+	}
+	if !kerneltest.WaitFor(8*time.Second, func() bool {
+		a.dial(fleetPort, 1, time.Second)
+		_, ok := a.event("half_open")
+		return ok && a.link().Stats().Errors > 0
+	}) {
+		t.Fatalf("a did not probe and fail to write with the API down: stats %+v (logs:\n%s)", a.link().Stats(), a.logs.String())
+	}
+	if ci, _ := a.circuit(key); ci.State != "open" {
+		t.Errorf("a after its failed probe: %s, want open again", ci.State)
+	}
+	if !kerneltest.WaitFor(time.Until(until)+3*time.Second, func() bool { _, ok := c.event("closed"); return ok }) {
+		t.Fatalf("the follow did not end with the API down (until %v; logs:\n%s)", until, c.logs.String())
+	}
+	closed, _ := c.event("closed")
+	t.Logf("the follow ended %v after its open-until", closed.Sub(until))
+	if closed.Before(until) || closed.Sub(until) > 500*time.Millisecond {
+		t.Errorf("the follow ended at %v, want at its open-until %v", closed, until)
+	}
+	if _, ok := c.verdict(); ok {
+		t.Error("the follower's verdict stayed after its follow ended")
+	}
+}
