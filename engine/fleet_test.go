@@ -223,3 +223,50 @@ func TestFollowExpiresAtUntil(t *testing.T) {
 		t.Fatalf("at its until: %s", x.Machine.State())
 	}
 }
+
+// A fleet key names the same circuit on every node with the same
+// configuration: a dynamic key is made here on its first verdict, and
+// gets all's quorum; an endpoint key its target's, made from its
+// address; a service-scope target's key its circuit; a key this node's
+// configuration puts under another target, or whose circuit has no
+// fleet block, names nothing the fleet may open here.
+func TestFleetKeysNameCircuits(t *testing.T) {
+	f := newFed(t, `
+all:
+  fleet: {quorum: 3}
+targets:
+  pay:
+    match: {cidrs: [SRV], ports: ["443"]}
+    fleet: {quorum: 4}
+  eps:
+    match: {cidrs: [198.51.100.0/24], ports: ["80"]}
+    scope: endpoint
+    fleet: {}
+  quiet:
+    match: {cidrs: [203.0.113.0/24]}
+`, nil)
+	now := f.clk.Now()
+	cases := []struct {
+		key    string
+		quorum int
+		made   bool
+	}{
+		{"tcp/192.0.2.10:9701", 3, true},
+		{"pay", 4, true},
+		{"eps/198.51.100.7:80", 2, true},
+		{"tcp/192.0.2.10:443", 0, false},  // pay's destination here
+		{"eps/198.51.100.7:81", 0, false}, // not eps's port
+		{"quiet/203.0.113.1:80", 0, false},
+		{"tcp/203.0.113.1:80", 0, false}, // quiet's, no fleet block
+		{"nonsense", 0, false},
+	}
+	for _, tc := range cases {
+		if q := f.e.FleetQuorum(tc.key); q != tc.quorum {
+			t.Errorf("%s: quorum %d, want %d", tc.key, q, tc.quorum)
+		}
+		c := f.e.FleetCircuit(tc.key, now)
+		if made := c != nil && c.Name() == tc.key; made != tc.made {
+			t.Errorf("%s: circuit %v, want one named so: %v", tc.key, c, tc.made)
+		}
+	}
+}
