@@ -64,13 +64,21 @@ func (w *fleetWiring) poke() {
 	}
 }
 
-// configureFleet makes the link when cfg first has a fleet block. It
-// makes no API call. The caller holds d.mu.
+// configureFleet makes the link when cfg first has a fleet block, and
+// has a running link decide and publish again after a reload. It makes
+// no API call. The caller holds d.mu.
 func (d *Daemon) configureFleet(cfg, old *policy.Config) {
+	w := d.wires()
+	if w.link != nil {
+		// Quorums or blocks may have changed (all of them gone: the
+		// follows end, the report empties): decide and publish again.
+		w.publish = true
+		w.poke()
+		return
+	}
 	if !fleetBlocks(cfg) {
 		return
 	}
-	w := d.wires()
 	if d.opts.Cluster == nil {
 		if old == nil || !fleetBlocks(old) {
 			d.log.Warn("the configuration has a fleet block, and this breakerd has no Kubernetes API access (in a pod, or --kubeconfig): it shares nothing with other nodes; every circuit is decided by this node's own evidence")

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -169,6 +170,22 @@ func TestFleetQuorumOpensFollowers(t *testing.T) {
 	}
 	if n := a.nodes(key); n != 1 {
 		t.Errorf("a counts %d other nodes with the circuit open, want 1 (b; the follower reports nothing)", n)
+	}
+	// A reload that drops the fleet block ends the follow; one that
+	// brings it back follows again, from the reports already seen.
+	c.writeConfig(strings.Replace(fleetConfig, "  fleet: {quorum: 2}\n", "", 1))
+	if err := c.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if !kerneltest.WaitFor(2*time.Second, func() bool { _, ok := c.verdict(); return !ok }) {
+		t.Fatal("a reload without the fleet block left the follow in place")
+	}
+	c.writeConfig(fleetConfig)
+	if err := c.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if !kerneltest.WaitFor(2*time.Second, func() bool { _, ok := c.verdict(); return ok }) {
+		t.Fatal("a reload that brought the fleet block back did not follow again")
 	}
 	paidA, paidB := a.srv.SYNs(t), b.srv.SYNs(t)
 	t.Logf("failures paid before every node rejects: a %d, b %d, c 0 (without the fleet: 3 each)", paidA, paidB)
