@@ -85,15 +85,13 @@ func (d *Daemon) configureFleet(cfg, old *policy.Config) {
 		}
 		return
 	}
-	if w.link == nil {
-		link, err := d.opts.Cluster.NewFleet()
-		if err != nil {
-			d.log.Error("the fleet's reports cannot be reached; every circuit is decided by this node's own evidence", "err", err)
-			return
-		}
-		w.link, w.follower = link, engine.NewFollower(d.eng)
-		d.log.Info("sharing circuits with the fleet through CircuitReports")
+	link, err := d.opts.Cluster.NewFleet()
+	if err != nil {
+		d.log.Error("the fleet's reports cannot be reached; every circuit is decided by this node's own evidence", "err", err)
+		return
 	}
+	w.link, w.follower = link, engine.NewFollower(d.eng)
+	d.log.Info("sharing circuits with the fleet through CircuitReports")
 	w.publish = true
 	w.poke()
 }
