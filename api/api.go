@@ -61,6 +61,11 @@ type CircuitInfo struct {
 	// cgroup as it rejects, read every second.
 	RejectedBy      []RejectedBy `json:"rejected_by,omitempty"`
 	RejectedByTotal int          `json:"rejected_by_total,omitempty"`
+	// FleetNodes is set on a circuit open by the fleet (state
+	// fleet_open): how many other nodes report it open on their own
+	// evidence, against FleetQuorum, its quorum.
+	FleetNodes  int `json:"fleet_nodes,omitempty"`
+	FleetQuorum int `json:"fleet_quorum,omitempty"`
 }
 
 // TransitionEvent is one transition as the admin API reports it.

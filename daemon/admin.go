@@ -48,7 +48,7 @@ func (d *Daemon) snap(c *circuit, now time.Time) circuitSnap {
 	if c.Target() == allTarget {
 		scope = "dynamic"
 	}
-	return circuitSnap{
+	s := circuitSnap{
 		info: CircuitInfo{Name: c.Name(), Target: c.Target(), Workload: c.Workload(), Scope: scope, State: st.State.String(),
 			FailureRate: st.FailureRate, SlowRate: st.SlowRate, Calls: st.Calls, Failures: st.Failures, Slow: st.Slow,
 			ConsecutiveFailures: st.ConsecutiveFailures, OpenUntil: st.OpenUntil, Trip: st.Trip, CircuitID: c.ID,
@@ -60,6 +60,8 @@ func (d *Daemon) snap(c *circuit, now time.Time) circuitSnap {
 		bulk:    c.BulkSlots(),
 		owners:  owners(c),
 	}
+	d.fleetInfo(c, &s.info)
+	return s
 }
 
 // complete adds the kernel's view (probe tokens, counters) to a snapshot.

@@ -42,6 +42,7 @@ func (h hooks) Opened(c *circuit, from, to policy.State, at time.Time) { h.d.ope
 func (h hooks) Transitioned(c *circuit, t policy.Transition) {
 	d := h.d
 	d.kubeEvent(c, t)
+	d.fleetNoted(c, t)
 	d.events.add(TransitionEvent{Time: t.At, Circuit: c.Name(), Target: c.Target(), Workload: c.Workload(), From: t.From.String(), To: t.To.String(),
 		Reason: string(t.Reason), FailureRate: t.FailureRate, SlowRate: t.SlowRate, Calls: t.Calls, OpenUntil: t.OpenUntil, Trip: t.Trip})
 }

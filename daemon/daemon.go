@@ -149,6 +149,8 @@ type Daemon struct {
 	closer    *maps.Closer
 	closeJobs chan closeJob
 	closeMech atomic.Value // the closer's maps.CloseMechanism, read outside mu
+	// fleet shares circuits with the other nodes (fleet.go).
+	fleet fleetWiring
 }
 
 // TransitionEvent is api.TransitionEvent.
@@ -290,6 +292,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.scope.run(ctx) })
 	wg.Go(func() { d.closeLoop(ctx) })
 	wg.Go(func() { d.rejectionsLoop(ctx) })
+	wg.Go(func() { d.fleetLoop(ctx) })
 	d.mu.Lock()
 	d.ready.Store(d.problems == nil)
 	d.admin = srv.TCPAddr()
@@ -379,8 +382,7 @@ func (d *Daemon) tick(now time.Time) {
 	}
 }
 
-// fleetBlocks reports whether cfg has a fleet block (policy.FleetOptions),
-// which this version accepts and does not act on.
+// fleetBlocks reports whether cfg has a fleet block (policy.FleetOptions).
 func fleetBlocks(cfg *policy.Config) bool {
 	if cfg.All.Fleet.Enabled {
 		return true
@@ -411,9 +413,7 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 		d.log.Warn("max_circuits is above the number of circuits that can all reject at once; a circuit that opens when the kernel has no circuit id or verdict entry left is not enforced, logged and counted in breakerd_verdict_write_errors_total",
 			"max_circuits", cfg.MaxCircuits, "guaranteed", policy.GuaranteedCircuits)
 	}
-	if fleetBlocks(cfg) && (old == nil || !fleetBlocks(old)) {
-		d.log.Warn("the configuration has a fleet block: this version validates it and shares nothing with other nodes; every circuit is decided by this node's own evidence")
-	}
+	d.configureFleet(cfg, old)
 	d.classes = cfg.Classes()
 	d.eng.SetMatching(d.matching())
 	d.ensureCloser(cfg)

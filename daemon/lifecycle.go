@@ -203,8 +203,9 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 				_ = d.k.PutVerdict(dst, v)
 			}
 		case maps.ForcedOpen:
-			if c.Machine.State() != policy.ForcedOpen {
-				// The override was not in the new configuration.
+			if c.Machine.State() != policy.ForcedOpen && !d.fleetAdopt(c, now) {
+				// The override was not in the new configuration (nor
+				// is it a follow of the fleet).
 				_ = d.k.DeleteVerdict(dst)
 			}
 		}

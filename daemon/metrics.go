@@ -87,7 +87,7 @@ func newMetrics(d *Daemon) *metrics {
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "breakerd_build_info", Help: "Build information.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
 	m.collectors = []prometheus.Collector{m.transitions, m.outcomes, m.handshake, m.reloadOK, m.reloadTime, m.verdictWriteErrors,
-		m.circuitsEvicted, m.circuitsRefused, m.protected, m.groundProblems, m.closed, m.closeMechanism, build, &stateCollector{d: d}, &workloadCollector{d: d}, &programCollector{d: d},
+		m.circuitsEvicted, m.circuitsRefused, m.protected, m.groundProblems, m.closed, m.closeMechanism, build, &stateCollector{d: d}, &workloadCollector{d: d}, &programCollector{d: d}, fleetCollector{d},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})}
 	if d.opts.Cluster != nil {
 		m.collectors = append(m.collectors, d.opts.Cluster)
@@ -123,7 +123,7 @@ var (
 	descEntries    = prometheus.NewDesc("breakerd_verdict_map_entries", "Entries in the kernel's verdict map.", nil, nil)
 	descCapacity   = prometheus.NewDesc("breakerd_verdict_map_capacity", "Capacity of the kernel's verdict map.", nil, nil)
 	descUnenforced = prometheus.NewDesc("breakerd_circuits_unenforced", "Rejecting circuits whose verdicts are not all in the kernel (no circuit id free, or no room in the verdict map): destinations without one are not rejected until the tick writes them (unenforced in /v1/circuits).", nil, nil)
-	allStates      = []policy.State{policy.Closed, policy.Open, policy.HalfOpen, policy.ForcedOpen, policy.ForcedClosed, policy.Disabled}
+	allStates      = []policy.State{policy.Closed, policy.Open, policy.HalfOpen, policy.ForcedOpen, policy.ForcedClosed, policy.Disabled, policy.FleetOpen}
 	counterTargets = func(d *Daemon) []string {
 		names := sortedKeys(d.cfg.Targets)
 		return append(names, allTarget)

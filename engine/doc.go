@@ -39,6 +39,11 @@
 //     the answered words of the circuits whose ordinary successes the
 //     kernel counts (answered.go), and an operator's change to a
 //     circuit (Force).
+//   - The fleet's part (Follower): the circuits this node opens because a
+//     quorum of other nodes has them open (fleet_open, never probing),
+//     the keys that name circuits here (FleetCircuit, FleetQuorum), and
+//     the circuits open on its own evidence that its report lists
+//     (Reported); the daemon runs the API side (package fleet).
 //   - Circuit, one circuit in a single 192-byte allocation, and the
 //     destination index (DestIndex), ids and the rules of their seating
 //     (IDs), the overrides kept across restarts (Overrides), circuit names

@@ -281,7 +281,7 @@ func (e *Engine) putVerdict(c *Circuit, dst maps.Dest, s policy.State, openUntil
 		v := maps.OpenVerdict(due, round, uint32(o.HalfOpenProbes), o.RejectErrno, c.ID)
 		v.Epoch = e.EpochOf(c)
 		return e.k.PutVerdict(dst, v)
-	case policy.ForcedOpen:
+	case policy.ForcedOpen, policy.FleetOpen: // neither probes (a follower's probes are its reporters')
 		return e.k.PutVerdict(dst, maps.Verdict{State: maps.ForcedOpen, Errno: o.RejectErrno, CircuitID: c.ID, Epoch: e.EpochOf(c)})
 	default:
 		return e.k.DeleteVerdict(dst)

@@ -17,7 +17,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
@@ -67,30 +66,7 @@ func startFleetAPI(t *testing.T) *fleetAPI {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-
-	var crd map[string]any
-	decode(t, shipped(t, "fleet-crd.yaml")[0], &crd)
-	crdGVR := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-	if _, err := f.dyn.Resource(crdGVR).Create(ctx, &unstructured.Unstructured{Object: crd}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating the shipped CRD: %v", err)
-	}
-	if !kerneltest.WaitFor(30*time.Second, func() bool {
-		u, err := f.dyn.Resource(crdGVR).Get(ctx, "circuitreports.breakerd.io", metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-		for _, c := range conds {
-			m, _ := c.(map[string]any)
-			if m["type"] == "Established" && m["status"] == "True" {
-				_, err := f.dyn.Resource(GroupVersionResource).List(ctx, metav1.ListOptions{})
-				return err == nil
-			}
-		}
-		return false
-	}) {
-		t.Fatal("the CircuitReport CRD is not established within 30 s")
-	}
+	api.InstallCRD(t, "fleet-crd.yaml")
 
 	docs := shipped(t, "fleet-policy.yaml")
 	var vap admissionv1.ValidatingAdmissionPolicy

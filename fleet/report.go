@@ -15,9 +15,9 @@
 // (CircuitReport, with KubeStore to write and read it), the Writer (a
 // node's own report, coalesced, bounded, never blocking its caller), the
 // Watcher (every node's report, through an informer) and the Tally (pure:
-// the reports seen, the clock, and the quorum decision). Nothing in the
-// daemon uses it yet: the `fleet` configuration block is validated and
-// inert.
+// the reports seen, the clock, and the quorum decision). The daemon
+// reaches it through kube.Fleet, and decides with engine.Follower, for
+// the circuits whose configuration has a `fleet` block.
 package fleet
 
 import (

@@ -21,6 +21,7 @@ import (
 // to its own loop, which owns its Tally).
 type Watcher struct {
 	informer cache.SharedIndexInformer
+	handler  cache.ResourceEventHandlerRegistration
 	log      *slog.Logger
 }
 
@@ -56,7 +57,7 @@ func NewWatcher(cfg *rest.Config, observe func(*CircuitReport), forget func(node
 		}
 		return nil
 	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if r := decode(obj); r != nil {
 				observe(r)
@@ -75,9 +76,11 @@ func NewWatcher(cfg *rest.Config, observe func(*CircuitReport), forget func(node
 				forget(m.GetName())
 			}
 		},
-	}); err != nil {
+	})
+	if err != nil {
 		return nil, fmt.Errorf("fleet watch handler: %w", err)
 	}
+	w.handler = reg
 	return w, nil
 }
 
@@ -103,5 +106,7 @@ func compact(obj any) (any, error) {
 // Run watches until ctx ends.
 func (w *Watcher) Run(ctx context.Context) { w.informer.RunWithContext(ctx) }
 
-// Synced reports whether the first list has been delivered.
-func (w *Watcher) Synced() bool { return w.informer.HasSynced() }
+// Synced reports whether the first list has been delivered: handed to
+// observe, not only listed (the informer's own HasSynced is true before
+// its handlers have seen the list).
+func (w *Watcher) Synced() bool { return w.handler.HasSynced() }

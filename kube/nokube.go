@@ -4,6 +4,8 @@ package kube
 
 import (
 	"context"
+	"errors"
+	"time"
 
 	"github.com/breakerd/breakerd/policy"
 )
@@ -46,3 +48,35 @@ func (c *Client) SelectPods(s PodSelector) map[string]string { return nil }
 
 // PodName knows no pod.
 func (c *Client) PodName(uid string) (string, bool) { return "", false }
+
+// Fleet stands in for the link to the fleet's reports: a nokube build
+// has none (NewFleet is never reached: there is no Client).
+type Fleet struct{}
+
+// NewFleet returns no link.
+func (c *Client) NewFleet() (*Fleet, error) {
+	return nil, errors.New("built with -tags nokube: no Kubernetes client")
+}
+
+// Run returns at once.
+func (f *Fleet) Run(ctx context.Context) {}
+
+// Changed returns a channel that is never signalled.
+func (f *Fleet) Changed() <-chan struct{} { return nil }
+
+// Synced reports false.
+func (f *Fleet) Synced() bool { return false }
+
+// Publish does nothing.
+func (f *Fleet) Publish(open []FleetCircuit) {}
+
+// Open finds nothing open.
+func (f *Fleet) Open(now time.Time, quorum func(key string) int) ([]FleetOpen, time.Time, bool) {
+	return nil, time.Time{}, false
+}
+
+// Nodes returns 0.
+func (f *Fleet) Nodes(key string, now time.Time) int { return 0 }
+
+// Stats returns zeros.
+func (f *Fleet) Stats() FleetStats { return FleetStats{} }

@@ -17,9 +17,12 @@ const (
 	ForcedOpen
 	ForcedClosed
 	Disabled
+	// FleetOpen: open because a quorum of other nodes has the circuit
+	// open on their own evidence (Follow); it never probes.
+	FleetOpen
 )
 
-var stateNames = [...]string{"closed", "open", "half_open", "forced_open", "forced_closed", "disabled"}
+var stateNames = [...]string{"closed", "open", "half_open", "forced_open", "forced_closed", "disabled", "fleet_open"}
 
 // String returns the state's name (closed, open, half_open, …).
 func (s State) String() string {
@@ -30,7 +33,7 @@ func (s State) String() string {
 }
 
 // Rejects reports whether the kernel should hold a verdict for this state.
-func (s State) Rejects() bool { return s == Open || s == HalfOpen || s == ForcedOpen }
+func (s State) Rejects() bool { return s == Open || s == HalfOpen || s == ForcedOpen || s == FleetOpen }
 
 // Kind is how a call ended, as the kernel recorded it. Classify decides
 // what each counts as.
@@ -294,7 +297,7 @@ func (c *Circuit) RecordN(now time.Time, r Result, call Call, n int, seat Seat) 
 		}
 		return c.probeResult(now, failed)
 	case Closed:
-	default: // forced or disabled: metrics only
+	default: // forced, disabled or followed: metrics only
 		c.win.recordN(now, failed, slow, n)
 		return Transition{}, false
 	}
@@ -708,7 +711,7 @@ func (c *Circuit) Status(now time.Time) Status {
 		s.FailureRate = float64(failures) / float64(calls)
 		s.SlowRate = float64(slow) / float64(calls)
 	}
-	if c.state == Open || c.state == HalfOpen {
+	if c.state == Open || c.state == HalfOpen || c.state == FleetOpen {
 		s.OpenUntil = c.openUntil.time()
 	}
 	return s

@@ -23,18 +23,18 @@ func (c Change) Empty() bool {
 	return !c.AllChanged && !c.ModeChanged && !c.WorkloadsChanged && len(c.Added)+len(c.Removed)+len(c.Changed) == 0
 }
 
-// Diff computes what changes from old to next. The `fleet` blocks are not
-// compared: nothing acts on them (they are experimental and inert), so a
-// change of one alone resets no circuit.
+// Diff computes what changes from old to next. A `fleet` block is
+// compared as every option is: the circuits take it with their new
+// options, and keep their state.
 func Diff(old, next *Config) Change {
-	ch := Change{AllChanged: withoutFleet(old.All) != withoutFleet(next.All), ModeChanged: old.Mode != next.Mode,
+	ch := Change{AllChanged: old.All != next.All, ModeChanged: old.Mode != next.Mode,
 		WorkloadsChanged: !reflect.DeepEqual(old.Workloads, next.Workloads)}
 	for _, name := range sortedTargetNames(next) {
 		o, ok := old.Targets[name]
 		switch {
 		case !ok:
 			ch.Added = append(ch.Added, name)
-		case reflect.DeepEqual(targetWithoutFleet(o), targetWithoutFleet(next.Targets[name])):
+		case reflect.DeepEqual(o, next.Targets[name]):
 			ch.Unchanged = append(ch.Unchanged, name)
 		default:
 			ch.Changed = append(ch.Changed, name)
@@ -46,17 +46,4 @@ func Diff(old, next *Config) Change {
 		}
 	}
 	return ch
-}
-
-// withoutFleet returns o with its fleet block cleared.
-func withoutFleet(o Options) Options {
-	o.Fleet = FleetOptions{}
-	return o
-}
-
-// targetWithoutFleet returns a copy of t with its fleet block cleared.
-func targetWithoutFleet(t *Target) Target {
-	c := *t
-	c.Options = withoutFleet(c.Options)
-	return c
 }

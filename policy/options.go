@@ -75,7 +75,8 @@ type Options struct {
 	CloseEstablished bool
 	// Responses are a target's response options (responses.go).
 	Responses ResponseOptions
-	// Fleet is the `fleet` block (fleet.go): experimental and inert.
+	// Fleet is the `fleet` block (fleet.go): the circuit's state is
+	// shared with the other nodes.
 	Fleet FleetOptions
 }
 

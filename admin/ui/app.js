@@ -18,7 +18,7 @@ const RECENT_MS = 5 * 60 * 1000; // a circuit changed this recently is charted
 const MAX_CHARTS = 12;
 const EVENTS_SHOWN = 50;
 const MAX_EVENTS = 1000; // transitions kept, across daemon restarts
-const STATE_ORDER = { open: 0, forced_open: 1, half_open: 2, forced_closed: 3, disabled: 4, closed: 5 };
+const STATE_ORDER = { open: 0, forced_open: 1, fleet_open: 2, half_open: 3, forced_closed: 4, disabled: 5, closed: 6 };
 
 const ui = {
   circuits: [], // the last poll's circuits
@@ -268,7 +268,8 @@ function renderTable() {
   const rows = shown.map((c) => {
     const open = c.open_until ? Date.parse(c.open_until) - t : NaN;
     const tr = el("tr", "row-" + c.state,
-      el("td", "", el("span", "state state-" + c.state, c.state)),
+      el("td", "", el("span", "state state-" + c.state, c.state),
+        c.state === "fleet_open" ? " open by the fleet: " + c.fleet_nodes + " nodes" : ""),
       el("td", "name", c.name),
       el("td", "wrap", c.target),
       el("td", "", c.scope),

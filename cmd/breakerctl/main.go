@@ -138,7 +138,11 @@ func run(args []string, out io.Writer) error {
 			if rejected == "" {
 				rejected = "-"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\t%d\t%s\t%d\t%s\t%d\t%s\t%s\n", ci.Name, ci.Target, ci.Workload, ci.State, 100*ci.FailureRate, 100*ci.SlowRate, ci.Calls, open, ci.Rejected, conns, ci.BulkheadRejected, pods, rejected)
+			state := ci.State
+			if ci.FleetNodes > 0 {
+				state += fmt.Sprintf(" (open by the fleet: %d nodes)", ci.FleetNodes)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\t%d\t%s\t%d\t%s\t%d\t%s\t%s\n", ci.Name, ci.Target, ci.Workload, state, 100*ci.FailureRate, 100*ci.SlowRate, ci.Calls, open, ci.Rejected, conns, ci.BulkheadRejected, pods, rejected)
 		}
 		return tw.Flush()
 	case "events":

@@ -44,8 +44,12 @@ import (
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
 )
 
 // Server is a running etcd + kube-apiserver pair.
@@ -614,4 +618,58 @@ func writePKI(dir string, sans []net.IP) (*pkiFiles, error) {
 		}
 	}
 	return f, nil
+}
+
+// InstallCRD creates the CustomResourceDefinition in the repository's
+// file deploy/NAME and waits (up to 30 s) until it is established and
+// its resource is served.
+func (s *Server) InstallCRD(tb testing.TB, name string) {
+	tb.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "deploy", name))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var crd map[string]any
+	if err := yaml.UnmarshalStrict(data, &crd); err != nil {
+		tb.Fatalf("decoding %s: %v", name, err)
+	}
+	dyn, err := dynamic.NewForConfig(s.Admin)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx := context.Background()
+	crdGVR := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	u, err := dyn.Resource(crdGVR).Create(ctx, &unstructured.Unstructured{Object: crd}, metav1.CreateOptions{})
+	if err != nil {
+		tb.Fatalf("creating the CRD of %s: %v", name, err)
+	}
+	group, _, _ := unstructured.NestedString(u.Object, "spec", "group")
+	plural, _, _ := unstructured.NestedString(u.Object, "spec", "names", "plural")
+	versions, _, _ := unstructured.NestedSlice(u.Object, "spec", "versions")
+	if len(versions) == 0 {
+		tb.Fatalf("the CRD of %s has no version", name)
+	}
+	version, _ := versions[0].(map[string]any)["name"].(string)
+	gvr := schema.GroupVersionResource{Group: group, Version: version, Resource: plural}
+	if !kerneltest.WaitFor(30*time.Second, func() bool {
+		u, err := dyn.Resource(crdGVR).Get(ctx, u.GetName(), metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+		for _, c := range conds {
+			m, _ := c.(map[string]any)
+			if m["type"] == "Established" && m["status"] == "True" {
+				_, err := dyn.Resource(gvr).List(ctx, metav1.ListOptions{})
+				return err == nil
+			}
+		}
+		return false
+	}) {
+		tb.Fatalf("the CRD of %s is not established within 30 s", name)
+	}
 }
