@@ -17,7 +17,8 @@ func (e *Engine) SetEndpointIdle(d time.Duration) { e.endpointIdle = d }
 
 // Tick runs the timers: connect timeouts, response timeouts, probe
 // timeouts, the sweep of departed endpoints and, once a second, the
-// retry of unenforced circuits and the reconciliation after lost records.
+// retry of unenforced circuits, the clean-up of finished slow starts and
+// the reconciliation after lost records.
 func (e *Engine) Tick(now time.Time) {
 	for cookie, p := range e.pending {
 		c, _ := e.reg.At(p.dest)
@@ -50,6 +51,7 @@ func (e *Engine) Tick(now time.Time) {
 	if now.Sub(e.lastLostCheck) >= time.Second {
 		e.lastLostCheck = now
 		e.RetryUnenforced()
+		e.EndRamps()
 		if st, err := e.k.Stats(); err == nil && st.EventsLost != e.lostSeen {
 			e.lostSeen = st.EventsLost
 			e.ReconcileRounds(now)
