@@ -192,3 +192,24 @@ func TestSlowStartRampIsAdopted(t *testing.T) {
 		t.Fatal("a forced-open circuit adopted a ramp")
 	}
 }
+
+// A reload that changes slow_start leaves a ramp in progress as it was
+// written; the next recovery ramps with the new options.
+func TestSlowStartReloadAppliesFromTheNextClose(t *testing.T) {
+	c := newCore(t, 8, nil)
+	x := c.circuit(9551, slowStart())
+	c.recover(x)
+	before := c.verdict(dest(9551))
+	o := slowStart()
+	o.SlowStart = policy.SlowStartOptions{Duration: 3 * time.Second, Floor: 0.5, Aggression: 2}
+	x.Machine.SetOptions(o, c.clk.Now())
+	c.e.Tick(c.clk.Now())
+	if v := c.verdict(dest(9551)); v != before {
+		t.Fatalf("a reload rewrote the ramp in progress: %+v, was %+v", v, before)
+	}
+	c.clk.Advance(time.Second)
+	c.recover(x)
+	if v := c.verdict(dest(9551)); v.State != maps.Ramp || v.RampLen != 3*time.Second || v.Curve[0] != 128 {
+		t.Fatalf("the next recovery's ramp %+v, want 3 s from 0.5", v)
+	}
+}
