@@ -22,7 +22,7 @@
 //     rate-limited error log. Its methods make a circuit and attach
 //     destinations (Make, Attach), record calls (Record: one way, with
 //     a count), apply a transition (Apply), seat and release kernel ids
-//     (Seat, EnsureID, ReleaseID), write verdicts (WriteVerdicts),
+//     (Seat, EnsureID, releaseID), write verdicts (WriteVerdicts),
 //     retry what could not be written (RetryUnenforced), evict and drop
 //     circuits, and keep the sharing workloads' bulkhead slots and the
 //     circuits' epochs.
@@ -78,8 +78,8 @@
 //   - The kernel suites' twins of the engine's tests (daemon/lazyids_test.go,
 //     decisions_test.go) can lose more of what the engine's tests now
 //     show.
-//   - Methods the daemon no longer calls (DeleteLimits, Kept, NoLimits,
-//     ReleaseID, Seat, SeatForLimits, SyncBulkSlots, WriteVerdict) can be
+//   - Methods the daemon no longer calls (deleteLimits, Kept, noLimits,
+//     releaseID, Seat, seatForLimits, syncBulkSlots, writeVerdict) can be
 //     unexported.
 //
 // What stays in the daemon: start-up and adoption of pinned state, the
