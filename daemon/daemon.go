@@ -303,10 +303,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.rejectionsLoop(ctx) })
 	wg.Go(func() { d.fleetLoop(ctx) })
 	d.do(func() {
-		d.ready.Store(d.problems == nil)
+		// Started before ready: a client that sees ready finds the
+		// whole API served (and a ground check's verdict, also a step,
+		// comes before or after this one, never between).
 		d.admin = srv.TCPAddr()
+		d.setPhase("")
+		d.ready.Store(d.problems == nil)
 	})
-	d.setPhase("")
 	d.log.Info("breakerd ready", "cgroup", d.opts.Cgroup, "pins", d.k.PinDir(), "admin", d.opts.AdminAddr, "socket", d.opts.AdminSocket)
 
 	<-ctx.Done()
