@@ -43,7 +43,7 @@ func (e *Engine) Make(name, target string, scope policy.Scope, o *policy.Options
 	c.Machine.Init(o, ov, g, now, nil)
 	c.Machine.Share(e.shared(target))
 	if id != 0 {
-		e.Seat(c, id, inherited)
+		e.seatID(c, id, inherited)
 	}
 	if dynamic {
 		e.reg.dynamic++

@@ -11,11 +11,11 @@ import (
 // errNoID: a circuit that has to reject found no kernel circuit id free.
 var errNoID = errors.New("no circuit id free")
 
-// Seat gives c the kernel circuit id id (seat) and continues c's rounds
+// seatID gives c the kernel circuit id id (seat) and continues c's rounds
 // after the slot's probe budget: a closed circuit's next open verdict
 // begins a new round there, and so does the verdict of an open one that
 // waited for an id (enforce), written next.
-func (e *Engine) Seat(c *Circuit, id uint32, inherited bool) {
+func (e *Engine) seatID(c *Circuit, id uint32, inherited bool) {
 	round, ok := e.seat(c, id, inherited)
 	if !ok {
 		return
@@ -60,7 +60,7 @@ func (e *Engine) EnsureID(c *Circuit) bool {
 	if !ok {
 		return false
 	}
-	e.Seat(c, id, inherited)
+	e.seatID(c, id, inherited)
 	return true
 }
 
