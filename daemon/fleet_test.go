@@ -72,8 +72,8 @@ func newFleetNodes(t *testing.T, n int, yaml string) (*kubeapitest.Server, []*fl
 }
 
 func (nd *fleetNode) link() *kube.Fleet {
-	nd.d.mu.Lock()
-	defer nd.d.mu.Unlock()
+	nd.d.hold()
+	defer nd.d.release()
 	return nd.d.fleet.link
 }
 
