@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -9,7 +10,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/breakerd/breakerd/fleet"
 	"github.com/breakerd/breakerd/internal/kerneltest"
 	"github.com/breakerd/breakerd/internal/kubeapitest"
 	"github.com/breakerd/breakerd/kube"
@@ -42,18 +45,28 @@ type fleetNode struct {
 	name string
 }
 
-// newFleetNodes starts an API server with the CircuitReport CRD and n
-// daemons on it.
+// newFleetNodes starts an API server with deploy/'s CircuitReport CRD,
+// breakerd's service account and RBAC, and the admission policy that
+// lets a node write only its own report, and n daemons on it, each with
+// a token bound to a pod on its node (as a DaemonSet's pod has): the
+// policy is in force for every write of the scenario.
 func newFleetNodes(t *testing.T, n int, yaml string) (*kubeapitest.Server, []*fleetNode) {
 	t.Helper()
 	kerneltest.RequireKernel(t)
 	api := kubeapitest.Start(t)
 	api.InstallCRD(t, "fleet-crd.yaml")
+	for _, file := range []string{"namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "fleet-policy.yaml"} {
+		api.Apply(t, file)
+	}
 	var nodes []*fleetNode
 	for i := range n {
 		f := newFixture(t, yaml)
-		name := fmt.Sprintf("node-%c-%s", 'a'+i, kerneltest.UniqueName())
-		cl, err := kube.New(kube.Options{Config: api.Admin, NodeName: name, ProbeInterval: 200 * time.Millisecond,
+		name := fmt.Sprintf("node-%c-%s", 'a'+i, strings.ToLower(kerneltest.UniqueName()))
+		token := api.NodeToken(t, "breakerd", "breakerd", name)
+		if i == 0 {
+			waitOwnReportOnly(t, api, token, name)
+		}
+		cl, err := kube.New(kube.Options{Config: api.TokenConfig(token), NodeName: name, ProbeInterval: 200 * time.Millisecond,
 			Logger: slog.New(slog.NewTextHandler(f.logs, nil))})
 		if err != nil {
 			t.Fatal(err)
@@ -69,6 +82,26 @@ func newFleetNodes(t *testing.T, n int, yaml string) (*kubeapitest.Server, []*fl
 		}
 	}
 	return api, nodes
+}
+
+// waitOwnReportOnly waits until the API server enforces the admission
+// policy (it loads a new one within a second or so): node's token is
+// refused writing another node's report.
+func waitOwnReportOnly(t *testing.T, api *kubeapitest.Server, token, node string) {
+	t.Helper()
+	store, err := fleet.NewKubeStore(api.TokenConfig(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := &fleet.CircuitReport{Spec: fleet.ReportSpec{Circuits: []fleet.Circuit{}}}
+	other.Name = "not-" + node
+	var werr error
+	if !kerneltest.WaitFor(10*time.Second, func() bool {
+		werr = store.Apply(context.Background(), other)
+		return apierrors.IsForbidden(werr) && strings.Contains(werr.Error(), "may write only the CircuitReport named "+node)
+	}) {
+		t.Fatalf("the admission policy is not in force: %s writing another node's report: %v", node, werr)
+	}
 }
 
 func (nd *fleetNode) link() *kube.Fleet {
