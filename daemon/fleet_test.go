@@ -265,7 +265,10 @@ func TestFleetQuorumOpensFollowers(t *testing.T) {
 // then, with the API server gone, the reporters' local breaking is
 // unchanged (they reject, trip again on their probes, and count their
 // failed writes) and the follow ends at its open-until, when the
-// reporters' entries expire, without any report to say so.
+// reporters' entries expire, without any report to say so, and the
+// follower counts its failed reads. Last, the API server is started
+// again on the same store: the reporters write again, and the follower
+// follows again.
 func TestFleetFollowAcrossRestartAndAPIOutage(t *testing.T) {
 	api, nodes := newFleetNodes(t, 3, fleetConfig)
 	a, b, c := nodes[0], nodes[1], nodes[2]
@@ -323,5 +326,33 @@ func TestFleetFollowAcrossRestartAndAPIOutage(t *testing.T) {
 	}
 	if _, ok := c.verdict(); ok {
 		t.Error("the follower's verdict stayed after its follow ended")
+	}
+	// The follower counted its failed reads of the reports.
+	if s := c.link().Stats(); s.ListErrors+s.WatchErrors == 0 {
+		t.Errorf("the follower counted no failed list or watch with the API down: %+v", s)
+	}
+
+	// The API server comes back (same address, same store): the nodes
+	// pick it up, the reporters' writes go through again (a and b, still
+	// failing, probe and reopen), and a new quorum opens the follower.
+	api.Restart(t)
+	restarted := time.Now()
+	if !kerneltest.WaitFor(30*time.Second, func() bool {
+		a.dial(fleetPort, 1, time.Second)
+		b.dial(fleetPort, 1, time.Second)
+		ev, ok := c.event("fleet_open")
+		return ok && ev.After(restarted)
+	}) {
+		t.Fatalf("the restarted API server was not picked up: c follows nothing (a %+v, b %+v, c %+v; c's logs:\n%s)",
+			a.link().Stats(), b.link().Stats(), c.link().Stats(), c.logs.String())
+	}
+	followed, _ := c.event("fleet_open")
+	t.Logf("the follower followed again %v after the API server restarted (read errors while it was down: %+v)",
+		followed.Sub(restarted).Round(time.Millisecond), c.link().Stats())
+	if v, ok := c.verdict(); !ok || v.State != maps.ForcedOpen {
+		t.Errorf("the follower's verdict after the API server came back: %+v (%v)", v, ok)
+	}
+	if got := errnos(c.dial(fleetPort, 3, time.Second)); got[unix.EHOSTUNREACH] != 3 {
+		t.Errorf("the follower's connects after the API server came back: %v, want 3 refused by breakerd", got)
 	}
 }
