@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync/atomic"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -70,9 +71,13 @@ func NewWatcher(cfg *rest.Config, observe func(*CircuitReport), forget func(node
 			wi, err := reports.Watch(ctx, o)
 			if err != nil {
 				// A watch that sends the initial events is the list
-				// (client-go's WatchListClient).
+				// (client-go's WatchListClient). An API server without
+				// such watches refuses them as invalid, and the reflector
+				// lists the usual way: only that list counts then.
 				if o.SendInitialEvents != nil && *o.SendInitialEvents {
-					w.listErrors.Add(1)
+					if !apierrors.IsInvalid(err) && !apierrors.IsBadRequest(err) {
+						w.listErrors.Add(1)
+					}
 				} else {
 					w.watchErrors.Add(1)
 				}
