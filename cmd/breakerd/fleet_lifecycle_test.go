@@ -349,7 +349,7 @@ func TestFleetLifecycle(t *testing.T) {
 		}
 	})
 	t.Cleanup(func() { stopB.Store(true); wgB.Wait() })
-	c.waitState("fleet_open", 3*time.Second)
+	c.waitState("fleet_open", 5*time.Second)
 	bOpened, _ := b.event("open")
 	cOpened, _ := c.event("fleet_open")
 	t.Logf("c followed %v after b's transition made the quorum", cOpened.Time.Sub(bOpened.Time).Round(time.Millisecond))
@@ -394,8 +394,11 @@ func TestFleetLifecycle(t *testing.T) {
 				t.Fatalf("%s: a's report went %v after listing its circuit (every version: %v)", step, keys, vs)
 			}
 		}
-		if got := reports.nodes(); !slices.Equal(got, names) {
-			t.Fatalf("%s: reports %v, want one of each node %v", step, got, names)
+		reports.mu.Lock()
+		deleted := slices.Clone(reports.deleted)
+		reports.mu.Unlock()
+		if got := reports.nodes(); !slices.Equal(got, names) || len(deleted) > 0 {
+			t.Fatalf("%s: reports %v (deleted %v), want one of each node %v", step, got, deleted, names)
 		}
 	}
 	check("c follows")
