@@ -23,7 +23,7 @@ import (
 
 // Apply creates every object of the repository's file deploy/NAME (YAML
 // documents separated by ---) with the admin's credentials, as `kubectl
-// apply -f` would on a fresh cluster.
+// apply -f` would on a fresh cluster, refusing unknown fields.
 func (s *Server) Apply(tb testing.TB, name string) {
 	tb.Helper()
 	root, err := repoRoot()
@@ -61,7 +61,9 @@ func (s *Server) Apply(tb testing.TB, name string) {
 		if err != nil {
 			tb.Fatalf("%s: %s %s: %v", name, gvk, u.GetName(), err)
 		}
-		if _, err := dyn.Resource(m.Resource).Namespace(u.GetNamespace()).Create(context.Background(), u, metav1.CreateOptions{}); err != nil {
+		// Strict, as kubectl: a field the API does not know is an error.
+		if _, err := dyn.Resource(m.Resource).Namespace(u.GetNamespace()).Create(context.Background(), u,
+			metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict}); err != nil {
 			tb.Fatalf("%s: creating %s %s: %v", name, gvk.Kind, u.GetName(), err)
 		}
 	}
