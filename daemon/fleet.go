@@ -245,12 +245,13 @@ var (
 	descFleetFollowed = prometheus.NewDesc("breakerd_fleet_followed_circuits", "Circuits open because a quorum of other nodes reports them open (state fleet_open).", nil, nil)
 	descFleetWrites   = prometheus.NewDesc("breakerd_fleet_report_writes_total", "Writes of this node's CircuitReport.", nil, nil)
 	descFleetErrors   = prometheus.NewDesc("breakerd_fleet_report_write_errors_total", "Failed writes of this node's CircuitReport (each is retried with the latest state, backed off up to 30 s).", nil, nil)
+	descFleetReadErrs = prometheus.NewDesc("breakerd_fleet_report_read_errors_total", "Failed reads of the fleet's CircuitReports: op list (the first list, and each after a watch could not resume) or watch (a watch that could not be started); each is retried, backed off by client-go. While they fail, followed circuits end at their open-until.", []string{"op"}, nil)
 	descFleetOmitted  = prometheus.NewDesc("breakerd_fleet_report_omitted_circuits", "Circuits open on this node's own evidence that its last report left out (past 128; the least recently opened go first).", nil, nil)
 )
 
 // Describe sends the collector's descriptors.
 func (f fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descFleetFollowed, descFleetWrites, descFleetErrors, descFleetOmitted} {
+	for _, d := range []*prometheus.Desc{descFleetFollowed, descFleetWrites, descFleetErrors, descFleetReadErrs, descFleetOmitted} {
 		ch <- d
 	}
 }
@@ -270,5 +271,7 @@ func (f fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descFleetFollowed, prometheus.GaugeValue, float64(followed))
 	ch <- prometheus.MustNewConstMetric(descFleetWrites, prometheus.CounterValue, float64(s.Writes))
 	ch <- prometheus.MustNewConstMetric(descFleetErrors, prometheus.CounterValue, float64(s.Errors))
+	ch <- prometheus.MustNewConstMetric(descFleetReadErrs, prometheus.CounterValue, float64(s.ListErrors), "list")
+	ch <- prometheus.MustNewConstMetric(descFleetReadErrs, prometheus.CounterValue, float64(s.WatchErrors), "watch")
 	ch <- prometheus.MustNewConstMetric(descFleetOmitted, prometheus.GaugeValue, float64(s.Omitted))
 }
