@@ -98,7 +98,7 @@ func (e *Engine) EndRamps() {
 				e.log.Warn("deleting a finished slow-start verdict", "circuit", c.Name(), "dest", dst, "err", err)
 			}
 		}
-		e.ReleaseID(c)
+		e.releaseID(c)
 	}
 }
 
