@@ -122,6 +122,14 @@ type Counters struct {
 	Rounds uint64
 	// BulkheadRejected counts connects turned away by a concurrency limit.
 	BulkheadRejected uint64
+	// SlowStartRejected counts connects turned away by a slow-start ramp
+	// (RampVerdict).
+	SlowStartRejected uint64
+}
+
+func countersFromRaw(p *bpf.BreakerCircuitCounters) Counters {
+	return Counters{Rejected: p.Rejected, ShadowRejected: p.ShadowRejected, Probes: p.Probes, Rounds: p.Rounds,
+		BulkheadRejected: p.BulkheadRejected, SlowStartRejected: p.SlowStartRejected}
 }
 
 // Counters reads the counters of circuit id.
@@ -130,7 +138,7 @@ func (v *View) Counters(id uint32) (Counters, error) {
 	if err := v.counters.Lookup(id, &p); err != nil {
 		return Counters{}, fmt.Errorf("reading counters of circuit %d: %w", id, err)
 	}
-	return Counters{Rejected: p.Rejected, ShadowRejected: p.ShadowRejected, Probes: p.Probes, Rounds: p.Rounds, BulkheadRejected: p.BulkheadRejected}, nil
+	return countersFromRaw(&p), nil
 }
 
 // CountersUpTo reads the counters of circuit ids 0 to n-1 in batches
@@ -144,8 +152,8 @@ func (v *View) CountersUpTo(n uint32) ([]Counters, error) {
 	for uint32(len(out)) < n {
 		want := min(int(n)-len(out), batchSize)
 		got, err := v.counters.BatchLookup(&cursor, keys[:want], vals[:want], nil)
-		for _, p := range vals[:got] {
-			out = append(out, Counters{Rejected: p.Rejected, ShadowRejected: p.ShadowRejected, Probes: p.Probes, Rounds: p.Rounds, BulkheadRejected: p.BulkheadRejected})
+		for i := range vals[:got] {
+			out = append(out, countersFromRaw(&vals[i]))
 		}
 		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return out, fmt.Errorf("reading counters: %w", err)

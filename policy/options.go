@@ -78,6 +78,9 @@ type Options struct {
 	// Fleet is the `fleet` block (fleet.go): the circuit's state is
 	// shared with the other nodes.
 	Fleet FleetOptions
+	// SlowStart is the `slow_start` block (slowstart.go): the ramp the
+	// kernel applies when the circuit closes after being open.
+	SlowStart SlowStartOptions
 }
 
 // HasLimits reports whether the options set a bulkhead limit.

@@ -269,7 +269,8 @@ function renderTable() {
     const open = c.open_until ? Date.parse(c.open_until) - t : NaN;
     const tr = el("tr", "row-" + c.state,
       el("td", "", el("span", "state state-" + c.state, c.state),
-        c.state === "fleet_open" ? " open by the fleet: " + c.fleet_nodes + " nodes" : ""),
+        c.state === "fleet_open" ? " open by the fleet: " + c.fleet_nodes + " nodes" : "",
+        c.slow_start ? " ramping: " + pct(c.slow_start.share) + " admitted" : ""),
       el("td", "name", c.name),
       el("td", "wrap", c.target),
       el("td", "", c.scope),
@@ -386,6 +387,8 @@ async function pollDetail() {
     ["slow ratio", pct(c.slow_rate) + " (" + c.slow + " of " + c.calls + ")"],
     ["consecutive failures", c.consecutive_failures], ["trip", c.trip],
     ["open until", c.open_until || "-"], ["probes left", c.probes_left ?? "-"],
+    ["slow start", c.slow_start ? pct(c.slow_start.share) + " of new connects admitted, all from " + c.slow_start.until : "-"],
+    ["slow-start rejections", c.slow_start_rejected || 0],
     ["kernel rejections", c.rejected], ["shadow rejections", c.shadow_rejected], ["bulkhead rejections", c.bulkhead_rejected],
     ["connections / connecting", c.connections + " / " + c.connecting],
     ["destinations (" + c.destinations_total + ")", (c.destinations || []).join(" ")],
