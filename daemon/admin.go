@@ -14,8 +14,9 @@ import (
 )
 
 // Bounds of what the admin API shows. Every response is built from a
-// copy the owner makes in one short step (names and in-memory state of at
-// most a page of circuits, no kernel reads), then completed and encoded
+// copy the owner makes in a step (in-memory state of at most a page of
+// circuits, and every circuit's name when the set changed since the last
+// sort; no kernel reads), then completed and encoded
 // on the client's goroutine, so a slow or hostile client never holds up
 // the event loop or the heartbeat.
 const (

@@ -47,7 +47,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	if err != nil {
 		return fmt.Errorf("reading bulkhead counts: %w", err)
 	}
-	d.eng.IDs().LoadPinned(verdicts, limits, busy)
+	d.do(func() { d.eng.IDs().LoadPinned(verdicts, limits, busy) })
 	// Host names are looked up first, in parallel and each bounded,
 	// keeping a fresh previous heartbeat fresh meanwhile.
 	hosts := hostNamesOf(cfg)

@@ -17,7 +17,6 @@ const EndpointIdle = 10 * time.Minute
 // retry of unenforced circuits, the clean-up of finished slow starts and
 // the reconciliation after lost records.
 func (e *Engine) Tick(now time.Time) {
-	defer e.Publish()
 	for cookie, p := range e.pending {
 		c, _ := e.reg.At(p.dest)
 		if c == nil {
