@@ -52,7 +52,8 @@ func (d *Daemon) snap(c *circuit, now time.Time) circuitSnap {
 		info: CircuitInfo{Name: c.Name(), Target: c.Target(), Workload: c.Workload(), Scope: scope, State: st.State.String(),
 			FailureRate: st.FailureRate, SlowRate: st.SlowRate, Calls: st.Calls, Failures: st.Failures, Slow: st.Slow,
 			ConsecutiveFailures: st.ConsecutiveFailures, OpenUntil: st.OpenUntil, Trip: st.Trip, CircuitID: c.ID,
-			DestinationsTotal: len(c.Dests()), ClosedEstablished: c.ClosedEstablished(), Unenforced: d.isUnenforced(c)},
+			DestinationsTotal: len(c.Dests()), ClosedEstablished: c.ClosedEstablished(), Unenforced: d.isUnenforced(c),
+			AdaptiveLimits: adaptiveLimits(c)},
 		opts:    c.Machine.Options(),
 		dests:   slices.Clone(c.Dests()[:min(len(c.Dests()), listedDests)]),
 		round:   st.Round,
@@ -113,6 +114,14 @@ func optionsMap(o *policy.Options) map[string]any {
 		"reject_errno": policy.ErrnoName(o.RejectErrno), "count_abandoned": o.CountAbandoned, "reset_failure_window": o.ResetFailureWindow.String(),
 		"max_connections": o.MaxConnections, "max_connecting": o.MaxConnecting, "bulkhead_reject_errno": policy.ErrnoName(o.BulkheadRejectErrno),
 		"close_established": o.CloseEstablished,
+	}
+	for _, a := range []struct {
+		key  string
+		spec policy.Adaptive
+	}{{"max_connections", o.AdaptiveConnections}, {"max_connecting", o.AdaptiveConnecting}} {
+		if a.spec.On() {
+			m[a.key] = map[string]any{"adaptive": a.spec.Algorithm.String(), "min": a.spec.Min, "initial": a.spec.Initial, "max": a.spec.Max}
+		}
 	}
 	responseOptions(m, &o.Responses)
 	return m

@@ -67,6 +67,9 @@ type circuitExtra struct {
 	// closed counts the established connections its close passes
 	// closed since the daemon started (close_established).
 	closed uint64
+	// adaptive are its adaptive limits (adaptive.go); nil when its
+	// limits are static.
+	adaptive *adaptiveLimits
 	// epoch keys the kernel's count of the cgroups its verdicts and its
 	// own bulkhead reject; 0 until it first writes a rejecting verdict or
 	// a limit.

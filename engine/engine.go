@@ -78,6 +78,11 @@ type Engine struct {
 	lastSweep     time.Time
 	lastLostCheck time.Time
 	lostSeen      uint64
+	// adaptive are the circuits with adaptive limits (adaptive.go);
+	// pinned the limits entries a previous daemon left, while starting
+	// (SetPinnedLimits).
+	adaptive map[*Circuit]struct{}
+	pinned   map[maps.Dest]maps.Limit
 }
 
 // Hooks are what the daemon does around the engine's decisions, with
@@ -113,7 +118,8 @@ func New(cfg Config) *Engine {
 	e := &Engine{reg: newRegistry(cfg.Kernel, cfg.IDs), k: cfg.Kernel, clock: cfg.Clock, log: cfg.Log, metrics: cfg.Metrics, hooks: cfg.Hooks, rand: cfg.Rand, seriesOf: map[string]*Series{},
 		unenforced: map[*Circuit]struct{}{}, unlimited: map[*Circuit]struct{}{}, retired: map[string]maps.Counters{}, errorsLogged: map[string]time.Time{},
 		matchers: map[uint8]*policy.Matcher{}, pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{},
-		respSince: cfg.RespondingSince, batched: map[*Circuit]batch{}, batchedIDs: map[uint32]*Circuit{}, endpointIdle: EndpointIdle}
+		respSince: cfg.RespondingSince, batched: map[*Circuit]batch{}, batchedIDs: map[uint32]*Circuit{}, endpointIdle: EndpointIdle,
+		adaptive: map[*Circuit]struct{}{}}
 	e.reg.classes = &e.matching.Classes
 	return e
 }
@@ -225,6 +231,7 @@ func (e *Engine) Drop(c *Circuit) {
 	e.reg.Untrack(c)
 	delete(e.unenforced, c)
 	delete(e.unlimited, c)
+	delete(e.adaptive, c)
 	if c.Target() == AllTarget {
 		e.reg.dynamic--
 	}

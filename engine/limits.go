@@ -111,6 +111,9 @@ func limitOf(id uint32, o *policy.Options) maps.Limit {
 // successes, its answered word (written first by batchOf).
 func (e *Engine) limitFor(c *Circuit, o *policy.Options, b bulkEntry) maps.Limit {
 	l := limitOf(b.slot, o)
+	if a := e.syncAdaptive(c, o); a != nil {
+		a.limitsOf(&l)
+	}
 	l.Epoch = b.epoch
 	if l.Responses != 0 {
 		if bt, ok := e.batchOf(c, o); ok {
