@@ -59,6 +59,7 @@ func BenchmarkAdaptiveLimits(b *testing.B) {
 				d.eng.HandleBatch(evs, time.Now())
 			}
 			b.Run("record", func(b *testing.B) {
+				b.ReportAllocs()
 				for b.Loop() {
 					window(maps.Established)
 				}

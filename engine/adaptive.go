@@ -147,13 +147,23 @@ func (a *adaptiveLimits) limitsOf(l *maps.Limit) {
 	}
 }
 
-// each calls f with each limiter of a.
-func (a *adaptiveLimits) each(f func(l *policy.Limiter)) {
+// sample and drop feed each limiter of a (no closure: they run on the
+// record path).
+func (a *adaptiveLimits) sample(d time.Duration) {
 	if a.conns != nil {
-		f(a.conns)
+		a.conns.Sample(d)
 	}
 	if a.connecting != nil {
-		f(a.connecting)
+		a.connecting.Sample(d)
+	}
+}
+
+func (a *adaptiveLimits) drop() {
+	if a.conns != nil {
+		a.conns.Drop()
+	}
+	if a.connecting != nil {
+		a.connecting.Drop()
 	}
 }
 
@@ -168,10 +178,10 @@ func feedHandshake(c *Circuit, out maps.Outcome, d time.Duration) {
 	switch out {
 	case maps.Established:
 		if !c.Machine.Options().Responses.Followed() {
-			a.each(func(l *policy.Limiter) { l.Sample(d) })
+			a.sample(d)
 		}
 	case maps.TimedOut:
-		a.each((*policy.Limiter).Drop)
+		a.drop()
 	}
 }
 
@@ -179,7 +189,7 @@ func feedHandshake(c *Circuit, out maps.Outcome, d time.Duration) {
 // (connect_timeout, response_timeout).
 func feedDrop(c *Circuit) {
 	if a := c.adaptive(); a != nil {
-		a.each((*policy.Limiter).Drop)
+		a.drop()
 	}
 }
 
@@ -195,13 +205,13 @@ func feedResponse(c *Circuit, r *policy.Result) {
 	if r.HTTP {
 		switch {
 		case r.Status == 429 || r.Status == 503 || r.Status == 504:
-			a.each((*policy.Limiter).Drop)
+			a.drop()
 			return
 		case r.Status >= 400:
 			return
 		}
 	}
-	a.each(func(l *policy.Limiter) { l.Sample(r.Duration) })
+	a.sample(r.Duration)
 }
 
 // moveLimits runs from Tick: each adaptive limit whose window is full
@@ -215,9 +225,7 @@ func (e *Engine) moveLimits() {
 			delete(e.adaptive, c)
 			continue
 		}
-		full := false
-		a.each(func(l *policy.Limiter) { full = full || l.Pending() >= policy.LimitWindow })
-		if !full {
+		if (a.conns == nil || a.conns.Pending() < policy.LimitWindow) && (a.connecting == nil || a.connecting.Pending() < policy.LimitWindow) {
 			continue
 		}
 		inflight := e.inflight(c)
