@@ -228,3 +228,54 @@ func TestAdaptiveLimitAcrossRestartAndReload(t *testing.T) {
 		t.Fatalf("made static: %d, %+v", got, g.at(port).AdaptiveLimits())
 	}
 }
+
+const criticalityAdaptiveConfig = `
+workloads:
+  - {name: web, cgroups: [web], criticality: critical}
+  - {name: batch, cgroups: [batch], criticality: sheddable, share: 0.25}
+  - {name: other, cgroups: [other]}
+targets:
+  pool:
+    match: {cidrs: [SRV], ports: ["9602"]}
+    max_connections: {adaptive: aimd, min: 4, initial: 20, max: 40}
+`
+
+// The workloads with a criticality share one slot, the critical one under
+// the whole limit and the sheddable one under its share; a workload
+// without one keeps a slot of its own. As the adaptive limit moves, the
+// share follows it.
+func TestCriticalityPoolFollowsTheAdaptiveLimit(t *testing.T) {
+	f := newFed(t, criticalityAdaptiveConfig, nil)
+	const port = 9602
+	cfg, _ := policy.Parse([]byte(strings.ReplaceAll(criticalityAdaptiveConfig, "SRV", srv.String()+"/32")), false)
+	cl := cfg.Classes()
+	entry := func(w string) maps.Limit {
+		d := dest(port)
+		d.Class = uint8(cl.Bulkhead(w))
+		l, ok := f.k.Limits()[d]
+		if !ok {
+			t.Fatalf("no limits entry for %s", w)
+		}
+		return l
+	}
+	web, batch, other := entry("web"), entry("batch"), entry("other")
+	if web.Slot != batch.Slot || other.Slot == web.Slot || web.Slot == 0 {
+		t.Fatalf("slots: web %d, batch %d, other %d: want web and batch in one, other apart", web.Slot, batch.Slot, other.Slot)
+	}
+	if web.MaxConnections != 20 || batch.MaxConnections != 5 || other.MaxConnections != 20 {
+		t.Fatalf("limits: web %d, batch %d, other %d; want 20, 5 (a quarter), 20", web.MaxConnections, batch.MaxConnections, other.MaxConnections)
+	}
+	if slots := f.at(port).BulkSlots(); len(slots) != 2 {
+		t.Fatalf("bulk slots %+v, want the pool's and other's, each once", slots)
+	}
+	// A window of drops: AIMD takes a tenth off (20 → 18); a quarter of it.
+	f.k.SetBulkCount(web.Slot, maps.BulkCount{Connections: 18})
+	for range policy.LimitWindow {
+		f.feed(maps.Event{Outcome: maps.TimedOut, Dest: dest(port)})
+	}
+	f.clk.Advance(100 * time.Millisecond)
+	f.tick()
+	if w, b := entry("web").MaxConnections, entry("batch").MaxConnections; w != 18 || b != 4 {
+		t.Fatalf("after a move to 18: web %d, batch %d; want 18 and 4", w, b)
+	}
+}
