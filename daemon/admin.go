@@ -55,7 +55,8 @@ func (d *Daemon) snap(c *circuit, now time.Time) circuitSnap {
 		info: CircuitInfo{Name: c.Name(), Target: c.Target(), Workload: c.Workload(), Scope: scope, State: st.State.String(),
 			FailureRate: st.FailureRate, SlowRate: st.SlowRate, Calls: st.Calls, Failures: st.Failures, Slow: st.Slow,
 			ConsecutiveFailures: st.ConsecutiveFailures, OpenUntil: st.OpenUntil, Trip: st.Trip, CircuitID: c.ID,
-			DestinationsTotal: len(c.Dests()), ClosedEstablished: c.ClosedEstablished(), Unenforced: d.isUnenforced(c)},
+			DestinationsTotal: len(c.Dests()), ClosedEstablished: c.ClosedEstablished(), Unenforced: d.isUnenforced(c),
+			AdaptiveLimits: adaptiveLimits(c)},
 		opts:    c.Machine.Options(),
 		dests:   slices.Clone(c.Dests()[:min(len(c.Dests()), listedDests)]),
 		round:   st.Round,
@@ -123,6 +124,14 @@ func optionsMap(o *policy.Options) map[string]any {
 	}
 	if o.SlowStart.On() {
 		m["slow_start"] = fmt.Sprintf("%v from %g, aggression %g", o.SlowStart.Duration, o.SlowStart.Floor, o.SlowStart.Aggression)
+	}
+	for _, a := range []struct {
+		key  string
+		spec policy.Adaptive
+	}{{"max_connections", o.AdaptiveConnections}, {"max_connecting", o.AdaptiveConnecting}} {
+		if a.spec.On() {
+			m[a.key] = map[string]any{"adaptive": a.spec.Algorithm.String(), "min": a.spec.Min, "initial": a.spec.Initial, "max": a.spec.Max}
+		}
 	}
 	responseOptions(m, &o.Responses)
 	return m

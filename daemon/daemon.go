@@ -422,6 +422,7 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 			"max_circuits", cfg.MaxCircuits, "guaranteed", policy.GuaranteedCircuits)
 	}
 	d.configureFleet(cfg, old)
+	d.metrics.presetLimitChanges(cfg)
 	d.classes = cfg.Classes()
 	d.eng.SetMatching(d.matching())
 	d.ensureCloser(cfg)

@@ -118,6 +118,8 @@ func (d *Daemon) start(cfg *policy.Config) error {
 		}
 		d.eng.RetirePinnedBatches(limits)
 		d.eng.LoadKept()
+		// Adaptive limits resume where the kernel was holding them.
+		d.eng.SetPinnedLimits(limits)
 		d.applyConfig(cfg)
 		d.applyResolved(resolved)
 		d.applyServices(services)
@@ -125,6 +127,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 		d.adopt(verdicts, limits)
 		d.eng.SetAdopting(false)
 		d.eng.IDs().EndStartup()
+		d.eng.SetPinnedLimits(nil)
 		if err := d.reconcileLimits(); err != nil {
 			return err
 		}

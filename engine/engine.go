@@ -88,6 +88,11 @@ type Engine struct {
 	tallies map[string]*policy.Shared
 	owners  idOwners
 	summary atomic.Pointer[Summary]
+	// adaptive are the circuits with adaptive limits (adaptive.go);
+	// pinned the limits entries a previous daemon left, while starting
+	// (SetPinnedLimits).
+	adaptive map[*Circuit]struct{}
+	pinned   map[maps.Dest]maps.Limit
 }
 
 // Hooks are what the daemon does around the engine's decisions, with
@@ -123,7 +128,8 @@ func New(cfg Config) *Engine {
 	e := &Engine{reg: newRegistry(cfg.Kernel, cfg.IDs), k: cfg.Kernel, clock: cfg.Clock, log: cfg.Log, metrics: cfg.Metrics, hooks: cfg.Hooks, rand: cfg.Rand, seriesOf: map[string]*Series{},
 		unenforced: map[*Circuit]struct{}{}, unlimited: map[*Circuit]struct{}{}, retired: map[string]maps.Counters{}, errorsLogged: map[string]time.Time{},
 		matchers: map[uint8]*policy.Matcher{}, pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{},
-		respSince: cfg.RespondingSince, batched: map[*Circuit]batch{}, batchedIDs: map[uint32]*Circuit{}, tallies: map[string]*policy.Shared{}, ramps: map[*Circuit]ramp{}}
+		respSince: cfg.RespondingSince, batched: map[*Circuit]batch{}, batchedIDs: map[uint32]*Circuit{}, tallies: map[string]*policy.Shared{}, ramps: map[*Circuit]ramp{},
+		adaptive: map[*Circuit]struct{}{}}
 	e.reg.classes = &e.matching.Classes
 	return e
 }
@@ -235,6 +241,7 @@ func (e *Engine) Drop(c *Circuit) {
 	e.reg.Untrack(c)
 	delete(e.unenforced, c)
 	delete(e.unlimited, c)
+	delete(e.adaptive, c)
 	if c.Target() == AllTarget {
 		e.reg.dynamic--
 	}

@@ -158,6 +158,7 @@ func (e *Engine) handle(ev *maps.Event, now time.Time, c *Circuit) {
 		delete(e.counted, ev.Cookie)
 		return
 	}
+	feedHandshake(c, ev.Outcome, ev.Duration)
 	r := policy.Result{Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
 	switch ev.Outcome {
 	case maps.Established:
@@ -205,6 +206,7 @@ func (e *Engine) handleResponse(c *Circuit, ev *maps.Event, now time.Time) {
 	if ev.Outcome == maps.NoResponse {
 		r.Kind, r.PeerClosed, r.Err = policy.NoResponse, ev.PeerClosed, ev.Err != 0
 	}
+	feedResponse(c, &r)
 	call := policy.Classify(c.Machine.Options(), r)
 	c.Metrics.Response(call.Response).Inc()
 	if !call.Counts {

@@ -40,6 +40,10 @@ type TargetSummary struct {
 	// Limits: its circuits have bulkheads, so their ids' bulkhead
 	// counts are its connections.
 	Limits bool
+	// Adaptive are its adaptive limits' current values summed over its
+	// circuits, by kind (KindConnections, KindConnecting): 0 for one
+	// configured with no circuit yet.
+	Adaptive map[string]int
 }
 
 // IDOwner is whom a kernel circuit id counts for: a target's circuit, or
@@ -152,6 +156,15 @@ func (e *Engine) Publish() {
 		NextID: e.reg.ids.Next(), Releases: e.reg.ids.Releases(), owners: e.owners.publish(), targets: e.owners.targets}
 	add := func(name string, o *policy.Options) {
 		ts := TargetSummary{Retired: e.retired[name], Limits: o != nil && o.HasLimits()}
+		if o != nil && (o.AdaptiveConnections.On() || o.AdaptiveConnecting.On()) {
+			ts.Adaptive = map[string]int{}
+			if o.AdaptiveConnections.On() {
+				ts.Adaptive[KindConnections] = 0
+			}
+			if o.AdaptiveConnecting.On() {
+				ts.Adaptive[KindConnecting] = 0
+			}
+		}
 		if t := e.tallies[name]; t != nil {
 			ts.States = t.Tally
 		}
@@ -164,6 +177,13 @@ func (e *Engine) Publish() {
 		add(AllTarget, &cfg.All)
 	} else {
 		add(AllTarget, nil)
+	}
+	for c := range e.adaptive {
+		if ts, ok := s.Targets[c.Target()]; ok && ts.Adaptive != nil {
+			for _, l := range c.AdaptiveLimits() {
+				ts.Adaptive[l.Kind] += l.Limit
+			}
+		}
 	}
 	e.summary.Store(s)
 }

@@ -30,12 +30,16 @@ func (e *Engine) Tick(now time.Time) {
 		e.counted[cookie] = true
 		e.metrics.Outcome("connect_timeout", c.Target(), c.Workload()).Inc()
 		r := policy.Result{Kind: policy.Failure, Duration: now.Sub(p.start), Probe: p.probe, Round: p.round}
+		feedDrop(c)
 		e.Record(c, now, r, policy.Classify(c.Machine.Options(), r), 1)
 	}
 	if len(e.counted) > 100000 {
 		clear(e.counted) // final records of those sockets were lost
 	}
 	e.scanResponseTimeouts(now)
+	if len(e.adaptive) > 0 {
+		e.moveLimits()
+	}
 	for c := range e.reg.active { // only a half-open circuit has timers
 		if t, moved := c.Machine.Tick(now); moved {
 			e.Apply(c, t)
@@ -139,6 +143,7 @@ func (e *Engine) scanResponseTimeouts(now time.Time) {
 		e.timedOut[a.Cookie] = timedOut{start: a.Since}
 		c.Metrics.Response(policy.ResponseTimeout).Inc()
 		c.NoteFailedCgroup(a.CgroupID)
+		feedDrop(c)
 		r := policy.Result{Kind: policy.Failure, Duration: waited, Probe: a.Probe, Round: a.Round}
 		e.record(c, r, policy.Classify(c.Machine.Options(), r), 1, now)
 	}
