@@ -228,6 +228,10 @@ func TestAdaptiveLimitFollowsAQueueingServer(t *testing.T) {
 	up := f.waitLimit("adaptive", 2*time.Second, "unloaded again", func(l int) bool { return l >= 14 })
 	wait(a)
 	t.Logf("unloaded again: limit from %d to ≥ 14 in %v (%d ticks)", held, up.Round(time.Millisecond), int(up/f.tick))
+	// With the load over the limit stands still: the scrape shows it.
+	if g, l := f.gauge("breakerd_limit", map[string]string{"target": "adaptive", "kind": "max_connections"}), f.limit("adaptive"); int(g) != l {
+		t.Errorf("breakerd_limit %v, the circuit's limit %d", g, l)
+	}
 	rec := httptest.NewRecorder()
 	f.d.handler(exposeTCP, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	for _, want := range []string{`breakerd_limit{kind="max_connections",target="adaptive"}`, `breakerd_limit_changes_total{kind="max_connections",target="adaptive"}`} {
