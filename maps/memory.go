@@ -56,6 +56,8 @@ const (
 	rejectionEntry  = htabElem + 16 + 32 + htabBucket // key 16 (cgroup, circuit, epoch), value 32
 	handoffBytes    = 16                              // per CPU
 	counterEntry    = 40
+	redirectEntry   = 8
+	fallbackEntry   = htabElem + 8 + 24 + htabBucket // key 4 -> 8, value 24
 	bulkEntry       = 16
 	budgetEntry     = 8
 	answeredBytes   = AnsweredIDs * 8
@@ -80,6 +82,8 @@ const respPortsBytes = respPortWords * 8
 //	workloads      MaxWorkloadCgroups × 88 B (5.5 MiB)
 //	inflight       MaxInflight × 128 B       (8 MiB)
 //	rejections     MaxRejections × 120 B     (3.75 MiB)
+//	fallbacks      MaxFallbacks × 104 B      (1.6 MiB)
+//	redirects      MaxCircuitIDs × 8 B       (2 MiB)
 //	resp_ports     a bit per port            (8 KiB)
 //	events         4 MiB ring buffer
 //	stats          8 × 8 B × cpus, plus 6 × 32 B × cpus of hash-map locks
@@ -95,7 +99,8 @@ const respPortsBytes = respPortWords * 8
 func MemoryBound(cpus int) uint64 {
 	return MaxDestinations*(verdictEntry+limitEntry) +
 		maxOverrides*overrideEntry +
-		MaxCircuitIDs*(counterEntry+bulkEntry+budgetEntry) +
+		MaxCircuitIDs*(counterEntry+bulkEntry+budgetEntry+redirectEntry) +
+		MaxFallbacks*fallbackEntry +
 		MaxWorkloadCgroups*workloadEntry +
 		MaxInflight*inflightEntry +
 		MaxRejections*rejectionEntry +

@@ -122,6 +122,9 @@ type Counters struct {
 	Rounds uint64
 	// BulkheadRejected counts connects turned away by a concurrency limit.
 	BulkheadRejected uint64
+	// Redirected counts connects and sends an open circuit sent to its
+	// fallback instead of rejecting them (the redirects map).
+	Redirected uint64
 }
 
 // Counters reads the counters of circuit id.
@@ -130,7 +133,11 @@ func (v *View) Counters(id uint32) (Counters, error) {
 	if err := v.counters.Lookup(id, &p); err != nil {
 		return Counters{}, fmt.Errorf("reading counters of circuit %d: %w", id, err)
 	}
-	return Counters{Rejected: p.Rejected, ShadowRejected: p.ShadowRejected, Probes: p.Probes, Rounds: p.Rounds, BulkheadRejected: p.BulkheadRejected}, nil
+	var redirected uint64
+	if err := v.redirects.Lookup(id, &redirected); err != nil {
+		return Counters{}, fmt.Errorf("reading redirects of circuit %d: %w", id, err)
+	}
+	return Counters{Rejected: p.Rejected, ShadowRejected: p.ShadowRejected, Probes: p.Probes, Rounds: p.Rounds, BulkheadRejected: p.BulkheadRejected, Redirected: redirected}, nil
 }
 
 // CountersUpTo reads the counters of circuit ids 0 to n-1 in batches
@@ -154,7 +161,30 @@ func (v *View) CountersUpTo(n uint32) ([]Counters, error) {
 			break
 		}
 	}
-	return out, nil
+	return out, v.redirectsUpTo(out)
+}
+
+// redirectsUpTo fills in the Redirected counts of out, indexed by id, in
+// batches.
+func (v *View) redirectsUpTo(out []Counters) error {
+	keys := make([]uint32, batchSize)
+	vals := make([]uint64, batchSize)
+	var cursor ebpf.MapBatchCursor
+	for done := 0; done < len(out); {
+		want := min(len(out)-done, batchSize)
+		got, err := v.redirects.BatchLookup(&cursor, keys[:want], vals[:want], nil)
+		for i, n := range vals[:got] {
+			out[done+i].Redirected = n
+		}
+		done += got
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("reading redirects: %w", err)
+		}
+		if got == 0 || err != nil {
+			break
+		}
+	}
+	return nil
 }
 
 // ResetCounters zeroes the counters of circuit id, before the id is given
@@ -163,6 +193,9 @@ func (k *Kernel) ResetCounters(id uint32) error {
 	var zero bpf.BreakerCircuitCounters
 	if err := k.objs.Counters.Put(id, &zero); err != nil {
 		return fmt.Errorf("resetting counters of circuit %d: %w", id, err)
+	}
+	if err := k.objs.Redirects.Put(id, uint64(0)); err != nil {
+		return fmt.Errorf("resetting redirects of circuit %d: %w", id, err)
 	}
 	return nil
 }
