@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"math"
+	"net/netip"
 	"sort"
 	"strconv"
 	"strings"
@@ -78,6 +79,9 @@ type Options struct {
 	// Fleet is the `fleet` block (fleet.go): the circuit's state is
 	// shared with the other nodes.
 	Fleet FleetOptions
+	// Fallback is where the kernel sends the circuit's connects while it
+	// rejects them (fallback.go); the zero value is none. Targets only.
+	Fallback netip.AddrPort
 }
 
 // HasLimits reports whether the options set a bulkhead limit.
