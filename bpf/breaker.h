@@ -101,7 +101,9 @@ struct verdict {
 struct fallback {
 	__u8 addr[16]; /* IPv4 stored IPv4-mapped, as in struct dest_key */
 	__u16 port;    /* network byte order */
-	__u8 proto;    /* IPPROTO_TCP or IPPROTO_UDP: the redirected connect's */
+	__u8 proto;    /* IPPROTO_TCP or IPPROTO_UDP: only connects of it are
+			* redirected (0: either); the fallback is reached with
+			* the connect's own protocol */
 	__u8 _pad0;
 	__u32 epoch;   /* the circuit's verdict epoch (never 0) */
 };

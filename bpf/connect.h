@@ -198,7 +198,7 @@ static __always_inline int refuse(struct verdict *v, __u32 flags)
 
 /* redirect sends a connect or send that verdict v rejects to the
  * fallback of v's circuit, if it has one (an entry of the verdict's epoch,
- * for this protocol, of the family ctx was given: v6, the program is
+ * for this protocol or any, of the family ctx was given: v6, the program is
  * connect6/sendmsg6), and the fallback's own verdict does not reject it
  * too: the fallback is a destination with a circuit of its own, judged
  * here as any destination is (a half-open fallback may take this connect
@@ -215,7 +215,7 @@ static __always_inline int redirect(struct bpf_sock_addr *ctx, struct dest_key *
 {
 	__u32 id = v->circuit_id;
 	struct fallback *f = bpf_map_lookup_elem(&fallbacks, &id);
-	if (!f || !f->epoch || f->epoch != v->epoch || f->proto != key->proto)
+	if (!f || !f->epoch || f->epoch != v->epoch || (f->proto && f->proto != key->proto))
 		return 0;
 	struct dest_key fk;
 	__builtin_memcpy(fk.addr, f->addr, sizeof(fk.addr));

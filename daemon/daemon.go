@@ -467,10 +467,11 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 }
 
 // setOptions gives a kept circuit its reloaded options and rewrites its
-// bulkhead limits.
+// fallback and bulkhead limits.
 func (d *Daemon) setOptions(c *circuit, o *policy.Options, now time.Time) {
 	had := engine.NeedsLimitEntry(c.Machine.Options())
 	c.Machine.SetOptions(o, now)
+	d.eng.SyncFallback(c) // a fallback set, changed or removed applies at once
 	if !had && !engine.NeedsLimitEntry(o) && c.BulkSlots() == nil {
 		return // no limits entry before or now: nothing to write or delete
 	}

@@ -124,6 +124,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	d.applyServices(services)
 	d.eng.SetAdopting(true) // max_circuits never drops an adopted verdict
 	d.adopt(verdicts, limits)
+	d.eng.SyncFallbacks()
 	d.eng.SetAdopting(false)
 	d.eng.IDs().EndStartup()
 	if err := d.reconcileLimits(); err != nil {
@@ -200,6 +201,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 				// cgroups' counts to the circuit's slot and epoch, in its
 				// round; the due time stays.
 				v.CircuitID, v.Round, v.Epoch = c.ID, c.Machine.Round(), e
+				d.eng.SyncFallback(c) // of the new epoch, before the verdict
 				_ = d.k.PutVerdict(dst, v)
 			}
 		case maps.ForcedOpen:

@@ -78,6 +78,9 @@ type Engine struct {
 	lastSweep     time.Time
 	lastLostCheck time.Time
 	lostSeen      uint64
+	// fallbacks is what the kernel's fallbacks map holds, by circuit id, as
+	// this engine wrote it (fallbacks.go).
+	fallbacks map[uint32]maps.Fallback
 }
 
 // Hooks are what the daemon does around the engine's decisions, with
@@ -113,7 +116,8 @@ func New(cfg Config) *Engine {
 	e := &Engine{reg: newRegistry(cfg.Kernel, cfg.IDs), k: cfg.Kernel, clock: cfg.Clock, log: cfg.Log, metrics: cfg.Metrics, hooks: cfg.Hooks, rand: cfg.Rand, seriesOf: map[string]*Series{},
 		unenforced: map[*Circuit]struct{}{}, unlimited: map[*Circuit]struct{}{}, retired: map[string]maps.Counters{}, errorsLogged: map[string]time.Time{},
 		matchers: map[uint8]*policy.Matcher{}, pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{},
-		respSince: cfg.RespondingSince, batched: map[*Circuit]batch{}, batchedIDs: map[uint32]*Circuit{}, endpointIdle: EndpointIdle}
+		respSince: cfg.RespondingSince, batched: map[*Circuit]batch{}, batchedIDs: map[uint32]*Circuit{}, endpointIdle: EndpointIdle,
+		fallbacks: map[uint32]maps.Fallback{}}
 	e.reg.classes = &e.matching.Classes
 	return e
 }
@@ -200,6 +204,7 @@ func (e *Engine) EvictIdle() bool {
 
 // Drop forgets a circuit and removes its verdicts.
 func (e *Engine) Drop(c *Circuit) {
+	e.syncFallback(c, false)
 	for _, dst := range c.Dests() {
 		if err := e.k.DeleteVerdict(dst); err != nil {
 			e.log.Warn("deleting verdict", "dest", dst, "err", err)

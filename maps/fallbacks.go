@@ -12,7 +12,8 @@ import (
 
 // Fallback is where a circuit's rejected connects go instead: while a
 // verdict of the circuit's id and Epoch rejects a connect or a send of
-// protocol Proto, the kernel rewrites its destination to Addr, unless
+// protocol Proto (0: of either), the kernel rewrites its destination to
+// Addr, reached with the connect's own protocol, unless
 // Addr's own verdict rejects it too (then it is rejected as without a
 // fallback).
 type Fallback struct {
@@ -84,4 +85,19 @@ func (k *Kernel) FallbackOf(id uint32) (f Fallback, ok bool, err error) {
 		Proto: Proto(v.Proto),
 		Epoch: v.Epoch,
 	}, true, nil
+}
+
+// FallbackIDs lists the circuit ids with a fallback.
+func (k *Kernel) FallbackIDs() ([]uint32, error) {
+	var ids []uint32
+	var id uint32
+	it := k.objs.Fallbacks.Iterate()
+	var v bpf.BreakerFallback
+	for it.Next(&id, &v) {
+		ids = append(ids, id)
+	}
+	if err := it.Err(); err != nil {
+		return ids, fmt.Errorf("listing fallbacks: %w", err)
+	}
+	return ids, nil
 }
