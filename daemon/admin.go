@@ -69,6 +69,9 @@ func (d *Daemon) snap(c *circuit, now time.Time) circuitSnap {
 func (d *Daemon) complete(s circuitSnap, names *cgroupNamer) CircuitInfo {
 	ci := s.info
 	ci.Options = optionsMap(s.opts)
+	if s.opts.HasFallback() {
+		ci.Fallback = s.opts.Fallback.String()
+	}
 	ci.FailedPods = d.podNames(s.cgroups)
 	if s.opts.CloseEstablished {
 		ci.CloseMechanism = string(maps.CloseNone)
@@ -94,6 +97,7 @@ func (d *Daemon) complete(s circuitSnap, names *cgroupNamer) CircuitInfo {
 	if ci.CircuitID != 0 { // 0: a dynamic circuit that never rejected has nothing in the kernel
 		if cnt, err := d.kernel.Counters(ci.CircuitID); err == nil {
 			ci.Rejected, ci.ShadowRejected, ci.BulkheadRejected = cnt.Rejected, cnt.ShadowRejected, cnt.BulkheadRejected
+			ci.Redirected = cnt.Redirected
 		}
 		if b, err := d.kernel.BulkCount(ci.CircuitID); err == nil {
 			ci.Connections, ci.Connecting = b.Connections, b.Connecting
@@ -113,6 +117,9 @@ func optionsMap(o *policy.Options) map[string]any {
 		"reject_errno": policy.ErrnoName(o.RejectErrno), "count_abandoned": o.CountAbandoned, "reset_failure_window": o.ResetFailureWindow.String(),
 		"max_connections": o.MaxConnections, "max_connecting": o.MaxConnecting, "bulkhead_reject_errno": policy.ErrnoName(o.BulkheadRejectErrno),
 		"close_established": o.CloseEstablished,
+	}
+	if o.HasFallback() {
+		m["fallback"] = o.Fallback.String()
 	}
 	responseOptions(m, &o.Responses)
 	return m

@@ -106,7 +106,7 @@ func newMetrics(d *Daemon) *metrics {
 type stateCollector struct {
 	d    *Daemon
 	mu   sync.Mutex
-	last map[string][4]uint64 // per target: rejections, shadow, probes, bulkhead rejections
+	last map[string][5]uint64 // per target: rejections, shadow, probes, bulkhead rejections, redirects
 }
 
 var (
@@ -116,6 +116,7 @@ var (
 	descShadow     = prometheus.NewDesc("breakerd_kernel_shadow_rejections_total", "Connections the kernel would have turned away in shadow mode, by target.", []string{"target"}, nil)
 	descProbes     = prometheus.NewDesc("breakerd_kernel_probes_total", "Half-open probes the kernel admitted, by target.", []string{"target"}, nil)
 	descBulkRej    = prometheus.NewDesc("breakerd_bulkhead_rejections_total", "Connects the kernel turned away because a bulkhead (max_connections, max_connecting) was full, by target.", []string{"target"}, nil)
+	descRedirected = prometheus.NewDesc("breakerd_redirected_total", "Connections and datagrams the kernel sent to their target's fallback instead of rejecting them, by target.", []string{"target"}, nil)
 	descBulkConns  = prometheus.NewDesc("breakerd_bulkhead_connections", "Connecting plus established sockets counted by the bulkheads, by target.", []string{"target"}, nil)
 	descLost       = prometheus.NewDesc("breakerd_events_lost_total", "Outcome records the kernel dropped because the ring buffer was full.", nil, nil)
 	descFailsafe   = prometheus.NewDesc("breakerd_kernel_failsafe_allowed_total", "Verdicts the kernel ignored because the daemon's heartbeat was stale.", nil, nil)
@@ -132,7 +133,7 @@ var (
 
 // Describe sends the collector's descriptors.
 func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBulkRej, descBulkConns, descState, descDynamic, descRejected, descShadow, descProbes, descLost, descFailsafe, descUnrecorded, descEntries, descCapacity, descUnenforced} {
+	for _, d := range []*prometheus.Desc{descBulkRej, descRedirected, descBulkConns, descState, descDynamic, descRejected, descShadow, descProbes, descLost, descFailsafe, descUnrecorded, descEntries, descCapacity, descUnenforced} {
 		ch <- d
 	}
 }
@@ -154,14 +155,14 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	states := map[string]map[policy.State]int{}
 	dynamic := map[policy.State]int{}
 	type sums struct {
-		rej, shadow, probes, bulkRej uint64
-		conns                        int64
+		rej, shadow, probes, bulkRej, redirected uint64
+		conns                                    int64
 	}
 	perTarget := map[string]*sums{}
 	d.mu.Lock()
 	for _, t := range counterTargets(d) {
 		r := d.eng.Retired(t)
-		perTarget[t] = &sums{rej: r.Rejected, shadow: r.ShadowRejected, probes: r.Probes, bulkRej: r.BulkheadRejected}
+		perTarget[t] = &sums{rej: r.Rejected, shadow: r.ShadowRejected, probes: r.Probes, bulkRej: r.BulkheadRejected, redirected: r.Redirected}
 		if t != allTarget {
 			states[t] = map[policy.State]int{}
 		}
@@ -204,6 +205,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			sum.shadow += cnt.ShadowRejected
 			sum.probes += cnt.Probes
 			sum.bulkRej += cnt.BulkheadRejected
+			sum.redirected += cnt.Redirected
 		}
 		if sl.limits && int(sl.id) < len(bulk) {
 			sum.conns += bulk[sl.id].Connections
@@ -219,18 +221,19 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	s.mu.Lock()
 	if s.last == nil {
-		s.last = map[string][4]uint64{}
+		s.last = map[string][5]uint64{}
 	}
 	for t, sm := range perTarget {
 		l, seen := s.last[t]
 		if moved && seen {
 			// The slots' owners may have changed under the read: this
 			// scrape repeats the last values.
-			sm.rej, sm.shadow, sm.probes, sm.bulkRej = l[0], l[1], l[2], l[3]
+			sm.rej, sm.shadow, sm.probes, sm.bulkRej, sm.redirected = l[0], l[1], l[2], l[3], l[4]
 			continue
 		}
 		sm.rej, sm.shadow, sm.probes, sm.bulkRej = max(sm.rej, l[0]), max(sm.shadow, l[1]), max(sm.probes, l[2]), max(sm.bulkRej, l[3])
-		s.last[t] = [4]uint64{sm.rej, sm.shadow, sm.probes, sm.bulkRej}
+		sm.redirected = max(sm.redirected, l[4])
+		s.last[t] = [5]uint64{sm.rej, sm.shadow, sm.probes, sm.bulkRej, sm.redirected}
 	}
 	s.mu.Unlock()
 	for t, sm := range perTarget {
@@ -238,6 +241,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descShadow, prometheus.CounterValue, float64(sm.shadow), t)
 		ch <- prometheus.MustNewConstMetric(descProbes, prometheus.CounterValue, float64(sm.probes), t)
 		ch <- prometheus.MustNewConstMetric(descBulkRej, prometheus.CounterValue, float64(sm.bulkRej), t)
+		ch <- prometheus.MustNewConstMetric(descRedirected, prometheus.CounterValue, float64(sm.redirected), t)
 		ch <- prometheus.MustNewConstMetric(descBulkConns, prometheus.GaugeValue, float64(sm.conns), t)
 	}
 	if st, err := d.k.Stats(); err == nil {

@@ -105,6 +105,7 @@ func (e *Engine) retire(target string, id uint32) {
 		r.ShadowRejected += cnt.ShadowRejected
 		r.Probes += cnt.Probes
 		r.BulkheadRejected += cnt.BulkheadRejected
+		r.Redirected += cnt.Redirected
 		e.retired[target] = r
 	}
 }

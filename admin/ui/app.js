@@ -269,7 +269,8 @@ function renderTable() {
     const open = c.open_until ? Date.parse(c.open_until) - t : NaN;
     const tr = el("tr", "row-" + c.state,
       el("td", "", el("span", "state state-" + c.state, c.state),
-        c.state === "fleet_open" ? " open by the fleet: " + c.fleet_nodes + " nodes" : ""),
+        c.state === "fleet_open" ? " open by the fleet: " + c.fleet_nodes + " nodes" : "",
+        c.redirected ? " to fallback: " + c.redirected : ""),
       el("td", "name", c.name),
       el("td", "wrap", c.target),
       el("td", "", c.scope),
@@ -387,6 +388,7 @@ async function pollDetail() {
     ["consecutive failures", c.consecutive_failures], ["trip", c.trip],
     ["open until", c.open_until || "-"], ["probes left", c.probes_left ?? "-"],
     ["kernel rejections", c.rejected], ["shadow rejections", c.shadow_rejected], ["bulkhead rejections", c.bulkhead_rejected],
+    ["fallback", c.fallback ? c.fallback + " (" + (c.redirected || 0) + " connects sent there)" : "-"],
     ["connections / connecting", c.connections + " / " + c.connecting],
     ["destinations (" + c.destinations_total + ")", (c.destinations || []).join(" ")],
     ["circuit id", c.circuit_id],
