@@ -85,7 +85,8 @@ type DialSpec struct {
 	// connect's errno, or the write's) or "fastopen-nowrite" (the same
 	// connect, no write: nothing is sent) or "sendto-fastopen" (sendto with
 	// MSG_FASTOPEN on an unconnected TCP socket: the connect and the SYN
-	// in one call) or "stream" (connect and close every Interval, each
+	// in one call) or "connect-peername" (connect, then getpeername, both
+	// timed) or "stream" (connect and close every Interval, each
 	// result reported as it happens, until told to stop: StartStream).
 	Op string
 	// Count connects are made, Parallel at a time (default 1 and 1).
@@ -404,6 +405,10 @@ func dialOnce(spec DialSpec) DialResult {
 			if err = unix.Connect(fd, sa); err == nil {
 				_, err = unix.Write(fd, []byte("breakerd"))
 			}
+		}
+	case "connect-peername":
+		if err = unix.Connect(fd, sa); err == nil {
+			_, err = unix.Getpeername(fd)
 		}
 	default:
 		err = unix.Connect(fd, sa)
