@@ -89,13 +89,15 @@ const respPortsBytes = respPortWords * 8
 //	stats          8 × 8 B × cpus, plus 6 × 32 B × cpus of hash-map locks
 //	handoff        16 B × cpus
 //
-// about 100 MiB whatever the CPU count (100.1 MiB at 2 CPUs, 100.2 MiB
-// at 256).
+// about 106 MiB whatever the CPU count (106.3 MiB at 2, 64 or 256
+// CPUs).
 // Kernels before 6.5 report a coarser figure in fdinfo (key plus value
 // times capacity), below this bound too. The
-// per-socket storage (socks) is not in it: it holds one small entry (120
-// bytes of value plus the kernel's bookkeeping) per observed socket of the
-// protected cgroup, allocated as sockets are observed and freed with them.
+// per-socket storage (socks, origins) is not in it: socks holds one small
+// entry (120 bytes of value plus the kernel's bookkeeping) per observed
+// socket of the protected cgroup, origins one of 40 bytes per socket
+// redirected to a fallback, allocated as sockets need them and freed with
+// them.
 func MemoryBound(cpus int) uint64 {
 	return MaxDestinations*(verdictEntry+limitEntry) +
 		maxOverrides*overrideEntry +
