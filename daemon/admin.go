@@ -69,9 +69,7 @@ func (d *Daemon) snap(c *circuit, now time.Time) circuitSnap {
 func (d *Daemon) complete(s circuitSnap, names *cgroupNamer) CircuitInfo {
 	ci := s.info
 	ci.Options = optionsMap(s.opts)
-	if s.opts.HasFallback() {
-		ci.Fallback = s.opts.Fallback.String()
-	}
+	ci.Fallback = s.opts.FallbackText()
 	ci.FailedPods = d.podNames(s.cgroups)
 	if s.opts.CloseEstablished {
 		ci.CloseMechanism = string(maps.CloseNone)
@@ -119,7 +117,7 @@ func optionsMap(o *policy.Options) map[string]any {
 		"close_established": o.CloseEstablished,
 	}
 	if o.HasFallback() {
-		m["fallback"] = o.Fallback.String()
+		m["fallback"] = o.FallbackText()
 	}
 	responseOptions(m, &o.Responses)
 	return m

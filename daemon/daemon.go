@@ -112,6 +112,9 @@ type Daemon struct {
 	scope    *cgroupWatch   // keeps the kernel's workloads map
 	resolved map[string][]netip.Addr
 	services map[string][]policy.ServiceDest // Service targets' destinations, by target
+	// fallbackAddrs are the addresses the targets' Service fallbacks
+	// resolved to.
+	fallbackAddrs map[policy.ServiceFallback]netip.AddrPort
 	// eng is the event-to-verdict core: the circuits, their ids and
 	// verdicts.
 	eng    *engine.Engine
@@ -483,7 +486,7 @@ func (d *Daemon) setOptions(c *circuit, o *policy.Options, now time.Time) {
 // matching is what the engine matches destinations with: the
 // configuration, its classes and what names and Services resolved to.
 func (d *Daemon) matching() engine.Matching {
-	return engine.Matching{Config: d.cfg, Classes: d.classes, Resolved: d.resolved, Services: d.services}
+	return engine.Matching{Config: d.cfg, Classes: d.classes, Resolved: d.resolved, Services: d.services, Fallbacks: d.fallbackAddrs}
 }
 
 // rematch rebuilds the matcher, drops circuits whose destinations now

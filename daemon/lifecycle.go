@@ -58,7 +58,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	if len(serviceTargets(cfg)) > 0 && d.opts.Cluster != nil {
 		d.setPhase("waiting on the Kubernetes API: listing Services and EndpointSlices")
 	}
-	services := d.lookupServicesKeepingAlive(cfg)
+	services, fallbacks := d.lookupServicesKeepingAlive(cfg)
 	if len(podWorkloads(cfg)) > 0 && d.opts.Cluster != nil {
 		d.setPhase("waiting on the Kubernetes API: listing this node's pods")
 	}
@@ -119,6 +119,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	}
 	d.eng.RetirePinnedBatches(limits)
 	d.eng.LoadKept()
+	d.fallbackAddrs = fallbacks // in the engine's matching from the first one on
 	d.applyConfig(cfg)
 	d.applyResolved(resolved)
 	d.applyServices(services)

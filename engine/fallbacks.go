@@ -1,6 +1,11 @@
 package engine
 
-import "github.com/breakerd/breakerd/maps"
+import (
+	"net/netip"
+
+	"github.com/breakerd/breakerd/maps"
+	"github.com/breakerd/breakerd/policy"
+)
 
 // syncFallback makes the kernel's fallbacks map hold c's fallback while c
 // rejects (rejects) and none otherwise: the entry carries c's epoch, which
@@ -14,16 +19,17 @@ func (e *Engine) syncFallback(c *Circuit, rejects bool) {
 	}
 	o := c.Machine.Options()
 	have, had := e.fallbacks[c.ID]
-	if rejects && o.HasFallback() {
+	addr := e.fallbackAddr(o)
+	if rejects && addr.IsValid() {
 		// Proto 0: the fallback takes the circuit's connects of either
 		// protocol, reached with their own (a target of protocol any).
-		want := maps.Fallback{Addr: o.Fallback, Epoch: e.EpochOf(c)}
+		want := maps.Fallback{Addr: addr, Epoch: e.EpochOf(c)}
 		if had && have == want {
 			return
 		}
 		if err := e.k.PutFallback(c.ID, want); err != nil {
 			delete(e.fallbacks, c.ID)
-			e.ErrorEverySecond("fallback", "writing fallback (the circuit's connects are rejected until it is written)", "circuit", c.Name(), "fallback", o.Fallback, "err", err)
+			e.ErrorEverySecond("fallback", "writing fallback (the circuit's connects are rejected until it is written)", "circuit", c.Name(), "fallback", addr, "err", err)
 			return
 		}
 		e.fallbacks[c.ID] = want
@@ -39,8 +45,21 @@ func (e *Engine) syncFallback(c *Circuit, rejects bool) {
 	delete(e.fallbacks, c.ID)
 }
 
+// fallbackAddr is where o's fallback is now: its address, or what its
+// Service resolved to (none while it has not).
+func (e *Engine) fallbackAddr(o *policy.Options) netip.AddrPort {
+	if o.Fallback.IsValid() {
+		return o.Fallback
+	}
+	if o.FallbackService.Service != "" {
+		return e.matching.Fallbacks[o.FallbackService]
+	}
+	return netip.AddrPort{}
+}
+
 // SyncFallback writes or removes c's fallback as its options and state
-// say: after a reload changed its options.
+// say: after a reload changed its options, or its Service fallback
+// resolved anew.
 func (e *Engine) SyncFallback(c *Circuit) { e.syncFallback(c, c.Machine.State().Rejects()) }
 
 // SyncFallbacks makes the kernel's fallbacks map hold exactly the

@@ -140,3 +140,36 @@ func TestFallbacksAcrossDropAndRestart(t *testing.T) {
 		t.Fatalf("after restart: fallbacks %v, want only %v under %d, of the circuit's epoch %d", got, keep.Addr, x.ID, x2.Epoch())
 	}
 }
+
+// A Service fallback is written once its Service resolved (the daemon's
+// Matching), follows a new address, and goes when the Service does.
+func TestServiceFallbackFollowsItsResolution(t *testing.T) {
+	c := newCore(t, 8, nil)
+	o := options()
+	o.FallbackService = policy.ServiceFallback{Service: "shop/house", Port: 80}
+	x := c.named("pay", 9531, o)
+	c.fail(x, 2)
+	if _, ok := c.fallbackOf(x); ok {
+		t.Fatal("a fallback written before its Service resolved")
+	}
+	resolve := func(a string) {
+		m := engine.Matching{Classes: (&policy.Config{}).Classes(), Fallbacks: map[policy.ServiceFallback]netip.AddrPort{}}
+		if a != "" {
+			m.Fallbacks[o.FallbackService] = netip.MustParseAddrPort(a)
+		}
+		c.e.SetMatching(m)
+		c.e.SyncFallback(x)
+	}
+	resolve("10.96.0.10:80")
+	if f, ok := c.fallbackOf(x); !ok || f.Addr.String() != "10.96.0.10:80" {
+		t.Fatalf("resolved: %+v %v", f, ok)
+	}
+	resolve("10.96.0.11:80")
+	if f, _ := c.fallbackOf(x); f.Addr.String() != "10.96.0.11:80" {
+		t.Fatalf("re-resolved: %+v", f)
+	}
+	resolve("")
+	if _, ok := c.fallbackOf(x); ok {
+		t.Fatal("the Service went, its fallback stays")
+	}
+}

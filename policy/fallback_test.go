@@ -97,3 +97,41 @@ func TestFallbackToAnotherTargetIsFine(t *testing.T) {
 		}
 	}
 }
+
+func TestServiceFallbackParses(t *testing.T) {
+	c, err := Parse([]byte(`
+targets:
+  pay:
+    match: {cidrs: [10.0.0.0/24]}
+    fallback: {service: shop/house-ads, port: 8080}
+`), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := c.Targets["pay"].Options
+	if o.FallbackService != (ServiceFallback{"shop/house-ads", 8080}) || o.Fallback.IsValid() || !o.HasFallback() || o.FallbackText() != "shop/house-ads:8080" {
+		t.Fatalf("options %+v", o)
+	}
+}
+
+func TestServiceFallbackRefusals(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"no port", "targets:\n  a: {match: {cidrs: [10.0.0.1]}, fallback: {service: shop/house}}\n",
+			`targets.a.fallback: a Service fallback needs port: one of the Service's port numbers`},
+		{"bad service", "targets:\n  a: {match: {cidrs: [10.0.0.1]}, fallback: {service: house, port: 80}}\n",
+			`targets.a.fallback: "house" is not NAMESPACE/NAME`},
+		{"unknown key", "targets:\n  a: {match: {cidrs: [10.0.0.1]}, fallback: {service: shop/house, port: 80, ports: [80]}}\n",
+			`targets.a.fallback: unknown key "ports" (a Service fallback takes service and port)`},
+		{"its own Service", "targets:\n  a: {match: {service: shop/house}, fallback: {service: shop/house, port: 80}}\n",
+			`targets.a.fallback: service shop/house is this target's own: a fallback must lead elsewhere`},
+		{"chains", "targets:\n  a: {match: {cidrs: [10.0.0.1]}, fallback: {service: shop/house, port: 80}}\n  b: {match: {service: shop/house}, fallback: \"10.0.2.9:80\"}\n",
+			`targets.a.fallback: service shop/house is target b's, which has a fallback itself: fallbacks never chain`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := problems(t, tc.yaml)
+			if !slices.Contains(got, tc.want) {
+				t.Fatalf("problems %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

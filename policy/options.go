@@ -82,6 +82,9 @@ type Options struct {
 	// Fallback is where the kernel sends the circuit's connects while it
 	// rejects them (fallback.go); the zero value is none. Targets only.
 	Fallback netip.AddrPort
+	// FallbackService is a fallback named by a Kubernetes Service instead
+	// (at most one of the two is set).
+	FallbackService ServiceFallback
 }
 
 // HasLimits reports whether the options set a bulkhead limit.
