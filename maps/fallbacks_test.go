@@ -185,14 +185,25 @@ func TestFallbackOfAnotherEpochIsNotFollowed(t *testing.T) {
 	d := Dest{Proto: TCP, Addr: netip.AddrPortFrom(dead.IPv4, 80)}
 	e.openWithFallback(t, 1, d, netip.AddrPortFrom(fb.IPv4, 8080))
 	peers(t, "followed", e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Op: "connect-peername", Addr: d.Addr}), d.Addr)
+	want := unix.ECONNREFUSED
+	if !e.k.Features().SetRetval {
+		want = unix.EPERM
+	}
 	rejected := func(step string) {
 		t.Helper()
 		before := fb.SYNs(t)
-		if r := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr}); r[0].Errno == 0 {
-			t.Fatalf("%s: the connect went through", step)
+		cnt, err := e.k.Counters(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr}); r[0].Errno != want {
+			t.Fatalf("%s: errno %v, want the circuit's rejection %v", step, r[0].Errno, want)
 		}
 		if fb.SYNs(t) != before {
 			t.Fatalf("%s: a SYN reached the fallback", step)
+		}
+		if after, _ := e.k.Counters(1); after.Rejected != cnt.Rejected+1 || after.Redirected != cnt.Redirected {
+			t.Fatalf("%s: counters %+v after %+v, want one more rejected, none redirected", step, after, cnt)
 		}
 	}
 	// Another holder of id 1 (epoch 8) has no fallback: its verdict rejects.
