@@ -27,6 +27,7 @@ type fakeDaemon struct {
 	sock     string
 	pods     []string         // the failed pods of the first circuit
 	rejected []api.RejectedBy // whom the first circuit rejected
+	fallback string           // the first circuit's fallback, with 5 redirected
 }
 
 func newFakeDaemon(t *testing.T, circuits int) *fakeDaemon {
@@ -64,6 +65,9 @@ func newFakeDaemon(t *testing.T, circuits int) *fakeDaemon {
 				ci.FailedPods = f.pods
 				ci.RejectedBy = f.rejected
 				ci.RejectedByTotal = len(f.rejected) + 1
+				if f.fallback != "" {
+					ci.State, ci.Fallback, ci.Redirected = "open", f.fallback, 5
+				}
 				f.mu.Unlock()
 			}
 			page = append(page, ci)
@@ -190,6 +194,20 @@ func TestStatusNamesFailedPods(t *testing.T) {
 	last2 := func(l string) string { f := strings.Fields(l); return strings.Join(f[max(0, len(f)-2):], " ") }
 	if len(lines) != 3 || !strings.HasSuffix(lines[0], "REJECTED PODS") ||
 		!strings.HasSuffix(lines[1], " shop/web-1,shop/web-2  shop/web-2:7,shop/web-3:bulkhead:4,shop/web-4:1+bulkhead:2,system.slice/x.service:2,+1 more") || last2(lines[2]) != "- -" {
+		t.Fatalf("status:\n%s", out.String())
+	}
+}
+
+// TestStatusShowsTheFallback: a circuit running on its fallback says where
+// its connects went, and how many.
+func TestStatusShowsTheFallback(t *testing.T) {
+	f := newFakeDaemon(t, 1)
+	f.fallback = "10.0.0.9:8080"
+	var out bytes.Buffer
+	if err := run([]string{"status", "--socket", f.sock}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "open (to fallback 10.0.0.9:8080: 5)") {
 		t.Fatalf("status:\n%s", out.String())
 	}
 }
