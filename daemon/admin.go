@@ -14,9 +14,10 @@ import (
 )
 
 // Bounds of what the admin API shows. Every response is built from a
-// snapshot taken under the daemon's lock (copies of names and in-memory
-// state, no kernel reads), then completed and encoded outside it, so a slow
-// or hostile client never holds up the event loop or the heartbeat.
+// copy the owner makes in one short step (names and in-memory state of at
+// most a page of circuits, no kernel reads), then completed and encoded
+// on the client's goroutine, so a slow or hostile client never holds up
+// the event loop or the heartbeat.
 const (
 	// PageSize is the most circuits one page lists (admin.PageSize).
 	PageSize = admin.PageSize
@@ -28,8 +29,8 @@ const (
 // CircuitInfo is api.CircuitInfo.
 type CircuitInfo = api.CircuitInfo
 
-// circuitSnap is what is copied of a circuit under the lock; complete
-// turns it into a CircuitInfo outside the lock.
+// circuitSnap is what the owner copies of a circuit; complete turns it
+// into a CircuitInfo outside the owner's steps.
 type circuitSnap struct {
 	info  CircuitInfo
 	opts  *policy.Options // from the loaded configuration: never changed after load
@@ -41,7 +42,8 @@ type circuitSnap struct {
 	owners  []owner    // key the cgroups it rejected (rejections.go)
 }
 
-// snap copies what the API shows of c. Called under d.mu; no kernel reads.
+// snap copies what the API shows of c. Called in a step of the owner; no
+// kernel reads.
 func (d *Daemon) snap(c *circuit, now time.Time) circuitSnap {
 	st := c.Machine.Status(now)
 	scope := string(c.Scope())
@@ -65,7 +67,7 @@ func (d *Daemon) snap(c *circuit, now time.Time) circuitSnap {
 }
 
 // complete adds the kernel's view (probe tokens, counters) to a snapshot.
-// Called outside d.mu: the maps are safe for concurrent use.
+// Called outside the owner: the maps are safe for concurrent use.
 func (d *Daemon) complete(s circuitSnap, names *cgroupNamer) CircuitInfo {
 	ci := s.info
 	ci.Options = optionsMap(s.opts)
@@ -125,9 +127,9 @@ func optionsMap(o *policy.Options) map[string]any {
 
 // CircuitsPage returns up to limit circuits (1..PageSize; other values
 // mean PageSize) whose names sort after after, in name order, and whether
-// more follow. The daemon's lock is held only to copy names and then the
-// chosen circuits' in-memory state; sorting, kernel reads and encoding
-// happen outside it. The sorted names are kept: a first page (after "")
+// more follow. The owner's steps only copy names and then the chosen
+// circuits' in-memory state; sorting, kernel reads and encoding happen
+// outside them. The sorted names are kept: a first page (after "")
 // sorts them again only when the set of circuits changed since
 // (registry.version); a later page uses them as they are for up to
 // pagesStale, so a walk through every page sorts them once, not once a
@@ -148,14 +150,14 @@ func (d *Daemon) CircuitsPage(after string, limit int) (_ []CircuitInfo, more bo
 		names, more = names[:limit], true
 	}
 	snaps := make([]circuitSnap, 0, len(names))
-	d.mu.Lock()
-	now := d.now()
-	for _, name := range names {
-		if c, ok := d.eng.Get(name); ok { // it may have gone in between
-			snaps = append(snaps, d.snap(c, now))
+	d.do(func() {
+		now := d.now()
+		for _, name := range names {
+			if c, ok := d.eng.Get(name); ok { // it may have gone in between
+				snaps = append(snaps, d.snap(c, now))
+			}
 		}
-	}
-	d.mu.Unlock()
+	})
 	out := make([]CircuitInfo, 0, len(snaps))
 	var namer cgroupNamer
 	for _, s := range snaps {
@@ -168,35 +170,45 @@ func (d *Daemon) CircuitsPage(after string, limit int) (_ []CircuitInfo, more bo
 // while the set of circuits is unchanged (or, with stale, whenever there
 // is one), else a new one. The slice is shared: do not change it.
 func (d *Daemon) sortedNames(stale bool) []string {
-	// Under the lock only copies: a named circuit's name, a dynamic one's
-	// destination (its name is made outside).
-	d.mu.Lock()
-	version := d.eng.Version()
-	d.pages.mu.Lock()
-	d.pages.used = time.Now()
-	if d.pages.names != nil && (d.pages.version == version || stale && time.Since(d.pages.at) < pagesStale) {
-		names := d.pages.names
-		d.pages.mu.Unlock()
-		d.mu.Unlock()
-		return names
-	}
-	d.pages.mu.Unlock()
-	at := time.Now()
-	named := make([]string, 0, d.eng.NamedCount())
-	for c := range d.eng.Named() {
-		named = append(named, c.Name())
-	}
+	// The owner copies only a named circuit's name and a dynamic one's
+	// destination (its name is made here).
 	type dyn struct {
 		dst      maps.Dest
 		workload string
 	}
-	dynamic := make([]dyn, 0, d.eng.Count()-d.eng.NamedCount())
-	for c := range d.eng.All() {
-		if !c.IsNamed() {
-			dynamic = append(dynamic, dyn{c.First(), c.Workload()})
+	var (
+		kept    []string
+		named   []string
+		dynamic []dyn
+		version uint64
+		at      time.Time
+	)
+	d.do(func() {
+		version = d.eng.Version()
+		d.pages.mu.Lock()
+		d.pages.used = time.Now()
+		if d.pages.names != nil && (d.pages.version == version || stale && time.Since(d.pages.at) < pagesStale) {
+			kept = d.pages.names
 		}
+		d.pages.mu.Unlock()
+		if kept != nil {
+			return
+		}
+		at = time.Now()
+		named = make([]string, 0, d.eng.NamedCount())
+		for c := range d.eng.Named() {
+			named = append(named, c.Name())
+		}
+		dynamic = make([]dyn, 0, d.eng.Count()-d.eng.NamedCount())
+		for c := range d.eng.All() {
+			if !c.IsNamed() {
+				dynamic = append(dynamic, dyn{c.First(), c.Workload()})
+			}
+		}
+	})
+	if kept != nil {
+		return kept
 	}
-	d.mu.Unlock()
 	names := make([]string, 0, len(named)+len(dynamic))
 	names = append(names, named...)
 	for _, x := range dynamic {
@@ -244,13 +256,14 @@ func (d *Daemon) Circuits() []CircuitInfo {
 
 // Circuit returns one circuit's state.
 func (d *Daemon) Circuit(name string) (CircuitInfo, bool) {
-	d.mu.Lock()
-	c, ok := d.eng.Get(name)
 	var s circuitSnap
-	if ok {
-		s = d.snap(c, d.now())
-	}
-	d.mu.Unlock()
+	var ok bool
+	d.do(func() {
+		var c *circuit
+		if c, ok = d.eng.Get(name); ok {
+			s = d.snap(c, d.now())
+		}
+	})
 	if !ok {
 		return CircuitInfo{}, false
 	}
@@ -258,11 +271,7 @@ func (d *Daemon) Circuit(name string) (CircuitInfo, bool) {
 }
 
 // Events returns the recent transitions, oldest first.
-func (d *Daemon) Events() []TransitionEvent {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.events.list()
-}
+func (d *Daemon) Events() []TransitionEvent { return d.events.list() }
 
 // ErrNoCircuit is returned for an unknown circuit name.
 var ErrNoCircuit = admin.ErrNoCircuit
@@ -270,28 +279,33 @@ var ErrNoCircuit = admin.ErrNoCircuit
 // Force applies an operator's change to a circuit: "open", "close",
 // "release" (back to the configured behaviour) or "reset".
 func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
-	d.mu.Lock()
-	c, ok := d.eng.Get(name)
-	if !ok {
-		d.mu.Unlock()
-		return CircuitInfo{}, fmt.Errorf("%w: %s", ErrNoCircuit, admin.Quote(name))
+	var s circuitSnap
+	var err error
+	d.do(func() {
+		c, ok := d.eng.Get(name)
+		if !ok {
+			err = fmt.Errorf("%w: %s", ErrNoCircuit, admin.Quote(name))
+			return
+		}
+		now := d.now()
+		t, ok := d.eng.Force(c, action, now)
+		if !ok {
+			err = fmt.Errorf("unknown action %s (open, close, release, reset)", admin.Quote(action))
+			return
+		}
+		d.opened(c, t.From, t.To, now)
+		d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.Workload()).Inc()
+		d.log.Info("circuit changed by hand", "circuit", c.Name(), "action", action, "from", t.From.String(), "to", t.To.String())
+		d.events.add(TransitionEvent{Time: now, Circuit: c.Name(), Target: c.Target(), Workload: c.Workload(), From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})
+		s = d.snap(c, now)
+	})
+	if err != nil {
+		return CircuitInfo{}, err
 	}
-	now := d.now()
-	t, ok := d.eng.Force(c, action, now)
-	if !ok {
-		d.mu.Unlock()
-		return CircuitInfo{}, fmt.Errorf("unknown action %s (open, close, release, reset)", admin.Quote(action))
-	}
-	d.opened(c, t.From, t.To, now)
-	d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.Workload()).Inc()
-	d.log.Info("circuit changed by hand", "circuit", c.Name(), "action", action, "from", t.From.String(), "to", t.To.String())
-	d.events.add(TransitionEvent{Time: now, Circuit: c.Name(), Target: c.Target(), Workload: c.Workload(), From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})
-	s := d.snap(c, now)
-	d.mu.Unlock()
 	return d.complete(s, &cgroupNamer{}), nil
 }
 
 // isUnenforced reports whether c is a rejecting circuit whose verdicts the
-// kernel does not all have yet (engine.Engine.Unenforced). The caller
-// holds d.mu.
+// kernel does not all have yet (engine.Engine.Unenforced). Called in a
+// step of the owner.
 func (d *Daemon) isUnenforced(c *circuit) bool { return d.eng.Unenforced(c) }

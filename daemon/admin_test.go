@@ -285,9 +285,9 @@ func TestAdminSlowClientsCut(t *testing.T) {
 	f := newFixture(t, svcConfig)
 	f.admin = "127.0.0.1:0"
 	d := f.start()
-	d.mu.Lock()
+	d.hold()
 	addr := d.admin.String()
-	d.mu.Unlock()
+	d.release()
 	for _, partial := range []string{
 		"GET /v1/circuits HTTP/1.1\r\nHost: b\r\n",
 		"POST /v1/circuits/svc HTTP/1.1\r\nHost: b\r\nAuthorization: Bearer x\r\nContent-Length: 100\r\n\r\n{\"act",

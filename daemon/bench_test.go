@@ -43,8 +43,8 @@ func BenchmarkHandleOutcome(b *testing.B) {
 			d := f.start()
 			ev := maps.Event{Outcome: maps.Established, Duration: 50 * time.Microsecond}
 			now := time.Now()
-			d.mu.Lock()
-			defer d.mu.Unlock()
+			d.hold()
+			defer d.release()
 			for i := range n {
 				ev.Dest = dynamicDest(i)
 				d.eng.HandleBatch([]maps.Event{ev}, now)
@@ -103,11 +103,11 @@ func BenchmarkCircuitFootprint(b *testing.B) {
 				runtime.GC()
 				runtime.ReadMemStats(&before)
 				now := time.Now()
-				d.mu.Lock()
+				d.hold()
 				for i := 0; i < n; i++ {
 					d.eng.Lookup(dynamicDest(i), now)
 				}
-				d.mu.Unlock()
+				d.release()
 				runtime.GC()
 				runtime.ReadMemStats(&after)
 				index := d.eng.IndexBytes()
@@ -136,11 +136,11 @@ func idleCPU(b *testing.B, circuits int) {
 	f := newFixture(b, "max_circuits: "+strconv.Itoa(max(circuits, 131072))+"\n")
 	f.tick = 0 // the product's default tick
 	d := f.start()
-	d.mu.Lock()
+	d.hold()
 	for i := range circuits {
 		d.eng.Lookup(dynamicDest(i), time.Now())
 	}
-	d.mu.Unlock()
+	d.release()
 	runtime.GC()
 	for b.Loop() {
 		var r0, r1 syscall.Rusage
@@ -170,11 +170,11 @@ func BenchmarkControlPlane(b *testing.B) {
 			f := newFixture(b, base)
 			d := f.start()
 			now := time.Now()
-			d.mu.Lock()
+			d.hold()
 			for i := range n {
 				d.eng.Lookup(dynamicDest(i), now)
 			}
-			d.mu.Unlock()
+			d.release()
 			configs := []string{base + "all:\n  consecutive_failures: 7\n", base + "targets:\n  x:\n    match: {cidrs: [10.1.2.3/32], ports: [\"80\"]}\n"}
 			var all, target, list, scrape time.Duration
 			for b.Loop() {

@@ -22,8 +22,8 @@ import (
 // two workloads' classes is not bridged (the fail-open direction).
 
 // bridgeClasses writes the bridging verdicts for the move from old (with
-// oldClasses) to d.cfg and d.classes, and returns them. Under d.mu, before
-// d.scope.apply.
+// oldClasses) to d.cfg and d.classes, and returns them. In a step of the
+// owner, before d.scope.apply.
 func (d *Daemon) bridgeClasses(old *policy.Config, oldClasses policy.Classes) []maps.Dest {
 	used := map[uint8]bool{0: true}
 	before := map[string]bool{}
@@ -66,7 +66,7 @@ func (d *Daemon) bridgeClasses(old *policy.Config, oldClasses policy.Classes) []
 }
 
 // unbridge deletes the bridging verdicts no rejecting circuit owns now.
-// Under d.mu, after rematch.
+// In a step of the owner, after rematch.
 func (d *Daemon) unbridge(bridged []maps.Dest) {
 	for _, dst := range bridged {
 		if c, ok := d.eng.At(dst); ok && c.Machine.State().Rejects() {

@@ -43,7 +43,7 @@ const closeQueue = 4096
 
 // ensureCloser prepares the close pass when the configuration asks for it
 // (once; a later configuration without the option keeps it, idle). Used
-// under d.mu.
+// in a step of the owner.
 func (d *Daemon) ensureCloser(cfg *policy.Config) {
 	if d.closer != nil || !wantsClose(cfg) {
 		return
@@ -98,7 +98,7 @@ func closeWorkloads(cfg *policy.Config) maps.CloseWorkloads {
 func isOpen(s policy.State) bool { return s == policy.Open || s == policy.ForcedOpen }
 
 // opened queues c's close pass when it has just opened (from a state that
-// does not reject) and asks for it. Used under d.mu.
+// does not reject) and asks for it. Used in a step of the owner.
 func (d *Daemon) opened(c *circuit, from, to policy.State, at time.Time) {
 	if !isOpen(to) || isOpen(from) || !c.Machine.Options().CloseEstablished || d.runCtx == nil {
 		return
@@ -147,24 +147,25 @@ func (d *Daemon) closeLoop(ctx context.Context) {
 // open (one that closed again meanwhile is skipped: its connections are
 // healthy ones), and reports what each closed.
 func (d *Daemon) runClose(batch []closeJob) {
-	d.mu.Lock()
-	closer := d.closer
+	var closer *maps.Closer
 	owner := map[maps.Dest]int{}
 	var dests [3][]maps.Dest // by workloads
-	for i, j := range batch {
-		c, ok := d.eng.Get(j.circuit)
-		if !ok || !isOpen(c.Machine.State()) {
-			batch[i].dests = nil
-			continue
-		}
-		for _, dst := range j.dests {
-			if _, dup := owner[dst]; !dup {
-				dests[j.workloads] = append(dests[j.workloads], dst)
+	d.do(func() {
+		closer = d.closer
+		for i, j := range batch {
+			c, ok := d.eng.Get(j.circuit)
+			if !ok || !isOpen(c.Machine.State()) {
+				batch[i].dests = nil
+				continue
 			}
-			owner[dst] = i
+			for _, dst := range j.dests {
+				if _, dup := owner[dst]; !dup {
+					dests[j.workloads] = append(dests[j.workloads], dst)
+				}
+				owner[dst] = i
+			}
 		}
-	}
-	d.mu.Unlock()
+	})
 	counts := map[maps.Dest]maps.CloseCount{}
 	var stats maps.PassStats
 	for w, ds := range dests {
@@ -196,19 +197,19 @@ func (d *Daemon) runClose(batch []closeJob) {
 		closed[i] += uint64(n.Closed)
 		failed[i] += uint64(n.Failed)
 	}
-	d.mu.Lock()
-	for i, j := range batch {
-		if j.dests == nil {
-			continue
+	d.do(func() {
+		for i, j := range batch {
+			if j.dests == nil {
+				continue
+			}
+			d.metrics.closed.WithLabelValues(j.target, j.workload, "closed").Add(float64(closed[i]))
+			d.metrics.closed.WithLabelValues(j.target, j.workload, "failed").Add(float64(failed[i]))
+			if c, ok := d.eng.Get(j.circuit); ok {
+				c.AddClosedEstablished(closed[i])
+			}
+			d.events.noteClosed(j.circuit, j.at, closed[i])
 		}
-		d.metrics.closed.WithLabelValues(j.target, j.workload, "closed").Add(float64(closed[i]))
-		d.metrics.closed.WithLabelValues(j.target, j.workload, "failed").Add(float64(failed[i]))
-		if c, ok := d.eng.Get(j.circuit); ok {
-			c.AddClosedEstablished(closed[i])
-		}
-		d.events.noteClosed(j.circuit, j.at, closed[i])
-	}
-	d.mu.Unlock()
+	})
 	for i, j := range batch {
 		if j.dests == nil {
 			d.log.Info("circuit no longer open; its established connections are left alone", "circuit", j.circuit)

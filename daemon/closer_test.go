@@ -39,8 +39,8 @@ targets:
 // for every kernel test to run.
 func closeMechanism(t *testing.T, d *Daemon) maps.CloseMechanism {
 	t.Helper()
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.hold()
+	defer d.release()
 	if d.closer == nil {
 		t.Fatal("a target asks for close_established, but the daemon made no closer")
 	}

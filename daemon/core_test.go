@@ -9,8 +9,8 @@ import (
 // The event-to-verdict core's tests on the fake kernel and clock are the
 // engine's (engine/handle_test.go).
 
-// A fleet block anywhere (all, or one target) is what the daemon warns
-// of at start and reload: this version validates it and acts on nothing.
+// A fleet block anywhere (all, or one target) is what makes the daemon
+// link to the fleet at start and reload (configureFleet).
 func TestFleetBlocksAreSeen(t *testing.T) {
 	for _, c := range []struct {
 		yaml string

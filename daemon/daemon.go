@@ -4,19 +4,25 @@
 // logs, counts and keeps every transition for the admin API. It also
 // keeps the kernel's fail-safe heartbeat fresh (on its own goroutine,
 // which nothing else can hold up: heartbeat.go), runs the engine's tick,
-// re-resolves host names and Services (outside the lock) and hands the
-// engine what they resolved to, reloads its configuration on SIGHUP or
-// when the file changes, and on start adopts the open circuits a previous
-// daemon left in the pinned verdict map.
+// re-resolves host names and Services and hands the engine what they
+// resolved to, reloads its configuration on SIGHUP or when the file
+// changes, and on start adopts the open circuits a previous daemon left
+// in the pinned verdict map.
+//
+// One goroutine owns the engine and the state beside it (owner.go):
+// every step that touches them (a batch of records, the tick, a reload, a
+// resolution, an operator's change) runs there, one at a time. The
+// metrics, the probes and the event list read what the owner published
+// after its last step and never wait for it.
 //
 // Shutdown order (Run's return path): the context is cancelled; the tick
 // goroutine is waited for (it wakes the reader, whose ring Close unmaps);
 // the ring buffer reader is closed (its Read does not watch the context);
 // the heartbeat, event, resolve and watch goroutines are waited for; the
-// admin servers are shut down; then the kernel handles are closed. Pins
-// and links stay, so the programs keep enforcing under the heartbeat until
-// a new daemon adopts them, or the fail-safe timeout lets everything
-// through.
+// admin servers are shut down; the owner stops; then the kernel handles
+// are closed. Pins and links stay, so the programs keep enforcing under
+// the heartbeat until a new daemon adopts them, or the fail-safe timeout
+// lets everything through.
 package daemon
 
 import (
@@ -28,7 +34,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -106,7 +111,9 @@ type Daemon struct {
 	kernel engine.Kernel
 	clock  engine.Clock
 
-	mu       sync.Mutex // guards everything below
+	// own runs the steps that touch everything below (owner.go).
+	own      stepOwner
+	shown    atomic.Pointer[shown] // what the last step published (owner.go)
 	cfg      *policy.Config
 	classes  policy.Classes // the workloads' classes under cfg
 	scope    *cgroupWatch   // keeps the kernel's workloads map
@@ -277,9 +284,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	d.mu.Lock()
-	d.runCtx = ctx
-	d.mu.Unlock()
+	d.do(func() { d.runCtx = ctx })
+	// From here every step runs on the owner's goroutine, until all the
+	// goroutines that ask for steps are done.
+	stopOwner := make(chan struct{})
+	ownerDone := d.startOwner(stopOwner)
 	var wg sync.WaitGroup
 	wg.Go(func() { d.heartbeatLoop(ctx) })
 	wg.Go(func() { d.readEvents(rd) })
@@ -296,18 +305,20 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.closeLoop(ctx) })
 	wg.Go(func() { d.rejectionsLoop(ctx) })
 	wg.Go(func() { d.fleetLoop(ctx) })
-	d.mu.Lock()
-	d.ready.Store(d.problems == nil)
-	d.admin = srv.TCPAddr()
-	d.mu.Unlock()
-	d.setPhase("")
+	d.do(func() {
+		// Started before ready: a client that sees ready finds the
+		// whole API served (and a ground check's verdict, also a step,
+		// comes before or after this one, never between).
+		d.admin = srv.TCPAddr()
+		d.setPhase("")
+		d.ready.Store(d.problems == nil)
+	})
 	d.log.Info("breakerd ready", "cgroup", d.opts.Cgroup, "pins", d.k.PinDir(), "admin", d.opts.AdminAddr, "socket", d.opts.AdminSocket)
 
 	<-ctx.Done()
-	d.mu.Lock()
 	d.ready.Store(false)
-	failsafe := d.cfg.FailsafeTimeout
-	d.mu.Unlock()
+	var failsafe time.Duration
+	d.do(func() { failsafe = d.cfg.FailsafeTimeout })
 	if p := d.k.Check(); p != nil {
 		d.log.Error("shutting down with protection not in place: what is missing is not kept after this process exits", "problems", p.Error())
 	} else {
@@ -317,11 +328,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	rd.Close()
 	wg.Wait()
 	srv.Shutdown()
-	d.mu.Lock()
-	if d.closer != nil {
-		_ = d.closer.Release()
-	}
-	d.mu.Unlock()
+	close(stopOwner)
+	<-ownerDone
+	d.do(func() {
+		if d.closer != nil {
+			_ = d.closer.Release()
+		}
+	})
 	return d.k.Close()
 }
 
@@ -350,9 +363,9 @@ func (d *Daemon) readEvents(rd *maps.EventReader) {
 			continue
 		}
 		now := d.now()
-		d.mu.Lock()
-		d.eng.HandleBatch(batch[:n], now)
-		d.mu.Unlock()
+		d.do(func() {
+			d.eng.HandleBatch(batch[:n], now)
+		})
 	}
 }
 
@@ -368,15 +381,15 @@ func (d *Daemon) tickLoop(ctx context.Context, rd *maps.EventReader) {
 		case <-tick.C:
 			d.flushAnswered()
 			rd.Wake()
-			d.mu.Lock()
-			d.tick(d.now())
-			d.mu.Unlock()
+			d.do(func() {
+				d.tick(d.now())
+			})
 		}
 	}
 }
 
 // tick runs the engine's timers (engine.Tick) and, once a second, drops
-// the admin API's idle pages. The caller holds d.mu.
+// the admin API's idle pages. Called in a step of the owner.
 func (d *Daemon) tick(now time.Time) {
 	d.eng.Tick(now)
 	if now.Sub(d.lastPagesCheck) >= time.Second {
@@ -399,15 +412,10 @@ func fleetBlocks(cfg *policy.Config) bool {
 }
 
 // applyConfig installs a new configuration (first start or reload) and
-// rebuilds what depends on it.
-//
-// A reload keeps every circuit whose matching still holds: its state,
-// window, trips, open time and any override set through the API stay, and
-// the new options apply from its next call and transition (a verdict
-// already written keeps its errno and probe settings until then). A circuit
-// is dropped only when its target is removed, its scope changes, or a
-// destination of it now matches elsewhere (rematch). A target whose
-// `state` key changed takes the new state.
+// rebuilds what depends on it: the fleet link, the close pass, the
+// response programs, the workloads map (with the bridging verdicts of
+// workloads whose class changes), the circuits (engine.Engine.Reconfigure
+// and Rematch say which are kept) and the kernel's settings.
 func (d *Daemon) applyConfig(cfg *policy.Config) {
 	old, oldClasses := d.cfg, d.classes
 	d.cfg = cfg
@@ -433,32 +441,7 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 	}
 	d.scope.apply(cfg)
 	if old != nil {
-		now := d.now()
-		ch := policy.Diff(old, cfg)
-		for _, c := range d.eng.Ordered() {
-			if c.Target() == allTarget {
-				if ch.AllChanged {
-					d.setOptions(c, &cfg.All, now)
-				}
-				continue
-			}
-			if !contains(ch.Changed, c.Target()) && !contains(ch.Removed, c.Target()) {
-				continue
-			}
-			nt, ot := cfg.Targets[c.Target()], old.Targets[c.Target()]
-			if nt == nil || nt.Scope != ot.Scope {
-				d.eng.Drop(c)
-				continue
-			}
-			d.setOptions(c, &nt.Options, now)
-			if nt.State != ot.State {
-				// The configuration's new state wins over one set
-				// through the API.
-				d.eng.Apply(c, c.Machine.Override(now, nt.State))
-				d.eng.KeepOverride(c, policy.NoOverride)
-			}
-		}
-		d.eng.SetEjection(cfg)
+		ch := d.eng.Reconfigure(old, d.now())
 		d.log.Info("configuration reloaded", "all_changed", ch.AllChanged, "mode_changed", ch.ModeChanged, "workloads_changed", ch.WorkloadsChanged,
 			"added", ch.Added, "changed", ch.Changed, "removed", ch.Removed, "unchanged", ch.Unchanged)
 		if err := d.heartbeat(); err != nil { // mode and limits flags
@@ -469,91 +452,17 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 	d.unbridge(bridged)
 }
 
-// setOptions gives a kept circuit its reloaded options and rewrites its
-// fallback and bulkhead limits.
-func (d *Daemon) setOptions(c *circuit, o *policy.Options, now time.Time) {
-	had := engine.NeedsLimitEntry(c.Machine.Options())
-	c.Machine.SetOptions(o, now)
-	d.eng.SyncFallback(c) // a fallback set, changed or removed applies at once
-	if !had && !engine.NeedsLimitEntry(o) && c.BulkSlots() == nil {
-		return // no limits entry before or now: nothing to write or delete
-	}
-	for _, dst := range c.Dests() {
-		d.eng.WriteLimit(c, dst)
-	}
-}
-
 // matching is what the engine matches destinations with: the
 // configuration, its classes and what names and Services resolved to.
 func (d *Daemon) matching() engine.Matching {
 	return engine.Matching{Config: d.cfg, Classes: d.classes, Resolved: d.resolved, Services: d.services, Fallbacks: d.fallbackAddrs}
 }
 
-// rematch rebuilds the matcher, drops circuits whose destinations now
-// belong elsewhere, and makes the circuits of targets whose destinations
-// can be enumerated (so forced states and open verdicts cover them before
-// any traffic).
+// rematch gives the engine what destinations match now and has it follow
+// (engine.Engine.Rematch).
 func (d *Daemon) rematch() {
 	d.eng.SetMatching(d.matching())
-	now := d.now()
-	for _, c := range d.eng.Ordered() {
-		var stale []maps.Dest
-		for _, dst := range c.Dests() {
-			// A circuit of a class that now names another workload
-			// (or none) goes too.
-			m, workload := d.eng.MatcherOf(dst.Class)
-			if m == nil || workload != c.Workload() {
-				stale = c.Dests()
-				break
-			}
-			target, excluded := m.Match(dst.Addr.Addr(), dst.Addr.Port(), dst.Proto.String())
-			if target == "" {
-				target = allTarget
-			}
-			if excluded || target != c.Target() {
-				stale = append(stale, dst)
-			}
-		}
-		switch {
-		case len(stale) == 0:
-		case len(stale) < len(c.Dests()) && isServiceTarget(d.cfg, c.Target()):
-			// A Service's endpoints come and go: the circuit keeps its
-			// state; only the departed destinations leave it.
-			d.eng.Detach(c, stale)
-		default:
-			d.eng.Drop(c)
-		}
-	}
-	for _, class := range d.classList() {
-		for _, name := range sortedKeys(d.cfg.Targets) {
-			for _, dst := range append(engine.StaticDests(d.cfg.Targets[name], d.resolved), serviceStaticDests(d.services[name])...) {
-				dst.Class = class
-				if c, _ := d.eng.Lookup(dst, now); c != nil {
-					c.Enumerated = true
-				}
-			}
-		}
-	}
-}
-
-// classList returns the classes connections can have under d.cfg: 0 when
-// some workload shares circuits or processes of no workload are protected
-// (no list of workloads), and each isolated workload's.
-func (d *Daemon) classList() []uint8 {
-	var out []uint8
-	shared := !d.cfg.Scoped()
-	for _, w := range d.cfg.Workloads {
-		k := uint8(d.classes.Of(w.Name))
-		if k == 0 {
-			shared = true
-		} else {
-			out = append(out, k)
-		}
-	}
-	if shared {
-		out = append([]uint8{0}, out...)
-	}
-	return out
+	d.eng.Rematch(d.now())
 }
 
 // hasLimits reports whether any circuit of cfg has a bulkhead or follows
@@ -570,50 +479,32 @@ func hasLimits(cfg *policy.Config) bool {
 	return false
 }
 
-func sortedKeys(m map[string]*policy.Target) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
 // Reload reads the configuration file again. An invalid file changes
 // nothing; the error names every offending key.
 func (d *Daemon) Reload() error {
 	cfg, err := policy.LoadFile(d.opts.ConfigPath)
 	var pods map[string]map[string]bool
 	if err == nil {
-		pods = d.lookupPods(cfg) // the informer's cache, outside the lock
+		pods = d.lookupPods(cfg) // the informer's cache, before the step
 	}
-	d.mu.Lock()
 	if err != nil {
 		d.metrics.reloadOK.Set(0)
 		d.log.Error("configuration reload refused; keeping the last valid one", "file", configName(d.opts.ConfigPath), "err", err)
-		d.mu.Unlock()
 		return err
 	}
-	d.scope.presetPods(pods)
-	d.applyConfig(cfg)
-	if err := d.reconcileLimits(); err != nil {
-		d.log.Error("after the reload", "err", err)
-	}
-	d.metrics.reloadOK.Set(1)
-	d.metrics.reloadTime.SetToCurrentTime()
-	ctx := d.runCtx
-	d.mu.Unlock()
-	// Host names are looked up outside the lock (and given up when the
-	// daemon stops); addresses that changed are applied under it.
+	var ctx context.Context
+	d.do(func() {
+		d.scope.presetPods(pods)
+		d.applyConfig(cfg)
+		if err := d.reconcileLimits(); err != nil {
+			d.log.Error("after the reload", "err", err)
+		}
+		d.metrics.reloadOK.Set(1)
+		d.metrics.reloadTime.SetToCurrentTime()
+		ctx = d.runCtx
+	})
+	// Host names are looked up outside the owner's steps (and given up
+	// when the daemon stops); addresses that changed are applied in one.
 	if ctx == nil {
 		ctx = context.Background()
 	}

@@ -128,7 +128,7 @@ func (f *fixture) run(d *Daemon) *Daemon {
 	}
 	f.t.Cleanup(f.stop)
 	f.d = d
-	if !kerneltest.WaitFor(2*time.Second, func() bool { d.mu.Lock(); defer d.mu.Unlock(); return d.ready.Load() }) {
+	if !kerneltest.WaitFor(2*time.Second, d.ready.Load) {
 		f.t.Fatal("daemon not ready")
 	}
 	return d
@@ -331,8 +331,8 @@ func TestReloadOnFileChange(t *testing.T) {
 	// A ConfigMap-style swap: the file is replaced by a rename.
 	f.writeConfig(svcConfig + "mode: shadow\n")
 	ok := kerneltest.WaitFor(3*time.Second, func() bool {
-		f.d.mu.Lock()
-		defer f.d.mu.Unlock()
+		f.d.hold()
+		defer f.d.release()
 		return f.d.cfg.Mode == "shadow"
 	})
 	if !ok {

@@ -3,12 +3,10 @@ package daemon
 import (
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
@@ -110,51 +108,6 @@ all:
 	}
 	if after.Options["open_duration"] != "2m2s" {
 		t.Fatalf("new options not applied: %v", after.Options["open_duration"])
-	}
-}
-
-// Endpoint groups: one endpoint may always be ejected (3 endpoints at 34%
-// would otherwise eject none), and a reload that raises
-// max_ejection_percent takes effect while the ejected one stays open.
-func TestEndpointGroupEjectsOneAndFollowsReload(t *testing.T) {
-	cfg := `
-targets:
-  pay:
-    match: {cidrs: [SRV], ports: ["8101-8103"]}
-    scope: endpoint
-    max_ejection_percent: 34
-    consecutive_failures: 1
-    open_duration: 1m
-`
-	f := newFixture(t, cfg)
-	f.start()
-	ip := f.srv.IPv4.String()
-	for _, p := range []uint16{8101, 8102, 8103} {
-		f.dial(p, 1, 0)
-	}
-	state := func(p int) string { c, _ := f.circuit(fmt.Sprintf("pay/%s:%d", ip, p)); return c.State }
-	if !kerneltest.WaitFor(2*time.Second, func() bool { return state(8101) == "open" }) {
-		t.Fatalf("first endpoint not ejected: %v", f.d.Circuits())
-	}
-	f.waitOutcomes("refused", "pay", 3) // every endpoint's failure was handled
-	if state(8102) != "closed" || state(8103) != "closed" {
-		t.Fatalf("more than one of three ejected at 34%%: %s %s", state(8102), state(8103))
-	}
-	f.writeConfig(strings.Replace(cfg, "34", "67", 1))
-	if err := f.d.Reload(); err != nil {
-		t.Fatal(err)
-	}
-	if state(8101) != "open" {
-		t.Fatalf("the reload closed the ejected endpoint: %s", state(8101))
-	}
-	f.dial(8102, 1, 0)
-	if !kerneltest.WaitFor(2*time.Second, func() bool { return state(8102) == "open" }) {
-		t.Fatalf("after raising max_ejection_percent to 67 the second endpoint is %s", state(8102))
-	}
-	f.dial(8103, 1, 0)
-	f.waitOutcomes("refused", "pay", 5)
-	if state(8103) != "closed" {
-		t.Fatalf("third of three ejected at 67%%: %s", state(8103))
 	}
 }
 
@@ -281,39 +234,5 @@ all:
 	}
 	if got := errnos(f.dial(8081, 1, 0)); got[unix.ECONNREFUSED] != 1 {
 		t.Fatalf("released: %v", got)
-	}
-}
-
-// When the kernel lost records, a round it began (its tokens spent) whose
-// first-probe record and outcomes were lost is found from the probe
-// budget, so probe_timeout reopens the circuit instead of leaving it open
-// with no token, rejecting for good.
-func TestLostRoundRecordsAreReconciled(t *testing.T) {
-	f := newFixture(t, svcConfig)
-	f.start()
-	f.dial(8080, 3, 0)
-	f.waitState("svc", "open", 2*time.Second)
-	c, _ := f.circuit("svc")
-	// The kernel takes round 1's only token and both its records are lost.
-	budgets, err := ebpf.LoadPinnedMap(filepath.Join(f.d.k.PinDir(), "probe_budgets"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer budgets.Close()
-	f.d.mu.Lock()
-	svc, _ := f.d.eng.Get("svc")
-	round := svc.Machine.Round()
-	if err := budgets.Put(c.CircuitID, uint64(round)<<32); err != nil {
-		f.d.mu.Unlock()
-		t.Fatal(err)
-	}
-	f.d.eng.ReconcileRounds(time.Now())
-	f.d.mu.Unlock()
-	f.waitState("svc", "half_open", time.Second)
-	// No probe of the round succeeded: probe_timeout (2s) reopens it, with
-	// a new round the next connection can take once due.
-	f.waitState("svc", "open", 3*time.Second)
-	if c, _ := f.circuit("svc"); c.Trip != 1 {
-		t.Fatalf("reopened circuit %+v, want trip 1", c)
 	}
 }

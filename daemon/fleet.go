@@ -23,8 +23,8 @@ import (
 // writer backs off, and followed circuits close when their reporters'
 // entries expire (a timer at the tally's next expiry, no polling).
 
-// fleetWiring is the daemon's part of the fleet; its fields are guarded
-// by d.mu.
+// fleetWiring is the daemon's part of the fleet; its fields are the
+// owner's (touched only in its steps).
 type fleetWiring struct {
 	// link is made by the first configuration with a fleet block (and
 	// API access) and kept: a reload that drops every block leaves it
@@ -49,7 +49,7 @@ type fleetWiring struct {
 // confirm it (the API down at start-up).
 const fleetAdoptGrace = 10 * time.Second
 
-// wires returns d.fleet with its channel made. The caller holds d.mu.
+// wires returns d.fleet with its channel made. Called in a step of the owner.
 func (d *Daemon) wires() *fleetWiring {
 	if d.fleet.wake == nil {
 		d.fleet.wake = make(chan struct{}, 1)
@@ -66,7 +66,7 @@ func (w *fleetWiring) poke() {
 
 // configureFleet makes the link when cfg first has a fleet block, and
 // has a running link decide and publish again after a reload. It makes
-// no API call. The caller holds d.mu.
+// no API call. Called in a step of the owner.
 func (d *Daemon) configureFleet(cfg, old *policy.Config) {
 	w := d.wires()
 	if w.link != nil {
@@ -113,9 +113,8 @@ func (d *Daemon) fleetNoted(c *circuit, t policy.Transition) {
 // the reports change, this node's own fleet circuits move, or an entry
 // expires, until ctx ends.
 func (d *Daemon) fleetLoop(ctx context.Context) {
-	d.mu.Lock()
-	w := d.wires()
-	d.mu.Unlock()
+	var w *fleetWiring
+	d.do(func() { w = d.wires() })
 	var link *kube.Fleet
 	for link == nil {
 		select {
@@ -123,9 +122,9 @@ func (d *Daemon) fleetLoop(ctx context.Context) {
 			return
 		case <-w.wake:
 		}
-		d.mu.Lock()
-		link = w.link
-		d.mu.Unlock()
+		d.do(func() {
+			link = w.link
+		})
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -134,11 +133,13 @@ func (d *Daemon) fleetLoop(ctx context.Context) {
 	expiry.Stop()
 	defer expiry.Stop()
 	for {
-		d.mu.Lock()
-		now := d.now()
-		d.fleetPublish(now)
-		next, ok := d.fleetDecide(now)
-		d.mu.Unlock()
+		var now, next time.Time
+		var ok bool
+		d.do(func() {
+			now = d.now()
+			d.fleetPublish(now)
+			next, ok = d.fleetDecide(now)
+		})
 		expiry.Stop()
 		if ok {
 			// Just past it: an entry stops counting once its until is
@@ -155,8 +156,8 @@ func (d *Daemon) fleetLoop(ctx context.Context) {
 	}
 }
 
-// fleetPublish hands the writer this node's report if it changed. The
-// caller holds d.mu.
+// fleetPublish hands the writer this node's report if it changed. Called
+// in a step of the owner.
 func (d *Daemon) fleetPublish(now time.Time) {
 	w := &d.fleet
 	if !w.publish {
@@ -189,8 +190,8 @@ func sameEntries(a, b []engine.FleetEntry) bool {
 }
 
 // fleetDecide applies what the fleet has open at now to the circuits and
-// returns when to decide again (false: only when reports change). The
-// caller holds d.mu.
+// returns when to decide again (false: only when reports change). Called
+// in a step of the owner.
 func (d *Daemon) fleetDecide(now time.Time) (time.Time, bool) {
 	w := &d.fleet
 	if !w.link.Synced() && now.Before(w.adoptedUntil) {
@@ -212,7 +213,7 @@ func (d *Daemon) fleetDecide(now time.Time) (time.Time, bool) {
 // fleetAdopt keeps, at start-up, the follow a previous daemon left as a
 // forced-open verdict of c, which no override forces open here: until
 // the reports are listed, or fleetAdoptGrace. False: c does not follow
-// the fleet here (its verdict goes). The caller holds d.mu.
+// the fleet here (its verdict goes). Called in a step of the owner.
 func (d *Daemon) fleetAdopt(c *circuit, now time.Time) bool {
 	w := &d.fleet
 	if w.follower == nil || !c.Machine.Options().Fleet.Enabled {
@@ -227,7 +228,7 @@ func (d *Daemon) fleetAdopt(c *circuit, now time.Time) bool {
 }
 
 // fleetInfo adds the fleet's verdict to a followed circuit's API view.
-// The caller holds d.mu.
+// Called in a step of the owner.
 func (d *Daemon) fleetInfo(c *circuit, ci *CircuitInfo) {
 	if d.fleet.follower == nil {
 		return
@@ -244,12 +245,13 @@ var (
 	descFleetFollowed = prometheus.NewDesc("breakerd_fleet_followed_circuits", "Circuits open because a quorum of other nodes reports them open (state fleet_open).", nil, nil)
 	descFleetWrites   = prometheus.NewDesc("breakerd_fleet_report_writes_total", "Writes of this node's CircuitReport.", nil, nil)
 	descFleetErrors   = prometheus.NewDesc("breakerd_fleet_report_write_errors_total", "Failed writes of this node's CircuitReport (each is retried with the latest state, backed off up to 30 s).", nil, nil)
+	descFleetReadErrs = prometheus.NewDesc("breakerd_fleet_report_read_errors_total", "Failed reads of the fleet's CircuitReports: op list (the first list, and each after a watch could not resume) or watch (a watch that could not be started); each is retried, backed off by client-go. While they fail, followed circuits end at their open-until.", []string{"op"}, nil)
 	descFleetOmitted  = prometheus.NewDesc("breakerd_fleet_report_omitted_circuits", "Circuits open on this node's own evidence that its last report left out (past 128; the least recently opened go first).", nil, nil)
 )
 
 // Describe sends the collector's descriptors.
 func (f fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descFleetFollowed, descFleetWrites, descFleetErrors, descFleetOmitted} {
+	for _, d := range []*prometheus.Desc{descFleetFollowed, descFleetWrites, descFleetErrors, descFleetReadErrs, descFleetOmitted} {
 		ch <- d
 	}
 }
@@ -258,18 +260,18 @@ func (f fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 // without a link).
 func (f fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	d := f.d
-	d.mu.Lock()
-	followed, link := 0, d.fleet.link
-	if d.fleet.follower != nil {
-		followed = d.fleet.follower.Count()
-	}
-	d.mu.Unlock()
+	var followed int
 	var s kube.FleetStats
-	if link != nil {
-		s = link.Stats()
+	if sh := d.shown.Load(); sh != nil {
+		followed = sh.followed
+		if sh.link != nil {
+			s = sh.link.Stats()
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(descFleetFollowed, prometheus.GaugeValue, float64(followed))
 	ch <- prometheus.MustNewConstMetric(descFleetWrites, prometheus.CounterValue, float64(s.Writes))
 	ch <- prometheus.MustNewConstMetric(descFleetErrors, prometheus.CounterValue, float64(s.Errors))
+	ch <- prometheus.MustNewConstMetric(descFleetReadErrs, prometheus.CounterValue, float64(s.ListErrors), "list")
+	ch <- prometheus.MustNewConstMetric(descFleetReadErrs, prometheus.CounterValue, float64(s.WatchErrors), "watch")
 	ch <- prometheus.MustNewConstMetric(descFleetOmitted, prometheus.GaugeValue, float64(s.Omitted))
 }

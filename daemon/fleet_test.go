@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -9,7 +10,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/breakerd/breakerd/fleet"
 	"github.com/breakerd/breakerd/internal/kerneltest"
 	"github.com/breakerd/breakerd/internal/kubeapitest"
 	"github.com/breakerd/breakerd/kube"
@@ -42,18 +45,28 @@ type fleetNode struct {
 	name string
 }
 
-// newFleetNodes starts an API server with the CircuitReport CRD and n
-// daemons on it.
+// newFleetNodes starts an API server with deploy/'s CircuitReport CRD,
+// breakerd's service account and RBAC, and the admission policy that
+// lets a node write only its own report, and n daemons on it, each with
+// a token bound to a pod on its node (as a DaemonSet's pod has): the
+// policy is in force for every write of the scenario.
 func newFleetNodes(t *testing.T, n int, yaml string) (*kubeapitest.Server, []*fleetNode) {
 	t.Helper()
 	kerneltest.RequireKernel(t)
 	api := kubeapitest.Start(t)
 	api.InstallCRD(t, "fleet-crd.yaml")
+	for _, file := range []string{"namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "fleet-policy.yaml"} {
+		api.Apply(t, file)
+	}
 	var nodes []*fleetNode
 	for i := range n {
 		f := newFixture(t, yaml)
-		name := fmt.Sprintf("node-%c-%s", 'a'+i, kerneltest.UniqueName())
-		cl, err := kube.New(kube.Options{Config: api.Admin, NodeName: name, ProbeInterval: 200 * time.Millisecond,
+		name := fmt.Sprintf("node-%c-%s", 'a'+i, strings.ToLower(kerneltest.UniqueName()))
+		token := api.NodeToken(t, "breakerd", "breakerd", name)
+		if i == 0 {
+			waitOwnReportOnly(t, api, token, name)
+		}
+		cl, err := kube.New(kube.Options{Config: api.TokenConfig(token), NodeName: name, ProbeInterval: 200 * time.Millisecond,
 			Logger: slog.New(slog.NewTextHandler(f.logs, nil))})
 		if err != nil {
 			t.Fatal(err)
@@ -71,9 +84,29 @@ func newFleetNodes(t *testing.T, n int, yaml string) (*kubeapitest.Server, []*fl
 	return api, nodes
 }
 
+// waitOwnReportOnly waits until the API server enforces the admission
+// policy (it loads a new one within a second or so): node's token is
+// refused writing another node's report.
+func waitOwnReportOnly(t *testing.T, api *kubeapitest.Server, token, node string) {
+	t.Helper()
+	store, err := fleet.NewKubeStore(api.TokenConfig(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := &fleet.CircuitReport{Spec: fleet.ReportSpec{Circuits: []fleet.Circuit{}}}
+	other.Name = "not-" + node
+	var werr error
+	if !kerneltest.WaitFor(10*time.Second, func() bool {
+		werr = store.Apply(context.Background(), other)
+		return apierrors.IsForbidden(werr) && strings.Contains(werr.Error(), "may write only the CircuitReport named "+node)
+	}) {
+		t.Fatalf("the admission policy is not in force: %s writing another node's report: %v", node, werr)
+	}
+}
+
 func (nd *fleetNode) link() *kube.Fleet {
-	nd.d.mu.Lock()
-	defer nd.d.mu.Unlock()
+	nd.d.hold()
+	defer nd.d.release()
 	return nd.d.fleet.link
 }
 
@@ -232,7 +265,10 @@ func TestFleetQuorumOpensFollowers(t *testing.T) {
 // then, with the API server gone, the reporters' local breaking is
 // unchanged (they reject, trip again on their probes, and count their
 // failed writes) and the follow ends at its open-until, when the
-// reporters' entries expire, without any report to say so.
+// reporters' entries expire, without any report to say so, and the
+// follower counts its failed reads. Last, the API server is started
+// again on the same store: the reporters write again, and the follower
+// follows again.
 func TestFleetFollowAcrossRestartAndAPIOutage(t *testing.T) {
 	api, nodes := newFleetNodes(t, 3, fleetConfig)
 	a, b, c := nodes[0], nodes[1], nodes[2]
@@ -290,5 +326,33 @@ func TestFleetFollowAcrossRestartAndAPIOutage(t *testing.T) {
 	}
 	if _, ok := c.verdict(); ok {
 		t.Error("the follower's verdict stayed after its follow ended")
+	}
+	// The follower counted its failed reads of the reports.
+	if s := c.link().Stats(); s.ListErrors+s.WatchErrors == 0 {
+		t.Errorf("the follower counted no failed list or watch with the API down: %+v", s)
+	}
+
+	// The API server comes back (same address, same store): the nodes
+	// pick it up, the reporters' writes go through again (a and b, still
+	// failing, probe and reopen), and a new quorum opens the follower.
+	api.Restart(t)
+	restarted := time.Now()
+	if !kerneltest.WaitFor(30*time.Second, func() bool {
+		a.dial(fleetPort, 1, time.Second)
+		b.dial(fleetPort, 1, time.Second)
+		ev, ok := c.event("fleet_open")
+		return ok && ev.After(restarted)
+	}) {
+		t.Fatalf("the restarted API server was not picked up: c follows nothing (a %+v, b %+v, c %+v; c's logs:\n%s)",
+			a.link().Stats(), b.link().Stats(), c.link().Stats(), c.logs.String())
+	}
+	followed, _ := c.event("fleet_open")
+	t.Logf("the follower followed again %v after the API server restarted (read errors while it was down: %+v)",
+		followed.Sub(restarted).Round(time.Millisecond), c.link().Stats())
+	if v, ok := c.verdict(); !ok || v.State != maps.ForcedOpen {
+		t.Errorf("the follower's verdict after the API server came back: %+v (%v)", v, ok)
+	}
+	if got := errnos(c.dial(fleetPort, 3, time.Second)); got[unix.EHOSTUNREACH] != 3 {
+		t.Errorf("the follower's connects after the API server came back: %v, want 3 refused by breakerd", got)
 	}
 }

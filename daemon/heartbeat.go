@@ -35,7 +35,7 @@ type beat struct {
 const heartbeatEvery = 50 * time.Millisecond
 
 // heartbeat takes the settings of the current configuration and writes
-// them with a fresh heartbeat. The caller holds d.mu (it reads d.cfg).
+// them with a fresh heartbeat. Called in a step of the owner (it reads d.cfg).
 func (d *Daemon) heartbeat() error {
 	s := maps.Settings{FailSafe: d.cfg.FailsafeTimeout, Shadow: d.cfg.Mode == policy.Shadow,
 		MaxRTO: uint32(d.cfg.MaxRTO), Limits: hasLimits(d.cfg), UDP: coversUDP(d.cfg), WakeSlow: minSlowCall(d.cfg),
@@ -110,8 +110,8 @@ const (
 	resolveParallel = 16
 )
 
-// hostNames lists the host names of targets and excludes. The caller
-// holds d.mu.
+// hostNames lists the host names of targets and excludes. Called in a
+// step of the owner.
 func (d *Daemon) hostNames() []string { return hostNamesOf(d.cfg) }
 
 // hostNamesOf lists the host names of cfg's targets and excludes.
@@ -207,7 +207,7 @@ func (d *Daemon) keepingAlive(fn func()) {
 
 // applyResolved takes the addresses of host names still configured;
 // changed addresses rebuild the matcher and the static destinations. A
-// failed lookup keeps a name's last addresses. The caller holds d.mu.
+// failed lookup keeps a name's last addresses. Called in a step of the owner.
 func (d *Daemon) applyResolved(res map[string]lookupResult) (changed bool) {
 	for _, h := range d.hostNames() {
 		r, ok := res[h]
@@ -230,13 +230,12 @@ func (d *Daemon) applyResolved(res map[string]lookupResult) (changed bool) {
 	return changed
 }
 
-// resolve re-resolves every host name with the lookups outside d.mu,
+// resolve re-resolves every host name with the lookups outside the owner's steps,
 // which is taken only to read the names and to apply the results. The
-// caller must not hold d.mu.
+// caller must not be a step of the owner.
 func (d *Daemon) resolve(ctx context.Context) {
-	d.mu.Lock()
-	hosts := d.hostNames()
-	d.mu.Unlock()
+	var hosts []string
+	d.do(func() { hosts = d.hostNames() })
 	if len(hosts) == 0 {
 		return
 	}
@@ -244,13 +243,13 @@ func (d *Daemon) resolve(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.applyResolved(res) {
-		if err := d.reconcileLimits(); err != nil {
-			d.log.Error("after resolving host names", "err", err)
+	d.do(func() {
+		if d.applyResolved(res) {
+			if err := d.reconcileLimits(); err != nil {
+				d.log.Error("after resolving host names", "err", err)
+			}
 		}
-	}
+	})
 }
 
 // resolveLoop re-resolves host names every ResolveInterval, on its own

@@ -27,16 +27,16 @@ import (
 func makeCircuits(t *testing.T, d *Daemon, n int) {
 	t.Helper()
 	for i := 0; i < n; {
-		d.mu.Lock()
+		d.hold()
 		now := d.now()
 		for end := min(i+5000, n); i < end; i++ {
 			dst := maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 9000)}
 			if c, _ := d.eng.Lookup(dst, now); c == nil {
-				d.mu.Unlock()
+				d.release()
 				t.Fatalf("circuit %d refused", i)
 			}
 		}
-		d.mu.Unlock()
+		d.release()
 	}
 }
 
@@ -89,10 +89,10 @@ targets:
 	d := f.start()
 	const n = 100000
 	makeCircuits(t, d, n-1) // and guard
-	d.mu.Lock()
+	d.hold()
 	addr := d.admin.String()
 	total := d.eng.Count()
-	d.mu.Unlock()
+	d.release()
 	if total != n {
 		t.Fatalf("%d circuits, want %d", total, n)
 	}

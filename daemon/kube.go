@@ -7,15 +7,15 @@ import (
 	"time"
 
 	"github.com/breakerd/breakerd/kube"
-	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
 
 // Service targets (match.service) are resolved like host names: the
 // Kubernetes client (package kube) keeps Services and EndpointSlices in
 // informer caches on its own goroutines; the daemon reads those caches
-// outside d.mu and applies what changed under it. No API call is ever
-// made under d.mu, and the heartbeat never waits on the API.
+// outside the owner's steps and applies what changed in one. No API call
+// is ever made in a step of the owner, and the heartbeat never waits on
+// the API.
 
 // serviceSyncTimeout bounds how long start-up waits for the informers'
 // first list (the previous daemon's heartbeat is kept fresh meanwhile).
@@ -39,7 +39,7 @@ type serviceResult struct {
 }
 
 // lookupServices reads the informers' caches for each Service target
-// (watching new namespaces first). The caller must not hold d.mu.
+// (watching new namespaces first). It must not be called in a step of the owner.
 func (d *Daemon) lookupServices(targets map[string]policy.Match) map[string]serviceResult {
 	cl := d.opts.Cluster
 	if cl == nil || len(targets) == 0 {
@@ -110,7 +110,7 @@ func serviceFallbacks(cfg *policy.Config) []policy.ServiceFallback {
 
 // lookupFallbacks reads the informers' caches for each Service fallback
 // (watching new namespaces first): what it resolves to now, or nothing.
-// The caller must not hold d.mu.
+// It must not be called in a step.
 func (d *Daemon) lookupFallbacks(fallbacks []policy.ServiceFallback) map[policy.ServiceFallback]netip.AddrPort {
 	cl := d.opts.Cluster
 	if cl == nil || len(fallbacks) == 0 {
@@ -131,8 +131,8 @@ func (d *Daemon) lookupFallbacks(fallbacks []policy.ServiceFallback) map[policy.
 }
 
 // applyFallbacks takes what the Service fallbacks resolved to and, when
-// that changed, rewrites the fallbacks of the circuits that reject. The
-// caller holds d.mu.
+// that changed, rewrites the fallbacks of the circuits that reject.
+// Called in a step of the owner.
 func (d *Daemon) applyFallbacks(res map[policy.ServiceFallback]netip.AddrPort) {
 	same := len(res) == len(d.fallbackAddrs)
 	for f, a := range res {
@@ -161,7 +161,7 @@ func (d *Daemon) applyFallbacks(res map[policy.ServiceFallback]netip.AddrPort) {
 }
 
 // applyServices takes what Service targets resolved to; changes rebuild
-// the matcher and the enumerated destinations. The caller holds d.mu.
+// the matcher and the enumerated destinations. Called in a step of the owner.
 func (d *Daemon) applyServices(res map[string]serviceResult) (changed bool) {
 	current := serviceTargets(d.cfg)
 	for name := range d.services {
@@ -187,22 +187,23 @@ func (d *Daemon) applyServices(res map[string]serviceResult) (changed bool) {
 	return changed
 }
 
-// resolveServices resolves every Service target outside d.mu and applies
-// the result under it. The caller must not hold d.mu.
+// resolveServices resolves every Service target and Service fallback
+// outside the owner and has the owner apply the result. It must not be
+// called in a step.
 func (d *Daemon) resolveServices() {
-	d.mu.Lock()
-	targets, fallbacks := serviceTargets(d.cfg), serviceFallbacks(d.cfg)
-	d.mu.Unlock()
+	var targets map[string]policy.Match
+	var fallbacks []policy.ServiceFallback
+	d.do(func() { targets, fallbacks = serviceTargets(d.cfg), serviceFallbacks(d.cfg) })
 	res := d.lookupServices(targets)
 	fbs := d.lookupFallbacks(fallbacks)
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.applyFallbacks(fbs)
-	if d.applyServices(res) {
-		if err := d.reconcileLimits(); err != nil {
-			d.log.Error("after resolving Services", "err", err)
+	d.do(func() {
+		d.applyFallbacks(fbs)
+		if d.applyServices(res) {
+			if err := d.reconcileLimits(); err != nil {
+				d.log.Error("after resolving Services", "err", err)
+			}
 		}
-	}
+	})
 }
 
 // kubeLoop resolves Service targets again whenever a watched Service or
@@ -223,23 +224,9 @@ func (d *Daemon) kubeLoop(ctx context.Context) {
 	}
 }
 
-// serviceStaticDests lists a Service target's current destinations as the
-// kernel keys them.
-func serviceStaticDests(dests []policy.ServiceDest) []maps.Dest {
-	out := make([]maps.Dest, 0, len(dests))
-	for _, sd := range dests {
-		p := maps.TCP
-		if sd.Proto == "udp" {
-			p = maps.UDP
-		}
-		out = append(out, maps.Dest{Proto: p, Addr: sd.Addr})
-	}
-	return out
-}
-
 // kubeEvent posts a Kubernetes Event when a circuit opens or closes (on
 // its Service, or on the Node for other targets and `all`). It only
-// queues: client-go's broadcaster sends it later, never blocking d.mu.
+// queues: client-go's broadcaster sends it later, never holding up the owner.
 func (d *Daemon) kubeEvent(c *circuit, t policy.Transition) {
 	cl := d.opts.Cluster
 	if cl == nil || t.From == t.To {
@@ -266,11 +253,6 @@ func (d *Daemon) kubeEvent(c *circuit, t policy.Transition) {
 	cl.CircuitEvent(ev)
 }
 
-func isServiceTarget(cfg *policy.Config, target string) bool {
-	t := cfg.Targets[target]
-	return t != nil && t.Match.Service != ""
-}
-
 // podWorkloads returns cfg's workloads that select pods.
 func podWorkloads(cfg *policy.Config) []policy.Workload {
 	var out []policy.Workload
@@ -284,7 +266,7 @@ func podWorkloads(cfg *policy.Config) []policy.Workload {
 
 // lookupPods returns the UIDs of this node's pods each pod-selecting
 // workload of cfg selects, from the pod informer's cache (started here
-// when needed). The caller must not hold d.mu.
+// when needed). It must not be called in a step of the owner.
 func (d *Daemon) lookupPods(cfg *policy.Config) map[string]map[string]bool {
 	ws := podWorkloads(cfg)
 	cl := d.opts.Cluster
@@ -336,11 +318,10 @@ func (d *Daemon) lookupPodsKeepingAlive(cfg *policy.Config) map[string]map[strin
 }
 
 // resolvePods brings the workloads map in line with the pods selected now.
-// The caller must not hold d.mu.
+// It must not be called in a step of the owner.
 func (d *Daemon) resolvePods() {
-	d.mu.Lock()
-	cfg := d.cfg
-	d.mu.Unlock()
+	var cfg *policy.Config
+	d.do(func() { cfg = d.cfg })
 	if len(podWorkloads(cfg)) == 0 {
 		return
 	}
@@ -349,8 +330,8 @@ func (d *Daemon) resolvePods() {
 
 // podNames names the pods of cgroup ids, where known: the cgroup watch
 // knows which cgroups are pods' (their path), the pod informer their
-// names. Cheap (two in-memory lookups per id), so Events use it under
-// d.mu too.
+// names. Cheap (two in-memory lookups per id), so Events use it in the
+// owner's steps too.
 func (d *Daemon) podNames(ids []uint64) []string {
 	cl := d.opts.Cluster
 	if cl == nil || d.scope == nil {

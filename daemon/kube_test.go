@@ -256,8 +256,8 @@ targets:
 	kf.start()
 	kf.waitVerdicts(t) // nothing open yet
 	if !kerneltest.WaitFor(10*time.Second, func() bool {
-		kf.d.mu.Lock()
-		defer kf.d.mu.Unlock()
+		kf.d.hold()
+		defer kf.d.release()
 		return len(kf.d.services["pay"]) == 2
 	}) {
 		t.Fatalf("Service not resolved:\n%s", kf.logs.String())
@@ -312,8 +312,8 @@ targets:
 	}
 	kf.start()
 	counts := func() (int, int) {
-		kf.d.mu.Lock()
-		defer kf.d.mu.Unlock()
+		kf.d.hold()
+		defer kf.d.release()
 		g := kf.d.eng.Group("pay")
 		if g == nil {
 			return 0, 0
@@ -423,8 +423,8 @@ targets:
 	}
 	kf.start()
 	if !kerneltest.WaitFor(10*time.Second, func() bool {
-		kf.d.mu.Lock()
-		defer kf.d.mu.Unlock()
+		kf.d.hold()
+		defer kf.d.release()
 		return len(kf.d.services["pay"]) == 2
 	}) {
 		t.Fatalf("Service not resolved:\n%s", kf.logs.String())

@@ -78,9 +78,9 @@ func TestDynamicCircuitTakesItsIDWhenItOpens(t *testing.T) {
 	if !ok || c.CircuitID != 0 || c.State != "closed" {
 		t.Fatalf("a healthy dynamic circuit: %+v (found %v), want closed with no kernel id", c, ok)
 	}
-	f.d.mu.Lock()
+	f.d.hold()
 	held := f.d.eng.IDs().Held()
-	f.d.mu.Unlock()
+	f.d.release()
 	if held != 0 {
 		t.Fatalf("%d ids held with only healthy dynamic circuits", held)
 	}
@@ -135,8 +135,8 @@ func TestDynamicCircuitTakesItsIDWhenItOpens(t *testing.T) {
 func (f *fixture) expire(port uint16) {
 	f.t.Helper()
 	d := f.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.hold()
+	defer d.release()
 	c, ok := d.eng.At(f.dest(port))
 	if !ok || c.Machine.State() != policy.Open {
 		f.t.Fatalf("port %d: no open circuit to expire (%v)", port, c)
@@ -156,9 +156,9 @@ func (f *fixture) expire(port uint16) {
 func TestScarceIDsAreGivenBackAndWaitedFor(t *testing.T) {
 	f := newFixture(t, lazyLongConfig)
 	d := f.start()
-	d.mu.Lock()
+	d.hold()
 	d.eng.IDs().SetLimit(3) // ids 1 and 2; scarce from one held
-	d.mu.Unlock()
+	d.release()
 
 	for _, p := range []uint16{9411, 9412} {
 		f.dial(p, 2, 0)
@@ -237,16 +237,16 @@ func TestNoIDNoSharedBulkhead(t *testing.T) {
 	f := newFixture(t, lazyConfig)
 	d := f.start()
 	ports := []uint16{9431, 9432, 9433, 9434}
-	d.mu.Lock()
+	d.hold()
 	d.eng.IDs().SetLimit(3) // ids 1 and 2
 	now := d.now()
 	for _, p := range ports {
 		if c, _ := d.eng.Lookup(f.dest(p), now); c == nil || c.ID != 0 {
-			d.mu.Unlock()
+			d.release()
 			t.Fatalf("port %d: %v, want a circuit with no id", p, c)
 		}
 	}
-	d.mu.Unlock()
+	d.release()
 	f.writeConfig(lazyConfig + "  max_connections: 1\n")
 	if err := d.Reload(); err != nil {
 		t.Fatal(err)
@@ -283,9 +283,9 @@ func TestNoIDNoSharedBulkhead(t *testing.T) {
 	}
 	// Ids come free: the tick writes the two missing limits, each in a
 	// slot of its own.
-	d.mu.Lock()
+	d.hold()
 	d.eng.IDs().SetLimit(5)
-	d.mu.Unlock()
+	d.release()
 	if !kerneltest.WaitFor(3*time.Second, func() bool {
 		limits, err := d.k.AllLimits()
 		la, oka := limits[f.dest(a)]
@@ -302,17 +302,17 @@ func TestNoIDNoSharedBulkhead(t *testing.T) {
 func TestSeatedByReloadIsEnforced(t *testing.T) {
 	f := newFixture(t, lazyConfig)
 	d := f.start()
-	d.mu.Lock()
+	d.hold()
 	d.eng.IDs().SetLimit(3)
-	d.mu.Unlock()
+	d.release()
 	for _, p := range []uint16{9441, 9442, 9443} {
 		f.dial(p, 2, 0)
 		f.waitState(f.dynName(p), "open", 2*time.Second)
 	}
-	d.mu.Lock()
+	d.hold()
 	d.eng.HoldChecks(d.now().Add(time.Hour)) // no retry from the tick
 	d.eng.IDs().SetLimit(4)                  // id 3 comes free
-	d.mu.Unlock()
+	d.release()
 	f.writeConfig(lazyConfig + "  max_connections: 100\n")
 	if err := d.Reload(); err != nil {
 		t.Fatal(err)
@@ -369,9 +369,9 @@ func TestAdoptedWithoutIDIsEnforcedLater(t *testing.T) {
 	if !strings.Contains(f.logs.String(), "no circuit id free for an adopted open circuit") {
 		t.Fatalf("not logged:\n%s", f.logs.String())
 	}
-	d.mu.Lock()
+	d.hold()
 	d.eng.IDs().SetLimit(svc.CircuitID + 2)
-	d.mu.Unlock()
+	d.release()
 	if !kerneltest.WaitFor(3*time.Second, func() bool {
 		v, ok, err := d.k.Verdict(f.dest(orphan))
 		return err == nil && ok && v.CircuitID == svc.CircuitID+1
@@ -380,46 +380,6 @@ func TestAdoptedWithoutIDIsEnforcedLater(t *testing.T) {
 	}
 	if got := errnos(f.dial(orphan, 2, 0)); got[unix.EHOSTUNREACH] != 2 {
 		t.Fatalf("the orphan once enforced: %v", got)
-	}
-}
-
-// An open circuit that found no id for its whole open duration closes
-// (reason not_enforced) instead of being enforced later on old evidence,
-// and opens again if its calls still fail.
-func TestUnenforcedOpenCircuitCloses(t *testing.T) {
-	f := newFixture(t, lazyConfig)
-	d := f.start()
-	d.mu.Lock()
-	d.eng.IDs().SetLimit(2) // one id
-	d.mu.Unlock()
-	f.dial(9421, 2, 0)
-	f.waitState(f.dynName(9421), "open", 2*time.Second)
-	f.dial(9422, 2, 0)
-	f.waitState(f.dynName(9422), "open", 2*time.Second)
-	if c, _ := f.circuit(f.dynName(9422)); c.CircuitID != 0 {
-		t.Fatalf("9422 with the one id taken: %+v", c)
-	}
-	f.waitState(f.dynName(9422), "closed", 4*time.Second)
-	var reasons []string
-	for _, e := range f.d.Events() {
-		if e.Circuit == f.dynName(9422) {
-			reasons = append(reasons, e.From+">"+e.To+":"+e.Reason)
-		}
-	}
-	if want := "closed>open:consecutive_failures open>closed:not_enforced"; strings.Join(reasons, " ") != want {
-		t.Fatalf("9422's transitions %v, want %s", reasons, want)
-	}
-	if !strings.Contains(f.logs.String(), "was not enforced through its open duration") {
-		t.Fatalf("not logged:\n%s", f.logs.String())
-	}
-	f.dial(9422, 2, 0)
-	f.waitState(f.dynName(9422), "open", 2*time.Second)
-	d.mu.Lock()
-	c9422, _ := d.eng.At(f.dest(9422))
-	unenforced := d.eng.Unenforced(c9422)
-	d.mu.Unlock()
-	if !unenforced {
-		t.Fatal("reopened with no id free, and not among the unenforced")
 	}
 }
 
@@ -477,20 +437,20 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 	f := newFixture(t, lazyConfig)
 	d := f.start()
 	ports := []uint16{9461, 9462, 9463, 9464}
-	d.mu.Lock()
+	d.hold()
 	d.eng.IDs().SetLimit(3) // ids 1 and 2
 	now := d.now()
 	for _, p := range ports {
 		d.eng.Lookup(f.dest(p), now)
 	}
-	d.mu.Unlock()
+	d.release()
 	f.writeConfig(lazyConfig + "  max_connections: 1\n")
 	if err := d.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	d.mu.Lock()
+	d.hold()
 	waiting := d.eng.UnlimitedCount()
-	d.mu.Unlock()
+	d.release()
 	if waiting != 2 {
 		t.Fatalf("%d circuits wait for an id for their limits, want 2", waiting)
 	}
@@ -501,64 +461,18 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 	// The file watcher may apply the earlier file's reload after this one
 	// on a slow machine; it then reloads the file as written, so wait.
 	if !kerneltest.WaitFor(5*time.Second, func() bool {
-		d.mu.Lock()
-		defer d.mu.Unlock()
+		d.hold()
+		defer d.release()
 		waiting = d.eng.UnlimitedCount()
 		return waiting == 0
 	}) {
 		t.Fatalf("%d circuits still wait for an id after the limits went", waiting)
 	}
-	d.mu.Lock()
+	d.hold()
 	d.eng.IDs().SetLimit(4) // id 3 comes free
-	d.mu.Unlock()
+	d.release()
 	time.Sleep(1500 * time.Millisecond) // a retry pass of the tick
 	f.dial(9466, 2, 0)                  // refused twice: it opens, and takes id 3
 	f.waitState(f.dynName(9466), "open", 2*time.Second)
 	f.waitEnforced(9466)
-}
-
-// A rejecting circuit the verdict map had room for only in part rejected
-// some of its traffic: at the end of its open duration it goes half-open
-// as usual, not closed as not enforced (review finding).
-func TestPartlyEnforcedCircuitIsNotClosedAsUnenforced(t *testing.T) {
-	named := lazyConfig + `targets:
-  svc:
-    match: {cidrs: [SRV], ports: ["9481", "9482"]}
-    consecutive_failures: 2
-    open_duration: 1s
-    jitter: 0
-    reject_errno: EHOSTUNREACH
-`
-	f := newFixture(t, named)
-	d := f.start()
-	// Fill the verdict map but for one entry.
-	free := maps.MaxDestinations - 1
-	if n, _ := d.k.VerdictCount(); n != 0 {
-		t.Fatalf("%d verdicts at the start", n)
-	}
-	var fill []maps.Dest
-	for i := range free {
-		fill = append(fill, maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 251, byte(i >> 10), byte(i >> 2)}), uint16(1+i%4))})
-	}
-	if n, err := d.k.PutVerdicts(fill, maps.Verdict{State: maps.ForcedOpen}); err != nil || n != free {
-		t.Fatalf("filling the verdict map: %d of %d (%v)", n, free, err)
-	}
-	f.dial(9481, 2, 0)
-	f.waitState("svc", "open", 2*time.Second)
-	d.mu.Lock()
-	svc, _ := d.eng.Get("svc")
-	waiting := d.eng.Unenforced(svc)
-	d.mu.Unlock()
-	if !waiting {
-		t.Fatal("svc, one verdict short, is not among the unenforced circuits")
-	}
-	if c, _ := f.circuit("svc"); !c.Unenforced {
-		t.Fatalf("the API does not mark svc unenforced: %+v", c)
-	}
-	time.Sleep(2500 * time.Millisecond) // past its open duration, and a retry
-	for _, ev := range d.Events() {
-		if ev.Reason == "not_enforced" {
-			t.Fatalf("the partly enforced circuit closed as not enforced: %+v", d.Events())
-		}
-	}
 }

@@ -55,7 +55,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 		d.setPhase(fmt.Sprintf("waiting on DNS: resolving %d host names", len(hosts)))
 	}
 	resolved := d.lookupHostsKeepingAlive(hosts)
-	if len(serviceTargets(cfg)) > 0 && d.opts.Cluster != nil {
+	if len(serviceTargets(cfg))+len(serviceFallbacks(cfg)) > 0 && d.opts.Cluster != nil {
 		d.setPhase("waiting on the Kubernetes API: listing Services and EndpointSlices")
 	}
 	services, fallbacks := d.lookupServicesKeepingAlive(cfg)
@@ -74,64 +74,64 @@ func (d *Daemon) start(cfg *policy.Config) error {
 		return fmt.Errorf("reading pinned workloads: %w", err)
 	}
 
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	// The selected pods before the first classification, so their cgroups'
-	// entries a previous daemon left stay in the workloads map.
-	d.scope.presetPods(pods)
-	// Classes that name other workloads than they did for the previous
-	// daemon: their pinned verdicts and limits are not adopted, and no
-	// circuit inherits their ids (as a reload drops the circuits of the
-	// classes it changes): a healthy workload never takes over another's
-	// open circuit or the sockets counted in its bulkhead.
-	moved := d.scope.movedClasses(cfg, pinnedEntries(pinnedClasses, pinnedBulkheads))
-	if len(moved) > 0 {
-		d.eng.IDs().ForgetClasses(moved)
-		// Gone before the workloads map says the new classes, so no
-		// connection is judged by another workload's entry meanwhile.
-		droppedVerdicts, droppedLimits := 0, 0
-		for dst := range verdicts {
-			if moved[dst.Class] {
-				_ = d.k.DeleteVerdict(dst)
-				delete(verdicts, dst)
-				droppedVerdicts++
-			}
-		}
-		for dst, l := range limits {
-			if moved[dst.Class] {
-				_ = d.k.DeleteLimit(dst)
-				delete(limits, dst)
-				// An entry that only marks sockets for the response
-				// programs turned no connect away: nothing is lost.
-				if l.MaxConnections > 0 || l.MaxConnecting > 0 {
-					droppedLimits++
+	return d.doErr(func() error {
+		// The selected pods before the first classification, so their cgroups'
+		// entries a previous daemon left stay in the workloads map.
+		d.scope.presetPods(pods)
+		// Classes that name other workloads than they did for the previous
+		// daemon: their pinned verdicts and limits are not adopted, and no
+		// circuit inherits their ids (as a reload drops the circuits of the
+		// classes it changes): a healthy workload never takes over another's
+		// open circuit or the sockets counted in its bulkhead.
+		moved := d.scope.movedClasses(cfg, pinnedEntries(pinnedClasses, pinnedBulkheads))
+		if len(moved) > 0 {
+			d.eng.IDs().ForgetClasses(moved)
+			// Gone before the workloads map says the new classes, so no
+			// connection is judged by another workload's entry meanwhile.
+			droppedVerdicts, droppedLimits := 0, 0
+			for dst := range verdicts {
+				if moved[dst.Class] {
+					_ = d.k.DeleteVerdict(dst)
+					delete(verdicts, dst)
+					droppedVerdicts++
 				}
 			}
+			for dst, l := range limits {
+				if moved[dst.Class] {
+					_ = d.k.DeleteLimit(dst)
+					delete(limits, dst)
+					// An entry that only marks sockets for the response
+					// programs turned no connect away: nothing is lost.
+					if l.MaxConnections > 0 || l.MaxConnecting > 0 {
+						droppedLimits++
+					}
+				}
+			}
+			// Protection lost, not kept: a destination a moved class rejected
+			// admits its workload again until its failures open it anew.
+			lvl := slog.LevelInfo
+			if droppedVerdicts > 0 || droppedLimits > 0 {
+				lvl = slog.LevelWarn
+			}
+			d.log.Log(context.Background(), lvl, "workload classes changed since the previous daemon: their pinned circuits and bulkheads are not adopted",
+				"classes", len(moved), "rejecting_verdicts_dropped", droppedVerdicts, "bulkhead_limits_dropped", droppedLimits)
 		}
-		// Protection lost, not kept: a destination a moved class rejected
-		// admits its workload again until its failures open it anew.
-		lvl := slog.LevelInfo
-		if droppedVerdicts > 0 || droppedLimits > 0 {
-			lvl = slog.LevelWarn
+		d.eng.RetirePinnedBatches(limits)
+		d.eng.LoadKept()
+		d.fallbackAddrs = fallbacks // in the engine's matching from the first one on
+		d.applyConfig(cfg)
+		d.applyResolved(resolved)
+		d.applyServices(services)
+		d.eng.SetAdopting(true) // max_circuits never drops an adopted verdict
+		d.adopt(verdicts, limits)
+		d.eng.SyncFallbacks()
+		d.eng.SetAdopting(false)
+		d.eng.IDs().EndStartup()
+		if err := d.reconcileLimits(); err != nil {
+			return err
 		}
-		d.log.Log(context.Background(), lvl, "workload classes changed since the previous daemon: their pinned circuits and bulkheads are not adopted",
-			"classes", len(moved), "rejecting_verdicts_dropped", droppedVerdicts, "bulkhead_limits_dropped", droppedLimits)
-	}
-	d.eng.RetirePinnedBatches(limits)
-	d.eng.LoadKept()
-	d.fallbackAddrs = fallbacks // in the engine's matching from the first one on
-	d.applyConfig(cfg)
-	d.applyResolved(resolved)
-	d.applyServices(services)
-	d.eng.SetAdopting(true) // max_circuits never drops an adopted verdict
-	d.adopt(verdicts, limits)
-	d.eng.SyncFallbacks()
-	d.eng.SetAdopting(false)
-	d.eng.IDs().EndStartup()
-	if err := d.reconcileLimits(); err != nil {
-		return err
-	}
-	return d.heartbeat()
+		return d.heartbeat()
+	})
 }
 
 // adopt rebuilds open and half-open circuits from the verdicts a previous
@@ -371,17 +371,17 @@ func (d *Daemon) cgroupParentWatcher() *fsnotify.Watcher {
 func (d *Daemon) checkGround(ctx context.Context) {
 	p := d.k.Check()
 	if p != nil {
-		d.mu.Lock()
-		for prob, msg := range p {
-			if _, known := d.problems[prob]; !known {
-				d.metrics.groundProblems.WithLabelValues(string(prob)).Inc()
-				d.log.Error("protection is not in place", "problem", string(prob), "detail", msg)
+		d.do(func() {
+			for prob, msg := range p {
+				if _, known := d.problems[prob]; !known {
+					d.metrics.groundProblems.WithLabelValues(string(prob)).Inc()
+					d.log.Error("protection is not in place", "problem", string(prob), "detail", msg)
+				}
 			}
-		}
-		d.setProblems(p)
-		d.ready.Store(false)
-		d.metrics.protected.Set(0)
-		d.mu.Unlock()
+			d.setProblems(p)
+			d.ready.Store(false)
+			d.metrics.protected.Set(0)
+		})
 		if _, ok := p[maps.CgroupRecreated]; ok {
 			// A new directory: its children are new cgroups to watch and
 			// classify, before the programs attach, so that every cgroup
@@ -398,21 +398,21 @@ func (d *Daemon) checkGround(ctx context.Context) {
 		}
 		p = d.k.Check()
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if p == nil && d.problems != nil {
-		d.log.Info("protection in place again", "cgroup", d.opts.Cgroup, "pins", d.k.PinDir())
-		d.setProblems(nil)
-		d.ready.Store(ctx.Err() == nil)
-		d.metrics.protected.Set(1)
-	}
-	if p != nil {
-		d.setProblems(p)
-	}
+	d.do(func() {
+		if p == nil && d.problems != nil {
+			d.log.Info("protection in place again", "cgroup", d.opts.Cgroup, "pins", d.k.PinDir())
+			d.setProblems(nil)
+			d.ready.Store(ctx.Err() == nil)
+			d.metrics.protected.Set(1)
+		}
+		if p != nil {
+			d.setProblems(p)
+		}
+	})
 }
 
 // setProblems records what the ground check found, for the daemon and
-// for /readyz. The caller holds d.mu.
+// for /readyz. Called in a step of the owner.
 func (d *Daemon) setProblems(p maps.Problems) {
 	d.problems = p
 	if p == nil {

@@ -246,9 +246,9 @@ all:
 	if cnt != n {
 		t.Fatalf("%d verdicts after adoption, want all %d", cnt, n)
 	}
-	f.d.mu.Lock()
+	f.d.hold()
 	circuits := f.d.eng.Count()
-	f.d.mu.Unlock()
+	f.d.release()
 	if circuits != n {
 		t.Fatalf("%d circuits adopted, want %d", circuits, n)
 	}
@@ -367,8 +367,8 @@ func TestGroundMoving(t *testing.T) {
 }
 
 func (f *fixture) ready() bool {
-	f.d.mu.Lock()
-	defer f.d.mu.Unlock()
+	f.d.hold()
+	defer f.d.release()
 	return f.d.ready.Load()
 }
 
@@ -386,12 +386,12 @@ all:
 	f.srv.ServeHold(t, 8600)
 	f.start()
 	const n = 70000
-	f.d.mu.Lock()
+	f.d.hold()
 	now := f.d.now()
 	for i := range n {
 		dst := maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 77, byte(i >> 8), byte(i)}), uint16(1000+i>>16))}
 		if c, _ := f.d.eng.Lookup(dst, now); c == nil {
-			f.d.mu.Unlock()
+			f.d.release()
 			t.Fatalf("destination %d refused", i)
 		}
 	}
@@ -405,7 +405,7 @@ all:
 		}
 		ids[c.ID] = c.Name()
 	}
-	f.d.mu.Unlock()
+	f.d.release()
 	if len(ids) != n {
 		t.Fatalf("%d circuits, want %d", len(ids), n)
 	}
@@ -416,8 +416,8 @@ all:
 	f.dial(8600, 1, 0)
 	var id uint32
 	if !kerneltest.WaitFor(3*time.Second, func() bool {
-		f.d.mu.Lock()
-		defer f.d.mu.Unlock()
+		f.d.hold()
+		defer f.d.release()
 		if c, _ := f.d.eng.Get(name); c != nil {
 			id = c.ID
 		}
@@ -462,7 +462,7 @@ targets:
     match: {cidrs: [10.30.0.0/16], ports: ["443"]}
 `)
 	f.start()
-	f.d.mu.Lock()
+	f.d.hold()
 	now := f.d.now()
 	for i := range 50 {
 		for _, net := range []byte{20, 30} {
@@ -470,7 +470,7 @@ targets:
 		}
 	}
 	dests, circuits := f.d.eng.Destinations(), f.d.eng.Count()
-	f.d.mu.Unlock()
+	f.d.release()
 	if dests != 10 {
 		t.Fatalf("%d destinations tracked (%d circuits), want max_circuits = 10", dests, circuits)
 	}

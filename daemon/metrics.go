@@ -99,8 +99,8 @@ func newMetrics(d *Daemon) *metrics {
 // stateCollector reads circuit states and the kernel's counters at scrape
 // time (ebpf_exporter style). Its per-target counters never go down: a
 // circuit's id can be given back (its counts moved into retired) and
-// given to another circuit (its counters zeroed) between the copy under
-// the lock and the kernel read, so a scrape during which an id was given
+// given to another circuit (its counters zeroed) between the Summary and
+// the kernel read, so a scrape during which an id was given
 // back repeats the values of the one before, and every counter reports
 // at least what it reported before (last).
 type stateCollector struct {
@@ -125,10 +125,6 @@ var (
 	descCapacity   = prometheus.NewDesc("breakerd_verdict_map_capacity", "Capacity of the kernel's verdict map.", nil, nil)
 	descUnenforced = prometheus.NewDesc("breakerd_circuits_unenforced", "Rejecting circuits whose verdicts are not all in the kernel (no circuit id free, or no room in the verdict map): destinations without one are not rejected until the tick writes them (unenforced in /v1/circuits).", nil, nil)
 	allStates      = []policy.State{policy.Closed, policy.Open, policy.HalfOpen, policy.ForcedOpen, policy.ForcedClosed, policy.Disabled, policy.FleetOpen}
-	counterTargets = func(d *Daemon) []string {
-		names := sortedKeys(d.cfg.Targets)
-		return append(names, allTarget)
-	}
 )
 
 // Describe sends the collector's descriptors.
@@ -138,77 +134,58 @@ func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect reads the current values. States and the circuits' counter
-// slots are copied under the daemon's lock (in-memory only); the kernel's
-// counters are read after it is released, in batches (one system call per
-// 4096 circuit ids, up to the highest id handed out), so a scrape of many
-// circuits never holds up the event loop or the heartbeat and costs a few
-// dozen system calls. A circuit dropped during a scrape may be missed by
-// that one scrape.
+// Collect reads the current values: the states and the owners of the
+// kernel's circuit ids from the engine's published Summary (no lock, no
+// walk of the circuits), the kernel's counters in batches (one system
+// call per 4096 circuit ids, up to the highest id handed out), so a
+// scrape of many circuits never holds up the event loop or the heartbeat
+// and costs a few dozen system calls. A circuit dropped during a scrape
+// may be missed by that one scrape.
 func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	d := s.d
-	type slot struct {
-		target string
-		id     uint32
-		limits bool
-	}
-	states := map[string]map[policy.State]int{}
-	dynamic := map[policy.State]int{}
+	sum := d.eng.Summary()
+	states := map[string]policy.Tally{}
+	var dynamic policy.Tally
 	type sums struct {
 		rej, shadow, probes, bulkRej, redirected uint64
 		conns                                    int64
 	}
 	perTarget := map[string]*sums{}
-	d.mu.Lock()
-	for _, t := range counterTargets(d) {
-		r := d.eng.Retired(t)
+	for t, ts := range sum.Targets {
+		r := ts.Retired
 		perTarget[t] = &sums{rej: r.Rejected, shadow: r.ShadowRejected, probes: r.Probes, bulkRej: r.BulkheadRejected, redirected: r.Redirected}
-		if t != allTarget {
-			states[t] = map[policy.State]int{}
+		if t == allTarget {
+			dynamic = ts.States
+		} else {
+			states[t] = ts.States
 		}
 	}
-	maxID, gen := d.eng.IDs().Next(), d.eng.IDs().Releases()
-	unenforced := d.eng.UnenforcedCount()
-	// Circuits with a kernel id only: a million closed dynamic ones have none.
-	slots := make([]slot, 0, d.eng.NamedCount()+d.eng.ActiveCount())
-	for c := range d.eng.All() {
-		st := c.Machine.State()
-		if c.Target() == allTarget {
-			dynamic[st]++
-		} else if m := states[c.Target()]; m != nil {
-			m[st]++
-		}
-		if perTarget[c.Target()] != nil {
-			if c.ID != 0 { // 0: a dynamic circuit that never rejected counts nothing in the kernel
-				slots = append(slots, slot{target: c.Target(), id: c.ID, limits: c.Machine.Options().HasLimits()})
-			}
-			for _, b := range c.BulkSlots() {
-				slots = append(slots, slot{target: c.Target(), id: b.ID, limits: true})
-			}
-		}
-	}
-	d.mu.Unlock()
-	counters, cerr := d.k.CountersUpTo(maxID)
-	bulk, berr := d.k.BulkCountsUpTo(maxID)
+	counters, cerr := d.k.CountersUpTo(sum.NextID)
+	bulk, berr := d.k.BulkCountsUpTo(sum.NextID)
 	if cerr != nil || berr != nil {
 		d.log.Warn("reading kernel counters for metrics", "err", errors.Join(cerr, berr))
 	}
-	d.mu.Lock()
-	// An id given back since the copy may be another circuit's now.
-	moved := d.eng.IDs().Releases() != gen
-	d.mu.Unlock()
-	for _, sl := range slots {
-		sum := perTarget[sl.target]
-		if int(sl.id) < len(counters) {
-			cnt := counters[sl.id]
-			sum.rej += cnt.Rejected
-			sum.shadow += cnt.ShadowRejected
-			sum.probes += cnt.Probes
-			sum.bulkRej += cnt.BulkheadRejected
-			sum.redirected += cnt.Redirected
+	// An id given back since the summary may be another circuit's now.
+	moved := d.eng.ReleasesNow() != sum.Releases
+	for id := uint32(1); id < sum.NextID; id++ {
+		o, ok := sum.Owner(id)
+		if !ok {
+			continue
 		}
-		if sl.limits && int(sl.id) < len(bulk) {
-			sum.conns += bulk[sl.id].Connections
+		acc := perTarget[o.Target]
+		if acc == nil {
+			continue // a target removed by a reload, its circuits not yet dropped
+		}
+		if int(id) < len(counters) {
+			cnt := counters[id]
+			acc.rej += cnt.Rejected
+			acc.shadow += cnt.ShadowRejected
+			acc.probes += cnt.Probes
+			acc.bulkRej += cnt.BulkheadRejected
+			acc.redirected += cnt.Redirected
+		}
+		if (o.Bulk || sum.Targets[o.Target].Limits) && int(id) < len(bulk) {
+			acc.conns += bulk[id].Connections
 		}
 	}
 	for t, m := range states {
@@ -252,7 +229,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	n, capacity := d.k.VerdictCount()
 	ch <- prometheus.MustNewConstMetric(descEntries, prometheus.GaugeValue, float64(n))
 	ch <- prometheus.MustNewConstMetric(descCapacity, prometheus.GaugeValue, float64(capacity))
-	ch <- prometheus.MustNewConstMetric(descUnenforced, prometheus.GaugeValue, float64(unenforced))
+	ch <- prometheus.MustNewConstMetric(descUnenforced, prometheus.GaugeValue, float64(sum.Unenforced))
 }
 
 // programCollector reads the run counts and run times the kernel keeps for

@@ -39,8 +39,8 @@ targets:
 	d := f.start()
 	now := time.Now()
 	rec := func(i int, o maps.Outcome) {
-		d.mu.Lock()
-		defer d.mu.Unlock()
+		d.hold()
+		defer d.release()
 		d.eng.HandleBatch([]maps.Event{{Dest: dynamicDest(i), Outcome: o}}, now)
 	}
 	for i := range 5 {
@@ -48,16 +48,16 @@ targets:
 	}
 	rec(2, maps.Refused)
 	rec(2, maps.Refused) // circuit 2 opens
-	d.mu.Lock()
+	d.hold()
 	checkRegistry(t, d.eng)
 	if d.eng.ActiveCount() != 1 {
 		t.Fatalf("active %d, want 1", d.eng.ActiveCount())
 	}
 	d.eng.HandleBatch([]maps.Event{{Dest: maps.Dest{Proto: maps.TCP, Addr: dynamicDest(0).Addr}, Outcome: maps.Established}}, now) // 0 becomes the most recent
 	d.eng.HandleBatch([]maps.Event{{Dest: endpointDest(1), Outcome: maps.Established}}, now)                                       // an endpoint circuit: 6 destinations
-	d.mu.Unlock()
+	d.release()
 	rec(7, maps.Established) // a 7th destination evicts the least recently active closed dynamic one: 1
-	d.mu.Lock()
+	d.hold()
 	checkRegistry(t, d.eng)
 	if _, ok := d.eng.At(dynamicDest(1)); ok {
 		t.Errorf("circuit 1 not evicted")
@@ -68,10 +68,10 @@ targets:
 	if _, ok := d.eng.At(dynamicDest(0)); !ok {
 		t.Errorf("the most recently active circuit was evicted")
 	}
-	d.mu.Unlock()
+	d.release()
 	// Half-open (the tick), then closed by its probe.
 	time.Sleep(60 * time.Millisecond)
-	d.mu.Lock()
+	d.hold()
 	c, _ := d.eng.At(dynamicDest(2))
 	if tr, moved := c.Machine.BeginHalfOpen(time.Now(), c.Machine.Round()); moved {
 		d.eng.Apply(c, tr)
@@ -83,20 +83,20 @@ targets:
 	}
 	checkRegistry(t, d.eng)
 	name := c.Name()
-	d.mu.Unlock()
+	d.release()
 	if _, err := d.Force(name, "open"); err != nil {
 		t.Fatal(err)
 	}
-	d.mu.Lock()
+	d.hold()
 	checkRegistry(t, d.eng)
-	d.mu.Unlock()
+	d.release()
 	f.writeConfig("max_circuits: 6\nall:\n  consecutive_failures: 3\n")
 	if err := d.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	d.mu.Lock()
+	d.hold()
 	checkRegistry(t, d.eng) // the removed target's endpoint circuit is in no set
-	d.mu.Unlock()
+	d.release()
 }
 
 func endpointDest(i int) maps.Dest {

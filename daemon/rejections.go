@@ -25,7 +25,7 @@ import (
 // (bulkSlot.epoch), so a reused id never shows another circuit's
 // rejections.
 //
-// Every rejectionsEvery the daemon reads the map (outside d.mu), keeps
+// Every rejectionsEvery the daemon reads the map (outside the owner's steps), keeps
 // the live circuits' entries in an index the admin API and Events read,
 // and deletes the entries of circuits that are gone (no live circuit holds
 // their id and epoch) and of cgroups that are gone (not below the attach
@@ -61,7 +61,7 @@ type owner struct{ id, epoch uint32 }
 
 // owners are the keys c's entries are counted under: its own id and
 // epoch (when it has one) and each sharing workload's bulkhead slot's.
-// Under d.mu.
+// Called in a step of the owner.
 func owners(c *circuit) []owner {
 	var out []owner
 	if e := c.Epoch(); e != 0 {
@@ -73,7 +73,7 @@ func owners(c *circuit) []owner {
 	return out
 }
 
-// records reports whether c counts the entries of owner o. Under d.mu.
+// records reports whether c counts the entries of owner o. Called in a step of the owner.
 func records(c *circuit, o owner) bool {
 	if o.id == c.ID {
 		return c.Epoch() == o.epoch
@@ -111,7 +111,7 @@ func (d *Daemon) rejectionsLoop(ctx context.Context) {
 }
 
 // sweepRejections reads the rejections map, indexes the live circuits'
-// entries and deletes the stale ones. The caller must not hold d.mu.
+// entries and deletes the stale ones. It must not be called in a step of the owner.
 func (d *Daemon) sweepRejections() {
 	rs, err := d.k.Rejections()
 	if err != nil {
@@ -126,18 +126,18 @@ func (d *Daemon) sweepRejections() {
 		return
 	}
 	cgroups := d.scope.cgroupIDs()
-	// The distinct circuits first, outside the lock: under it, one
+	// The distinct circuits first, outside the owner's step: in it, one
 	// lookup per circuit, not per entry.
 	live := map[owner]bool{}
 	for _, r := range rs {
 		live[owner{r.CircuitID, r.Epoch}] = false
 	}
-	d.mu.Lock()
-	for o := range live {
-		c := d.eng.Recording(o.id)
-		live[o] = c != nil && records(c, o)
-	}
-	d.mu.Unlock()
+	d.do(func() {
+		for o := range live {
+			c := d.eng.Recording(o.id)
+			live[o] = c != nil && records(c, o)
+		}
+	})
 	x.mu.Lock()
 	lastSuspect := x.suspect
 	x.mu.Unlock()
@@ -185,8 +185,8 @@ type cgroupNamer struct {
 
 // rejectedBy lists who the circuit whose entries are counted under owners
 // rejected, open or by its bulkheads, most rejections first, at most
-// listedRejected, and how many there are in all. The caller must not
-// hold d.mu.
+// listedRejected, and how many there are in all. It must not be called
+// in a step of the owner.
 func (d *Daemon) rejectedBy(owners []owner, n *cgroupNamer) ([]RejectedBy, int) {
 	var entries []cgroupRejections
 	for _, o := range owners {
@@ -241,7 +241,7 @@ const eventRejected = 8
 // from the last sweep (at most rejectionsEvery old). Cgroups of no known
 // pod are left out, and so are bulkhead rejections: they are no part of
 // the circuit opening and closing (/v1/circuits lists them). No kernel
-// read: callable under d.mu.
+// read: callable in a step of the owner.
 func (d *Daemon) rejectedPods(c *circuit) []string {
 	byPod := map[string]uint64{}
 	for _, e := range d.rejections.of(c.ID, c.Epoch()) {

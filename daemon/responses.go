@@ -32,8 +32,8 @@ func followsResponses(cfg *policy.Config) bool {
 
 // setResponses attaches or detaches the response programs as cfg needs
 // them. A request whose turn began before they were last attached is
-// never counted (respSince): its socket may carry a stale turn. The
-// caller holds d.mu.
+// never counted (respSince): its socket may carry a stale turn. Called in
+// a step of the owner.
 func (d *Daemon) setResponses(cfg *policy.Config) {
 	on := followsResponses(cfg)
 	if on && !d.k.Responses() {
@@ -72,19 +72,18 @@ func responseOptions(m map[string]any, r *policy.ResponseOptions) {
 }
 
 // flushAnswered has the kernel write out the successes counted for every
-// batched circuit whose word holds some (engine.Unflushed), outside
-// d.mu, so a circuit that went quiet has them read within a tick, after
-// its earlier records.
+// batched circuit whose word holds some (engine.Unflushed), outside the
+// owner's steps, so a circuit that went quiet has them read within a
+// tick, after its earlier records.
 func (d *Daemon) flushAnswered() {
-	d.mu.Lock()
-	ids := d.eng.Unflushed()
-	d.mu.Unlock()
+	var ids []uint32
+	d.do(func() { ids = d.eng.Unflushed() })
 	if len(ids) == 0 {
 		return
 	}
 	if err := d.kernel.FlushAnswered(ids); err != nil {
-		d.mu.Lock()
-		d.eng.ErrorEverySecond("answered-flush", "writing out counted successes (they stay counted for the next try)", "err", err)
-		d.mu.Unlock()
+		d.do(func() {
+			d.eng.ErrorEverySecond("answered-flush", "writing out counted successes (they stay counted for the next try)", "err", err)
+		})
 	}
 }

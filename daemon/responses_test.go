@@ -34,8 +34,8 @@ func needPrograms(t *testing.T, names ...string) {
 }
 
 func (f *fixture) outcomeCount(outcome, target string) float64 {
-	f.d.mu.Lock()
-	defer f.d.mu.Unlock()
+	f.d.hold()
+	defer f.d.release()
 	return testutil.ToFloat64(f.d.metrics.outcomes.WithLabelValues(outcome, target, "shared"))
 }
 
@@ -579,9 +579,9 @@ func TestCountedSuccessesKeepTheOrder(t *testing.T) {
 	if c, _ := f.circuit("web"); c.State != "closed" || c.ConsecutiveFailures != 1 || c.Calls != 12 {
 		t.Fatalf("after a reset and a refused connect each with a success before it: %+v", c)
 	}
-	f.d.mu.Lock()
+	f.d.hold()
 	batched := f.d.eng.Counting()
-	f.d.mu.Unlock()
+	f.d.release()
 	if batched != 1 {
 		t.Fatalf("%d circuits count their successes in the kernel, want 1 (web)", batched)
 	}
@@ -609,8 +609,8 @@ func TestCountedSuccessesReachTheDaemon(t *testing.T) {
 	}
 	f.writeConfig(strings.Replace(httpConfig, "protocol: http", "protocol: http\n    failure_statuses: [\"5xx\", \"404\"]", 1))
 	if !kerneltest.WaitFor(5*time.Second, func() bool {
-		f.d.mu.Lock()
-		defer f.d.mu.Unlock()
+		f.d.hold()
+		defer f.d.release()
 		return f.d.eng.Counting() == 0
 	}) {
 		t.Fatal("a target whose failures include 404 still has its successes counted in the kernel")
@@ -712,8 +712,8 @@ func TestCountedSuccessesReviewCases(t *testing.T) {
 	waitBatched := func(t *testing.T, f *fixture, want int) {
 		t.Helper()
 		if !kerneltest.WaitFor(5*time.Second, func() bool {
-			f.d.mu.Lock()
-			defer f.d.mu.Unlock()
+			f.d.hold()
+			defer f.d.release()
 			return f.d.eng.Counting() == want
 		}) {
 			t.Fatalf("circuits counting successes in the kernel: want %d", want)

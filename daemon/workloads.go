@@ -595,12 +595,11 @@ func (w *workloadCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect reports every configured workload, 0 when it has no cgroup.
 func (w *workloadCollector) Collect(ch chan<- prometheus.Metric) {
 	d := w.d
-	d.mu.Lock()
-	cfg, cw := d.cfg, d.scope
-	d.mu.Unlock()
-	if cfg == nil || cw == nil {
+	sh := d.shown.Load()
+	if sh == nil || sh.cfg == nil || sh.scope == nil {
 		return
 	}
+	cfg, cw := sh.cfg, sh.scope
 	counts, full := cw.countsAndFull()
 	for _, wl := range cfg.Workloads {
 		ch <- prometheus.MustNewConstMetric(descWorkloadCgroups, prometheus.GaugeValue, float64(counts[wl.Name]), wl.Name)

@@ -181,7 +181,7 @@ func (e *Engine) creditAnswered(ev *maps.Event, now time.Time) {
 // Unflushed returns the ids of the batched circuits whose answered
 // words hold successes (read from the mapped map, no system call for the
 // others): the daemon has the kernel write them out (Kernel.FlushAnswered)
-// outside its lock every tick, so a circuit that went quiet has them
+// outside the engine's steps every tick, so a circuit that went quiet has them
 // read within a tick, after its earlier records.
 func (e *Engine) Unflushed() []uint32 {
 	var ids []uint32

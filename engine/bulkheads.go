@@ -9,12 +9,12 @@ import (
 // allocator (a reload that keeps it takes the same slot back).
 func bulkSlotName(c *Circuit, workload string) string { return c.Name() + "#" + workload }
 
-// SyncBulkSlots gives a shared circuit with limits one bulkhead slot per
+// syncBulkSlots gives a shared circuit with limits one bulkhead slot per
 // sharing workload of the current configuration, and releases the slots
 // of workloads that no longer share it (or all, without limits). Stale
 // limits entries are left to reconcileLimits, which follows every change
 // of the configuration.
-func (e *Engine) SyncBulkSlots(c *Circuit) {
+func (e *Engine) syncBulkSlots(c *Circuit) {
 	sharing := c.Workload() == policy.SharedWorkload && c.Machine.Options().HasLimits() && len(e.reg.classes.SharedBulkheads()) > 0
 	if !sharing && len(c.SharedSlots()) == 0 {
 		return // the usual case: nothing to give or take back
@@ -81,6 +81,7 @@ func (e *Engine) SyncBulkSlots(c *Circuit) {
 			epoch = e.reg.NewEpoch()
 		}
 		c.SetSharedSlot(k, BulkSlot{ID: id, Epoch: epoch, Workload: w})
+		e.owners.set(id, IDOwner{Target: c.Target(), Bulk: true})
 		e.reg.recording[id] = c
 	}
 }
@@ -93,6 +94,7 @@ func (e *Engine) releaseBulkSlot(c *Circuit, s BulkSlot) {
 	if e.reg.recording[s.ID] == c {
 		delete(e.reg.recording, s.ID)
 	}
+	e.owners.clear(s.ID)
 	e.reg.ids.Release(s.ID, bulkSlotName(c, s.Workload))
 }
 
@@ -110,8 +112,8 @@ func (e *Engine) retire(target string, id uint32) {
 	}
 }
 
-// DeleteLimits removes every limits entry of dst of c.
-func (e *Engine) DeleteLimits(c *Circuit, dst maps.Dest) {
+// deleteLimits removes every limits entry of dst of c.
+func (e *Engine) deleteLimits(c *Circuit, dst maps.Dest) {
 	keys := []maps.Dest{dst}
 	for k := range c.SharedSlots() {
 		b := dst

@@ -110,7 +110,7 @@ func (e *Engine) Detach(c *Circuit, gone []maps.Dest) {
 		if err := e.k.DeleteVerdict(dst); err != nil {
 			e.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
-		e.DeleteLimits(c, dst)
+		e.deleteLimits(c, dst)
 		e.reg.Detach(dst)
 		c.RemoveDest(dst)
 	}

@@ -22,7 +22,7 @@
 //     rate-limited error log. Its methods make a circuit and attach
 //     destinations (Make, Attach), record calls (Record: one way, with
 //     a count), apply a transition (Apply), seat and release kernel ids
-//     (Seat, EnsureID, ReleaseID), write verdicts (WriteVerdicts),
+//     (Seat, EnsureID, releaseID), write verdicts (WriteVerdicts),
 //     retry what could not be written (RetryUnenforced), evict and drop
 //     circuits, and keep the sharing workloads' bulkhead slots and the
 //     circuits' epochs.
@@ -58,32 +58,18 @@
 // calls the engine's methods, handle_test.go feeds it records and runs
 // its tick as the daemon does, both on enginetest's kernel and clock.
 //
-// What the daemon still does around the engine, through Hooks: the close
-// pass of close_established (Opened), and the event list and the
-// Kubernetes Event of a transition (Transitioned).
+// One goroutine owns an Engine (the daemon's owner): it is not safe for
+// concurrent use. After each step the owner calls Publish, and other
+// goroutines read the Summary it made (the circuits by state and the
+// owner of each kernel id, by target, kept up to date as the engine goes
+// rather than walked), never the engine itself.
 //
-// The cut still to make, in steps that each build and pass:
-//
-//   - The engine is driven by the reader's goroutine alone and publishes
-//     snapshots for the admin API, the metrics and the status page,
-//     which then no longer take its lock. A snapshot of every circuit
-//     costs O(circuits) (a million at the largest max_circuits), too much
-//     to publish at every batch or tick: what is published has to be
-//     what changed, or the readers' questions answered by the reader's
-//     goroutine between batches.
-//   - Reload's part in the decisions (which circuits a new configuration
-//     keeps, drops or gives new options: Daemon.applyConfig and rematch)
-//     and adoption's (Daemon.adopt) still run in the daemon on the
-//     engine's methods, and are tested on the kernel only.
-//   - The kernel suites' twins of the engine's tests (daemon/lazyids_test.go,
-//     decisions_test.go) can lose more of what the engine's tests now
-//     show.
-//   - Methods the daemon no longer calls (DeleteLimits, Kept, NoLimits,
-//     ReleaseID, Seat, SeatForLimits, SyncBulkSlots, WriteVerdict) can be
-//     unexported.
-//
-// What stays in the daemon: start-up and adoption of pinned state, the
-// heartbeat, reload (it hands the engine a new configuration), the
+// What the daemon does around the engine, through Hooks: the close pass
+// of close_established (Opened), and the event list and the Kubernetes
+// Event of a transition (Transitioned). A reload's decisions about
+// circuits are the engine's (Reconfigure, Rematch); the daemon hands it
+// the new configuration and resolutions (SetMatching), and keeps
+// start-up and the adoption of pinned state, the heartbeat, the
 // goroutines and their shutdown order, the admin server and the ground
 // watcher.
 package engine

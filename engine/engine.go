@@ -2,6 +2,7 @@ package engine
 
 import (
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/breakerd/breakerd/maps"
@@ -14,8 +15,10 @@ import (
 // circuits gone, and what handling records and the tick keep (sockets
 // connecting or awaiting a response, the answered batches). It reaches
 // the kernel only through Kernel and the time only through Clock, and
-// tells the daemon of transitions through Hooks. It is used by one
-// goroutine at a time (the daemon's lock).
+// tells the daemon of transitions through Hooks. It is not safe for
+// concurrent use: one goroutine owns it (the daemon's owner, which runs
+// every step that touches it), and other goroutines read only what it
+// publishes (Summary).
 type Engine struct {
 	reg     *registry
 	k       Kernel
@@ -70,14 +73,18 @@ type Engine struct {
 	// circuit id.
 	batched    map[*Circuit]batch
 	batchedIDs map[uint32]*Circuit
-	// endpointIdle: see EndpointIdle (tests shorten it).
-	endpointIdle time.Duration
 	// lastSweep is the tick's last sweep of departed endpoints;
 	// lastLostCheck its last look at the kernel's count of lost records,
 	// which was lostSeen then (ReconcileRounds).
 	lastSweep     time.Time
 	lastLostCheck time.Time
 	lostSeen      uint64
+	// tallies are what each target's circuits share, with their count
+	// by state; owners is whom each kernel id counts for; summary is
+	// what Publish made of them last, for the metrics (summary.go).
+	tallies map[string]*policy.Shared
+	owners  idOwners
+	summary atomic.Pointer[Summary]
 	// fallbacks is what the kernel's fallbacks map holds, by circuit id, as
 	// this engine wrote it (fallbacks.go).
 	fallbacks map[uint32]maps.Fallback
@@ -116,14 +123,14 @@ func New(cfg Config) *Engine {
 	e := &Engine{reg: newRegistry(cfg.Kernel, cfg.IDs), k: cfg.Kernel, clock: cfg.Clock, log: cfg.Log, metrics: cfg.Metrics, hooks: cfg.Hooks, rand: cfg.Rand, seriesOf: map[string]*Series{},
 		unenforced: map[*Circuit]struct{}{}, unlimited: map[*Circuit]struct{}{}, retired: map[string]maps.Counters{}, errorsLogged: map[string]time.Time{},
 		matchers: map[uint8]*policy.Matcher{}, pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{},
-		respSince: cfg.RespondingSince, batched: map[*Circuit]batch{}, batchedIDs: map[uint32]*Circuit{}, endpointIdle: EndpointIdle,
+		respSince: cfg.RespondingSince, batched: map[*Circuit]batch{}, batchedIDs: map[uint32]*Circuit{}, tallies: map[string]*policy.Shared{},
 		fallbacks: map[uint32]maps.Fallback{}}
 	e.reg.classes = &e.matching.Classes
 	return e
 }
 
-// Kept returns the override kept for the circuit named name.
-func (e *Engine) Kept(name string) (policy.Override, bool) { return e.kept.Get(name) }
+// keptOverride returns the override kept for the circuit named name.
+func (e *Engine) keptOverride(name string) (policy.Override, bool) { return e.kept.Get(name) }
 
 // Unenforced reports whether c rejects and some verdict of it is not in
 // the kernel yet.
@@ -143,9 +150,9 @@ func (e *Engine) MarkUnenforced(c *Circuit) { e.unenforced[c] = struct{}{} }
 // an id.
 func (e *Engine) UnlimitedCount() int { return len(e.unlimited) }
 
-// NoLimits notes that c needs no limits entries (its options changed):
+// noLimits notes that c needs no limits entries (its options changed):
 // it no longer waits for an id for them.
-func (e *Engine) NoLimits(c *Circuit) { delete(e.unlimited, c) }
+func (e *Engine) noLimits(c *Circuit) { delete(e.unlimited, c) }
 
 // Retired is the kernel counts of target's dropped circuits.
 func (e *Engine) Retired(target string) maps.Counters { return e.retired[target] }
@@ -184,7 +191,7 @@ func (e *Engine) Apply(c *Circuit, t policy.Transition) {
 	e.log.Info(msg, attrs...)
 	e.hooks.Transitioned(c, t)
 	if t.From != t.To && t.To == policy.Closed {
-		e.ReleaseID(c) // after the Event named whom it rejected
+		e.releaseID(c) // after the Event named whom it rejected
 	}
 }
 
@@ -209,7 +216,7 @@ func (e *Engine) Drop(c *Circuit) {
 		if err := e.k.DeleteVerdict(dst); err != nil {
 			e.log.Warn("deleting verdict", "dest", dst, "err", err)
 		}
-		e.DeleteLimits(c, dst)
+		e.deleteLimits(c, dst)
 		e.reg.byDest.Del(dst.Compact())
 		e.reg.version++
 	}
@@ -235,6 +242,7 @@ func (e *Engine) Drop(c *Circuit) {
 	}
 	e.forgetEpoch(c)
 	e.unbatch(c)
+	e.owners.clear(c.ID)
 	e.reg.ids.Release(c.ID, c.Name())
 	e.reg.version++ // also for a named circuit left with no destination
 }

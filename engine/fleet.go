@@ -135,7 +135,7 @@ func (f *Follower) Apply(verdicts []FleetVerdict, now time.Time, find func(key s
 		switch c.Machine.State() {
 		case policy.Closed:
 			// Its verdict needs an id; none free, it follows all the
-			// same and waits, unenforced, for one (WriteVerdict).
+			// same and waits, unenforced, for one (writeVerdict).
 			e.EnsureID(c)
 			t, _ := c.Machine.Follow(now, v.Until)
 			e.Apply(c, t)

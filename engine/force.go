@@ -31,7 +31,7 @@ func (e *Engine) Force(c *Circuit, action string, now time.Time) (t policy.Trans
 	e.reg.Track(c)
 	e.WriteVerdicts(c, t)
 	if t.From != t.To && t.To == policy.Closed {
-		e.ReleaseID(c)
+		e.releaseID(c)
 	}
 	return t, true
 }

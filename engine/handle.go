@@ -35,6 +35,7 @@ const prefetchChunk = 256
 // each chunk is first walked with loads that do not depend on one
 // another, which the CPU overlaps, and then handled from warm caches.
 func (e *Engine) HandleBatch(evs []maps.Event, now time.Time) {
+	defer e.Publish()
 	if len(evs) < 2 || e.reg.byDest.Len() < prefetchFrom {
 		for i := range evs {
 			e.handle(&evs[i], now, nil)

@@ -21,7 +21,8 @@ import (
 // decided by the time its call returns.
 type fed struct {
 	*core
-	next uint64 // the next socket cookie
+	cfg  *policy.Config // the configuration matched with
+	next uint64         // the next socket cookie
 }
 
 // lazyConfig: dynamic circuits that open on two failures for a second,
@@ -49,7 +50,7 @@ func newFed(t *testing.T, yaml string, k *enginetest.Kernel) *fed {
 	if err != nil {
 		t.Fatalf("configuration: %v", err)
 	}
-	f := &fed{core: newCore(t, maps.MaxCircuitIDs, k)}
+	f := &fed{core: newCore(t, maps.MaxCircuitIDs, k), cfg: cfg}
 	f.e.SetMatching(engine.Matching{Config: cfg, Classes: cfg.Classes()})
 	f.e.Reserve(cfg.MaxCircuits)
 	names := make([]string, 0, len(cfg.Targets))
@@ -65,6 +66,22 @@ func newFed(t *testing.T, yaml string, k *enginetest.Kernel) *fed {
 		}
 	}
 	return f
+}
+
+// reload has the engine follow a new configuration, as the daemon's
+// reload does.
+func (f *fed) reload(yaml string) policy.Change {
+	f.t.Helper()
+	cfg, err := policy.Parse([]byte(strings.ReplaceAll(yaml, "SRV", srv.String()+"/32")), false)
+	if err != nil {
+		f.t.Fatalf("configuration: %v", err)
+	}
+	old := f.cfg
+	f.cfg = cfg
+	f.e.SetMatching(engine.Matching{Config: cfg, Classes: cfg.Classes()})
+	ch := f.e.Reconfigure(old, f.clk.Now())
+	f.e.Rematch(f.clk.Now())
+	return ch
 }
 
 // feed hands one record to the engine, as the reader does.

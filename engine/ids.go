@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"sync/atomic"
+
 	"github.com/breakerd/breakerd/maps"
 )
 
@@ -22,7 +24,7 @@ type IDs struct {
 	held int
 	// releases counts the ids given back (a scrape's check that the
 	// slots it read kept their owners).
-	releases uint64
+	releases atomic.Uint64
 	// limit is the number of ids (maps.MaxCircuitIDs; less in tests).
 	limit uint32
 }
@@ -44,7 +46,7 @@ func (s *IDs) Next() uint32 { return s.next }
 
 // Releases counts the ids given back, so that a reader of the kernel's
 // per-id slots can tell whether they kept their owners meanwhile.
-func (s *IDs) Releases() uint64 { return s.releases }
+func (s *IDs) Releases() uint64 { return s.releases.Load() }
 
 // LoadPinned records the ids a previous daemon left in the kernel: the
 // circuit id of each verdict, the slot of each limit, and every slot that
@@ -122,7 +124,7 @@ func (s *IDs) PinnedFor(dst maps.Dest) bool {
 
 // Scarce reports whether half the ids or more are handed out or held
 // back for sockets still counted in their slots: a closing dynamic circuit
-// then gives its id back (Engine.ReleaseID).
+// then gives its id back (Engine.releaseID).
 func (s *IDs) Scarce() bool { return s.held+len(s.draining) >= int(s.limit/2) }
 
 func (s *IDs) take(name string, dst maps.Dest) (id uint32, inherited, ok bool) {
@@ -169,7 +171,7 @@ func (s *IDs) Release(id uint32, name string) {
 		return
 	}
 	s.held--
-	s.releases++
+	s.releases.Add(1)
 	s.giveBack(id, name)
 }
 

@@ -36,20 +36,20 @@ func (e *Engine) WriteLimit(c *Circuit, dst maps.Dest) {
 	}
 	o := c.Machine.Options()
 	if !NeedsLimitEntry(o) {
-		e.NoLimits(c) // a reload took its limits away: it needs no id for them
+		e.noLimits(c) // a reload took its limits away: it needs no id for them
 		if b, ok := e.batched[c]; ok && !b.off {
 			e.retireBatch(c) // its sockets stop counting successes
 		}
-		e.DeleteLimits(c, dst)
-		e.SyncBulkSlots(c)
+		e.deleteLimits(c, dst)
+		e.syncBulkSlots(c)
 		return
 	}
-	if !e.SeatForLimits(c) {
+	if !e.seatForLimits(c) {
 		e.metrics.VerdictWriteErrors().Inc()
 		e.ErrorEverySecond("", "no circuit id free (every id is in use or held by open sockets); bulkhead and response options are not enforced for a circuit until one is", "circuit", c.Name(), "dest", dst)
 		return
 	}
-	e.SyncBulkSlots(c)
+	e.syncBulkSlots(c)
 	for _, b := range e.limitEntries(c, dst) {
 		if err := e.k.PutLimit(b.dst, e.limitFor(c, o, b)); err != nil {
 			e.metrics.VerdictWriteErrors().Inc()
@@ -67,16 +67,16 @@ func (e *Engine) WriteLimit(c *Circuit, dst maps.Dest) {
 func (e *Engine) WantedLimits() map[maps.Dest]maps.Limit {
 	want := map[maps.Dest]maps.Limit{}
 	for c := range e.reg.All() {
-		e.SyncBulkSlots(c)
+		e.syncBulkSlots(c)
 		o := c.Machine.Options()
 		if !NeedsLimitEntry(o) {
-			e.NoLimits(c)
+			e.noLimits(c)
 			if b, ok := e.batched[c]; ok && !b.off {
 				e.retireBatch(c)
 			}
 			continue
 		}
-		if !e.SeatForLimits(c) {
+		if !e.seatForLimits(c) {
 			continue
 		}
 		for _, dst := range c.Dests() {
@@ -153,7 +153,7 @@ func (e *Engine) limitEntries(c *Circuit, dst maps.Dest) []bulkEntry {
 // workloads list, is keyed as the destination with its own id and epoch
 // (given here if it has none: the kernel records whom the bulkhead turns
 // away under them); a shared circuit has an entry per sharing workload
-// besides, with the slot's id and epoch (SyncBulkSlots first).
+// besides, with the slot's id and epoch (syncBulkSlots first).
 func (e *Engine) bulkheadEntries(c *Circuit, dst maps.Dest) []bulkEntry {
 	var out []bulkEntry
 	if c.ID != 0 && (c.Workload() != policy.SharedWorkload || !e.scoped()) {

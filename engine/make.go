@@ -32,7 +32,7 @@ func (e *Engine) Make(name, target string, scope policy.Scope, o *policy.Options
 	}
 	// An override set through the API before a restart (or before the
 	// circuit was last dropped and made again) comes back.
-	if kept, ok := e.Kept(name); ok {
+	if kept, ok := e.keptOverride(name); ok {
 		ov = kept
 	}
 	cname := name
@@ -40,9 +40,10 @@ func (e *Engine) Make(name, target string, scope policy.Scope, o *policy.Options
 		cname = ""
 	}
 	c := newCircuit(cname, scope == policy.EndpointScope, id, e.series(target, workload), dst)
-	c.Machine.Init(o, ov, g, now, e.rand)
+	c.Machine.Init(o, ov, g, now, nil)
+	c.Machine.Share(e.shared(target))
 	if id != 0 {
-		e.Seat(c, id, inherited)
+		e.seatID(c, id, inherited)
 	}
 	if dynamic {
 		e.reg.dynamic++
@@ -73,7 +74,7 @@ func (e *Engine) Attach(c *Circuit, dst maps.Dest) {
 		e.WriteLimit(c, dst)
 	}
 	if s := c.Machine.State(); s.Rejects() {
-		e.WriteVerdict(c, dst, s, c.Machine.Status(e.clock.Now()).OpenUntil, c.Machine.Round())
+		e.writeVerdict(c, dst, s, c.Machine.Status(e.clock.Now()).OpenUntil, c.Machine.Round())
 	}
 }
 

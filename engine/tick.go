@@ -12,13 +12,11 @@ import (
 // max_ejection_percent).
 const EndpointIdle = 10 * time.Minute
 
-// SetEndpointIdle changes EndpointIdle for this engine (tests shorten it).
-func (e *Engine) SetEndpointIdle(d time.Duration) { e.endpointIdle = d }
-
 // Tick runs the timers: connect timeouts, response timeouts, probe
 // timeouts, the sweep of departed endpoints and, once a second, the
 // retry of unenforced circuits and the reconciliation after lost records.
 func (e *Engine) Tick(now time.Time) {
+	defer e.Publish()
 	for cookie, p := range e.pending {
 		c, _ := e.reg.At(p.dest)
 		if c == nil {
@@ -43,7 +41,7 @@ func (e *Engine) Tick(now time.Time) {
 			e.Apply(c, t)
 		}
 	}
-	if now.Sub(e.lastSweep) >= e.endpointIdle/10 {
+	if now.Sub(e.lastSweep) >= EndpointIdle/10 {
 		e.lastSweep = now
 		e.sweepDepartedEndpoints(now)
 	}
@@ -87,11 +85,11 @@ func (e *Engine) ReconcileRounds(now time.Time) {
 }
 
 // sweepDepartedEndpoints drops closed endpoint circuits seen only in
-// traffic that have been idle for endpointIdle.
+// traffic that have been idle for EndpointIdle.
 func (e *Engine) sweepDepartedEndpoints(now time.Time) {
 	var gone []*Circuit
 	for c := range e.reg.endpoints {
-		if !c.Enumerated && c.Machine.State() == policy.Closed && now.Sub(c.Machine.LastActivity()) >= e.endpointIdle {
+		if !c.Enumerated && c.Machine.State() == policy.Closed && now.Sub(c.Machine.LastActivity()) >= EndpointIdle {
 			gone = append(gone, c)
 		}
 	}

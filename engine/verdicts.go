@@ -11,11 +11,11 @@ import (
 // errNoID: a circuit that has to reject found no kernel circuit id free.
 var errNoID = errors.New("no circuit id free")
 
-// Seat gives c the kernel circuit id id (seat) and continues c's rounds
+// seatID gives c the kernel circuit id id (seat) and continues c's rounds
 // after the slot's probe budget: a closed circuit's next open verdict
 // begins a new round there, and so does the verdict of an open one that
 // waited for an id (enforce), written next.
-func (e *Engine) Seat(c *Circuit, id uint32, inherited bool) {
+func (e *Engine) seatID(c *Circuit, id uint32, inherited bool) {
 	round, ok := e.seat(c, id, inherited)
 	if !ok {
 		return
@@ -33,6 +33,7 @@ func (e *Engine) Seat(c *Circuit, id uint32, inherited bool) {
 // continue after; c's state machine is the caller's.
 func (e *Engine) seat(c *Circuit, id uint32, inherited bool) (round uint32, ok bool) {
 	c.ID = id
+	e.owners.set(id, IDOwner{Target: c.Target()})
 	if c.Epoch() != 0 {
 		e.reg.recording[id] = c // its rejections are recorded under its id
 	}
@@ -59,7 +60,7 @@ func (e *Engine) EnsureID(c *Circuit) bool {
 	if !ok {
 		return false
 	}
-	e.Seat(c, id, inherited)
+	e.seatID(c, id, inherited)
 	return true
 }
 
@@ -101,7 +102,7 @@ func (s *seater) Seat() (uint32, bool) {
 	return round, true
 }
 
-// ReleaseID gives back the kernel id of a dynamic circuit that closed,
+// releaseID gives back the kernel id of a dynamic circuit that closed,
 // when ids are scarce (half of them handed out or held back: with
 // max_circuits above policy.GuaranteedCircuits, or many bulkhead slots of
 // sharing workloads), so closed circuits that took ids while they were
@@ -110,7 +111,7 @@ func (s *seater) Seat() (uint32, bool) {
 // kernel counts go to its target's totals (which never go down); its own
 // count of rejections, and whom it rejected, start again if it opens
 // again.
-func (e *Engine) ReleaseID(c *Circuit) {
+func (e *Engine) releaseID(c *Circuit) {
 	if c.ID == 0 || c.IsNamed() || NeedsLimitEntry(c.Machine.Options()) || c.Machine.State() != policy.Closed || !e.reg.ids.Scarce() {
 		return
 	}
@@ -118,6 +119,7 @@ func (e *Engine) ReleaseID(c *Circuit) {
 	e.forgetEpoch(c)
 	e.unbatch(c)
 	c.SetEpoch(0)
+	e.owners.clear(c.ID)
 	e.reg.ids.Release(c.ID, c.Name())
 	c.ID = 0
 }
@@ -143,17 +145,17 @@ func (e *Engine) RetryUnenforced() {
 			return
 		}
 		for _, dst := range c.Dests() {
-			e.WriteLimit(c, dst) // takes it out of the set (SeatForLimits)
+			e.WriteLimit(c, dst) // takes it out of the set (seatForLimits)
 		}
 	}
 }
 
-// SeatForLimits gives c, which needs limits entries, a kernel id for
+// seatForLimits gives c, which needs limits entries, a kernel id for
 // their slot, and reports whether it has one. Without one c waits in
 // e.unlimited for the tick; given one, it leaves it, and a rejecting
 // circuit that waited for an id (e.unenforced) has its verdicts written
 // with it.
-func (e *Engine) SeatForLimits(c *Circuit) bool {
+func (e *Engine) seatForLimits(c *Circuit) bool {
 	if !e.EnsureID(c) {
 		e.unlimited[c] = struct{}{}
 		return false
@@ -213,20 +215,20 @@ func (e *Engine) enforce(c *Circuit) bool {
 func (e *Engine) WriteVerdicts(c *Circuit, t policy.Transition) {
 	ok := true
 	for _, dst := range c.Dests() {
-		ok = e.WriteVerdict(c, dst, t.To, t.OpenUntil, t.Round) && ok
+		ok = e.writeVerdict(c, dst, t.To, t.OpenUntil, t.Round) && ok
 	}
 	if ok || !t.To.Rejects() {
 		delete(e.unenforced, c)
 	}
 }
 
-// WriteVerdict writes what state s means for dst. Open and half-open are
+// writeVerdict writes what state s means for dst. Open and half-open are
 // both an open verdict, due at openUntil (half-open: now), admitting the
 // probes of round from the circuit's one probe budget. A rejecting
 // verdict that cannot be written (no kernel id free, the map refused it)
 // is logged and counted, the circuit is filed in e.unenforced, whose
 // verdicts the tick writes once they can be, and false is returned.
-func (e *Engine) WriteVerdict(c *Circuit, dst maps.Dest, s policy.State, openUntil time.Time, round uint32) bool {
+func (e *Engine) writeVerdict(c *Circuit, dst maps.Dest, s policy.State, openUntil time.Time, round uint32) bool {
 	err := e.putVerdict(c, dst, s, openUntil, round)
 	if err == nil {
 		return true
@@ -264,7 +266,7 @@ func (e *Engine) partlyEnforced(c *Circuit) bool {
 	return false
 }
 
-// putVerdict writes what state s means for dst (see WriteVerdict), with
+// putVerdict writes what state s means for dst (see writeVerdict), with
 // round, the transition's; it never changes c. A circuit without an id
 // writes no rejecting verdict (errNoID): Record seats one before it opens.
 func (e *Engine) putVerdict(c *Circuit, dst maps.Dest, s policy.State, openUntil time.Time, round uint32) error {

@@ -4,47 +4,22 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	admissionv1 "k8s.io/api/admissionregistration/v1"
 	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/yaml"
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
 	"github.com/breakerd/breakerd/internal/kubeapitest"
 )
-
-// shipped returns the YAML documents of a file in deploy/.
-func shipped(t *testing.T, file string) [][]byte {
-	t.Helper()
-	data, err := os.ReadFile("../deploy/" + file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var docs [][]byte
-	for _, d := range strings.Split(string(data), "\n---\n") {
-		docs = append(docs, []byte(d))
-	}
-	return docs
-}
-
-func decode(t *testing.T, doc []byte, into any) {
-	t.Helper()
-	if err := yaml.UnmarshalStrict(doc, into); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // fleetAPI is a real API server with deploy/'s CRD, admission policy and
 // RBAC installed, and breakerd's service account.
@@ -55,8 +30,8 @@ type fleetAPI struct {
 }
 
 // startFleetAPI starts a real API server and applies the shipped CRD
-// (waiting until it is served), the admission policy and its binding, and
-// the ClusterRole bound to breakerd's service account, which it creates.
+// (waiting until it is served), breakerd's namespace and service account,
+// its RBAC, and the admission policy and its binding.
 func startFleetAPI(t *testing.T) *fleetAPI {
 	t.Helper()
 	api := kubeapitest.Start(t)
@@ -65,38 +40,9 @@ func startFleetAPI(t *testing.T) *fleetAPI {
 	if f.dyn, err = dynamic.NewForConfig(api.Admin); err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
 	api.InstallCRD(t, "fleet-crd.yaml")
-
-	docs := shipped(t, "fleet-policy.yaml")
-	var vap admissionv1.ValidatingAdmissionPolicy
-	var vapb admissionv1.ValidatingAdmissionPolicyBinding
-	decode(t, docs[0], &vap)
-	decode(t, docs[1], &vapb)
-	if _, err := f.admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, &vap, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating the shipped admission policy: %v", err)
-	}
-	if _, err := f.admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, &vapb, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating its binding: %v", err)
-	}
-
-	rbac := shipped(t, "rbac.yaml")
-	var role rbacv1.ClusterRole
-	var binding rbacv1.ClusterRoleBinding
-	decode(t, rbac[0], &role)
-	decode(t, rbac[1], &binding)
-	if _, err := f.admin.RbacV1().ClusterRoles().Create(ctx, &role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.admin.RbacV1().ClusterRoleBindings().Create(ctx, &binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	sa := binding.Subjects[0]
-	if _, err := f.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: sa.Namespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.admin.CoreV1().ServiceAccounts(sa.Namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa.Name}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	for _, file := range []string{"namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "fleet-policy.yaml"} {
+		api.Apply(t, file)
 	}
 	return f
 }

@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -23,6 +26,20 @@ type Watcher struct {
 	informer cache.SharedIndexInformer
 	handler  cache.ResourceEventHandlerRegistration
 	log      *slog.Logger
+
+	listErrors, watchErrors atomic.Uint64
+}
+
+// ReadErrors are a Watcher's failed requests: lists (the first, and
+// each after a watch could not resume) and watches that could not be
+// started. client-go retries each, backed off.
+type ReadErrors struct {
+	List, Watch uint64
+}
+
+// Errors returns the failed requests so far.
+func (w *Watcher) Errors() ReadErrors {
+	return ReadErrors{List: w.listErrors.Load(), Watch: w.watchErrors.Load()}
 }
 
 // NewWatcher returns a Watcher of the reports on the API server cfg
@@ -38,11 +55,43 @@ func NewWatcher(cfg *rest.Config, observe func(*CircuitReport), forget func(node
 	if err != nil {
 		return nil, fmt.Errorf("fleet watch client: %w", err)
 	}
-	inf := dynamicinformer.NewFilteredDynamicInformer(dc, GroupVersionResource, "", 0, cache.Indexers{}, nil).Informer()
+	w := &Watcher{log: log}
+	reports := dc.Resource(GroupVersionResource)
+	// dynamicinformer's ListWatch, with each failed request counted.
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			l, err := reports.List(ctx, o)
+			if err != nil {
+				w.listErrors.Add(1)
+				return nil, err
+			}
+			return l, nil
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			wi, err := reports.Watch(ctx, o)
+			if err != nil {
+				// A watch that sends the initial events is the list
+				// (client-go's WatchListClient). An API server without
+				// such watches refuses them as invalid, and the reflector
+				// lists the usual way: only that list counts then.
+				if o.SendInitialEvents != nil && *o.SendInitialEvents {
+					if !apierrors.IsInvalid(err) && !apierrors.IsBadRequest(err) {
+						w.listErrors.Add(1)
+					}
+				} else {
+					w.watchErrors.Add(1)
+				}
+				return nil, err
+			}
+			return wi, nil
+		},
+	}
+	inf := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, dc),
+		&unstructured.Unstructured{}, cache.SharedIndexInformerOptions{ObjectDescription: GroupVersionResource.String()})
 	if err := inf.SetTransform(compact); err != nil {
 		return nil, fmt.Errorf("fleet watch transform: %w", err)
 	}
-	w := &Watcher{informer: inf, log: log}
+	w.informer = inf
 	decode := func(obj any) *CircuitReport {
 		switch o := obj.(type) {
 		case *CircuitReport:

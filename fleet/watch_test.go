@@ -1,10 +1,18 @@
 package fleet
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/rest"
 )
 
 // TestCompact: the Watcher's cache keeps a report as a CircuitReport
@@ -37,4 +45,66 @@ func TestCompact(t *testing.T) {
 	if got, err := compact(bad); err != nil || got != any(bad) {
 		t.Fatalf("compact of an undecodable report: %v, %v; want it unchanged", got, err)
 	}
+}
+
+// TestWatcherCountsFailedReads runs a Watcher against an endpoint that
+// refuses streaming lists as invalid (as an API server without them
+// does), lists, and then fails: each failed watch is counted as one, the
+// refused streaming lists not at all, and each failed list once the
+// lists fail too.
+func TestWatcherCountsFailedReads(t *testing.T) {
+	var listsFail atomic.Bool
+	var lists atomic.Int64
+	status := func(w http.ResponseWriter, code int, reason metav1.StatusReason) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		json.NewEncoder(w).Encode(metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+			Status: metav1.StatusFailure, Reason: reason, Code: int32(code)})
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		switch {
+		case q.Get("watch") == "true" && q.Get("sendInitialEvents") == "true":
+			status(w, http.StatusUnprocessableEntity, metav1.StatusReasonInvalid)
+		case q.Get("watch") == "true":
+			status(w, http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable)
+		case listsFail.Load():
+			status(w, http.StatusInternalServerError, metav1.StatusReasonInternalError)
+		default:
+			lists.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"apiVersion":%q,"kind":"CircuitReportList","metadata":{"resourceVersion":"1"},"items":[]}`, Group+"/"+Version)
+		}
+	}))
+	defer srv.Close()
+	w, err := NewWatcher(&rest.Config{Host: srv.URL}, func(*CircuitReport) {}, func(string) {}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	if !waitFor(10*time.Second, func() bool { return w.Errors().Watch >= 1 }) {
+		t.Fatalf("no failed watch counted: %+v after %d lists", w.Errors(), lists.Load())
+	}
+	if e := w.Errors(); e.List != 0 {
+		t.Fatalf("the refused streaming lists counted as failed lists: %+v (%d lists served)", e, lists.Load())
+	}
+	listsFail.Store(true)
+	if !waitFor(10*time.Second, func() bool { return w.Errors().List >= 1 }) {
+		t.Fatalf("no failed list counted: %+v", w.Errors())
+	}
+}
+
+func waitFor(limit time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
 }

@@ -130,8 +130,8 @@ func (f *Fleet) Nodes(key string, now time.Time) int {
 	return f.tally.Count(key, now)
 }
 
-// Stats returns the Writer's counters.
+// Stats returns the Writer's counters and the Watcher's failed reads.
 func (f *Fleet) Stats() FleetStats {
-	s := f.writer.Stats()
-	return FleetStats{Writes: s.Writes, Errors: s.Errors, Omitted: s.Omitted}
+	s, r := f.writer.Stats(), f.watcher.Errors()
+	return FleetStats{Writes: s.Writes, Errors: s.Errors, Omitted: s.Omitted, ListErrors: r.List, WatchErrors: r.Watch}
 }

@@ -18,7 +18,9 @@ type FleetOpen struct {
 	Until         time.Time
 }
 
-// FleetStats are the report writer's counters (fleet.Stats).
+// FleetStats are the report writer's counters (fleet.Stats) and the
+// watcher's failed reads (fleet.ReadErrors).
 type FleetStats struct {
 	Writes, Errors, Omitted uint64
+	ListErrors, WatchErrors uint64
 }

@@ -22,6 +22,22 @@ const (
 	FleetOpen
 )
 
+// NumStates is the number of states.
+const NumStates = int(FleetOpen) + 1
+
+// Tally counts circuits by state.
+type Tally [NumStates]int
+
+// Shared is what many circuits share rather than hold each: the random
+// source of their jitter, and the tally of their states, which a circuit
+// keeps up to date through every change of its state from Share to
+// Release, so the owner of many circuits knows how many are in each state
+// without walking them.
+type Shared struct {
+	Rand  func() float64 // numbers in [0, 1) for jitter
+	Tally Tally
+}
+
 var stateNames = [...]string{"closed", "open", "half_open", "forced_open", "forced_closed", "disabled", "fleet_open"}
 
 // String returns the state's name (closed, open, half_open, …).
@@ -147,7 +163,7 @@ type Circuit struct {
 	win         window
 	last        stamp
 	group       *Group
-	rand        func() float64
+	shared      *Shared
 	openUntil   stamp
 	roundStart  stamp
 	trips       int32
@@ -183,10 +199,15 @@ func NewCircuit(o *Options, override Override, g *Group, now time.Time, rnd func
 }
 
 // Init makes c what NewCircuit returns, in place (a circuit held by value
-// in a larger struct saves an allocation per circuit).
+// in a larger struct saves an allocation per circuit). An owner of many
+// circuits passes a nil rnd and then gives each its Shared (Share).
 func (c *Circuit) Init(o *Options, override Override, g *Group, now time.Time, rnd func() float64) {
-	*c = Circuit{opts: o, group: g, rand: rnd, win: newWindow(o, now), last: stampOf(now)}
+	c.unshare()
+	*c = Circuit{opts: o, group: g, win: newWindow(o, now), last: stampOf(now)}
 	c.state = overrideState(override)
+	if rnd != nil {
+		c.Share(&Shared{Rand: rnd})
+	}
 	if g != nil {
 		g.endpoints++
 	}
@@ -218,6 +239,7 @@ func (c *Circuit) SetOptions(o *Options, now time.Time) {
 // Release removes the circuit from its group; call it when the circuit is
 // dropped.
 func (c *Circuit) Release() {
+	c.unshare()
 	if c.group == nil {
 		return
 	}
@@ -230,6 +252,30 @@ func (c *Circuit) Release() {
 
 // State returns the current state.
 func (c *Circuit) State() State { return c.state }
+
+// setState changes the state, and the tally counting it.
+func (c *Circuit) setState(s State) {
+	if c.shared != nil {
+		c.shared.Tally[c.state]--
+		c.shared.Tally[s]++
+	}
+	c.state = s
+}
+
+// Share makes the circuit use s, and count itself in its tally from now
+// on (until Release), in its current state.
+func (c *Circuit) Share(s *Shared) {
+	c.unshare()
+	c.shared = s
+	s.Tally[c.state]++
+}
+
+func (c *Circuit) unshare() {
+	if c.shared != nil {
+		c.shared.Tally[c.state]--
+		c.shared = nil
+	}
+}
 
 // Options returns the circuit's options.
 func (c *Circuit) Options() *Options { return c.opts }
@@ -523,22 +569,24 @@ func (c *Circuit) open(now time.Time, reason Reason, fromHalfOpen bool) Transiti
 		}
 	}
 	d := c.opts.OpenDurationOf(int(c.trips))
-	if c.opts.Jitter > 0 && c.rand != nil {
-		d += time.Duration(float64(d) * c.opts.Jitter * c.rand())
+	if c.opts.Jitter > 0 && c.shared != nil && c.shared.Rand != nil {
+		d += time.Duration(float64(d) * c.opts.Jitter * c.shared.Rand())
 	}
 	c.round++
 	c.roundBegun = false
 	t := c.transition(now, Open, reason)
 	t.Trip = int(c.trips)
 	t.OpenUntil = now.Add(d)
-	c.state, c.openUntil, c.blocked = Open, stampOf(t.OpenUntil), false
+	c.setState(Open)
+	c.openUntil, c.blocked = stampOf(t.OpenUntil), false
 	c.consecutive = 0
 	return t
 }
 
 func (c *Circuit) halfOpen(now time.Time) Transition {
 	t := c.transition(now, HalfOpen, ReasonDue)
-	c.state, c.probeOK = HalfOpen, 0
+	c.setState(HalfOpen)
+	c.probeOK = 0
 	c.roundBegun, c.roundStart, c.roundOK = true, stampOf(now), 0
 	return t
 }
@@ -560,7 +608,8 @@ func (c *Circuit) close(now time.Time, reason Reason) Transition {
 	if c.group != nil && (c.state == Open || c.state == HalfOpen) {
 		c.group.ejected--
 	}
-	c.state, c.trips, c.consecutive, c.blocked = Closed, 0, 0, false
+	c.setState(Closed)
+	c.trips, c.consecutive, c.blocked = 0, 0, false
 	c.win.reset(now)
 	return t
 }
@@ -656,7 +705,7 @@ func (c *Circuit) Override(now time.Time, o Override) Transition {
 	}
 	t := c.close(now, reason)
 	t.To = to
-	c.state = to
+	c.setState(to)
 	return t
 }
 
@@ -667,7 +716,8 @@ func (c *Circuit) Reset(now time.Time) Transition {
 		// An override stays; only the counts are forgotten.
 		s := c.state
 		t := c.close(now, ReasonReset)
-		t.To, c.state = s, s
+		t.To = s
+		c.setState(s)
 		return t
 	}
 	return c.close(now, ReasonReset)
@@ -682,10 +732,12 @@ func (c *Circuit) Restore(now time.Time, openUntil time.Time, round uint32, begu
 	if c.group != nil && c.state != Open && c.state != HalfOpen {
 		c.group.ejected++
 	}
-	c.state, c.openUntil, c.round, c.last = Open, stampOf(openUntil), round, stampOf(now)
+	c.setState(Open)
+	c.openUntil, c.round, c.last = stampOf(openUntil), round, stampOf(now)
 	c.roundBegun = false
 	if begun {
-		c.state, c.probeOK = HalfOpen, 0
+		c.setState(HalfOpen)
+		c.probeOK = 0
 		c.roundBegun, c.roundStart, c.roundOK = true, stampOf(now), 0
 	}
 }

@@ -111,7 +111,8 @@ func (c *Circuit) Follow(now, until time.Time) (Transition, bool) {
 	c.last = stampOf(now)
 	t := c.transition(now, FleetOpen, ReasonFleetQuorum)
 	t.OpenUntil = until
-	c.state, c.openUntil, c.consecutive, c.blocked = FleetOpen, stampOf(until), 0, false
+	c.setState(FleetOpen)
+	c.openUntil, c.consecutive, c.blocked = stampOf(until), 0, false
 	return t, true
 }
 

@@ -39,11 +39,23 @@ type harness struct {
 
 func newHarness(t *testing.T, config string) *harness {
 	kerneltest.RequireKernel(t)
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "breakerd")
+	return newHarnessOf(t, buildBreakerd(t), config)
+}
+
+// buildBreakerd builds the binary for the test.
+func buildBreakerd(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "breakerd")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("building breakerd: %v\n%s", err, out)
 	}
+	return bin
+}
+
+// newHarnessOf is newHarness with a binary already built (several
+// daemons of one test).
+func newHarnessOf(t *testing.T, bin, config string) *harness {
+	dir := t.TempDir()
 	h := &harness{t: t, bin: bin, cg: kerneltest.NewCgroup(t), topo: kerneltest.NewTopology(t, 1),
 		bpffs: filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName()), socket: filepath.Join(dir, "admin.sock")}
 	t.Cleanup(func() { os.RemoveAll(h.bpffs) })

@@ -63,12 +63,14 @@ type Server struct {
 	// certificate.
 	CAData []byte
 
-	dir   string
-	opts  Options
-	pki   *pkiFiles
-	procs []*proc
-	logs  *bytes.Buffer
-	mu    sync.Mutex
+	dir  string
+	opts Options
+	// The command lines of etcd and kube-apiserver, for Restart.
+	etcdArgs, apiArgs []string
+	pki               *pkiFiles
+	procs             []*proc
+	logs              *bytes.Buffer
+	mu                sync.Mutex
 }
 
 // Options say where and with what StartWith runs the API server.
@@ -439,12 +441,13 @@ func (s *Server) start(bin string) error {
 	data := filepath.Join(s.dir, "etcd-"+strconv.Itoa(etcdPort))
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdPort)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
-	etcd, err := s.run("etcd", exec.Command(filepath.Join(bin, "etcd"),
-		"--name=kubeapitest", "--data-dir="+data,
-		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
-		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
-		"--initial-cluster=kubeapitest="+peerURL,
-		"--log-level=warn", "--quota-backend-bytes=1073741824"))
+	s.etcdArgs = []string{filepath.Join(bin, "etcd"),
+		"--name=kubeapitest", "--data-dir=" + data,
+		"--listen-client-urls=" + etcdURL, "--advertise-client-urls=" + etcdURL,
+		"--listen-peer-urls=" + peerURL, "--initial-advertise-peer-urls=" + peerURL,
+		"--initial-cluster=kubeapitest=" + peerURL,
+		"--log-level=warn", "--quota-backend-bytes=1073741824"}
+	etcd, err := s.run("etcd", exec.Command(s.etcdArgs[0], s.etcdArgs[1:]...))
 	if err != nil {
 		return err
 	}
@@ -462,7 +465,7 @@ func (s *Server) start(bin string) error {
 	if !s.opts.Controllers {
 		admission = []string{"--disable-admission-plugins=ServiceAccount"}
 	}
-	apisrv, err := s.run("kube-apiserver", exec.Command(filepath.Join(bin, "kube-apiserver"), append([]string{
+	s.apiArgs = append([]string{filepath.Join(bin, "kube-apiserver"),
 		"--etcd-servers=" + etcdURL,
 		"--bind-address=" + bind, "--advertise-address=" + advertise, "--secure-port=" + strconv.Itoa(apiPort),
 		"--cert-dir=" + filepath.Join(s.dir, "certs"),
@@ -474,7 +477,8 @@ func (s *Server) start(bin string) error {
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--endpoint-reconciler-type=" + reconciler,
 		"--enable-priority-and-fairness=false",
-		"--v=0"}, admission...)...))
+		"--v=0"}, admission...)
+	apisrv, err := s.run("kube-apiserver", exec.Command(s.apiArgs[0], s.apiArgs[1:]...))
 	if err != nil {
 		return err
 	}
@@ -551,6 +555,27 @@ func (s *Server) PID(name string) int {
 // Stop ends the API server and etcd now (a test of what breakerd does
 // when the API goes away); cleanup still removes the directories.
 func (s *Server) Stop() { s.kill() }
+
+// Restart starts etcd and kube-apiserver again after Stop, on the same
+// addresses, data and certificates (what was stored before Stop is
+// there again, and clients configured before it reach the new server),
+// and waits until the API server is ready.
+func (s *Server) Restart(tb testing.TB) {
+	tb.Helper()
+	if len(s.procs) > 0 || s.opts.Controllers {
+		tb.Fatal("kubeapitest: Restart is for a Server stopped by Stop, without Controllers")
+	}
+	etcd, err := s.run("etcd", exec.Command(s.etcdArgs[0], s.etcdArgs[1:]...))
+	if err == nil {
+		var apisrv *proc
+		if apisrv, err = s.run("kube-apiserver", exec.Command(s.apiArgs[0], s.apiArgs[1:]...)); err == nil {
+			err = s.waitReady(60*time.Second, etcd, apisrv)
+		}
+	}
+	if err != nil {
+		tb.Fatalf("restarting the API server: %v\n%s", err, tail(s.Logs(), 8000))
+	}
+}
 
 type pkiFiles struct {
 	caCert, serverCert, serverKey, saKey string
