@@ -95,7 +95,8 @@ func (s *stubAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	open := api.CircuitInfo{Name: hostile + "/198.18.0.2:80", Target: hostile, Scope: "endpoint", State: "open", FailureRate: 1, Calls: 5, Failures: 5,
 		OpenUntil: time.Now().Add(time.Minute), Rejected: n, Options: map[string]any{"max_connections": 10}, Connections: 3,
 		Fallback: "198.18.1.2:8080", Redirected: 12}
-	closed := api.CircuitInfo{Name: "tcp/198.18.0.3:80", Target: "all", Scope: "dynamic", State: "closed", Calls: 2, Options: map[string]any{}}
+	closed := api.CircuitInfo{Name: "tcp/198.18.0.3:80", Target: "all", Scope: "dynamic", State: "closed", Calls: 2, Options: map[string]any{},
+		SlowStart: &api.SlowStart{Share: 0.4, Until: time.Now().Add(20 * time.Second)}}
 	switch {
 	case r.URL.Path == "/v1/circuits":
 		// Two pages of one circuit each: the page must follow the Link.
@@ -163,6 +164,7 @@ func TestUIHostileNamesAreText(t *testing.T) {
 		Rejected               []string
 		Rows                   int
 		Rate                   string
+		States                 []string
 	}
 	var st pageState
 	st, err := chromedp.Run(ctx, chromedp.Evaluate[pageState](`(() => {
@@ -181,6 +183,7 @@ func TestUIHostileNamesAreText(t *testing.T) {
 			Reasons: [...document.querySelectorAll("#event-rows tr")].map((tr) => tr.children[4].textContent),
 			Rows: document.querySelectorAll("#rows tr").length,
 			Rate: document.querySelector("#rows tr.row-open td.rate").textContent,
+			States: [...document.querySelectorAll("#rows tr")].map((tr) => tr.children[0] ? tr.children[0].textContent : ""),
 		};
 	})()`))
 	if err != nil {
@@ -198,6 +201,10 @@ func TestUIHostileNamesAreText(t *testing.T) {
 		!slices.Contains(st.Pods, "pods with failures: ns/"+hostile) ||
 		!slices.Contains(st.Rejected, "rejected: ns/"+hostile+": 7, system.slice/"+hostile+": 2 (and 1 by the bulkhead), ns/b-"+hostile+": 4 by the bulkhead, +1 more") {
 		t.Fatalf("the literal text is not shown: %+v", st)
+	}
+	// A closed circuit that is ramping up after recovery says so.
+	if !slices.Contains(st.States, "closed ramping: 40% admitted") {
+		t.Fatalf("the ramping circuit's state cells: %q", st.States)
 	}
 	if st.Rate == "0.0" || st.Rate == "" {
 		t.Fatalf("no rejection rate between polls: %q", st.Rate)

@@ -71,6 +71,21 @@ type CircuitInfo struct {
 	// evidence, against FleetQuorum, its quorum.
 	FleetNodes  int `json:"fleet_nodes,omitempty"`
 	FleetQuorum int `json:"fleet_quorum,omitempty"`
+	// SlowStart is set on a closed circuit whose slow start (slow_start)
+	// is in progress: the kernel admits only a share of its new connects.
+	SlowStart *SlowStart `json:"slow_start,omitempty"`
+	// SlowStartRejected counts the connects its slow starts turned away
+	// with the overload errno (since its kernel id was given).
+	SlowStartRejected uint64 `json:"slow_start_rejected,omitempty"`
+}
+
+// SlowStart is a circuit's ramp after recovery, as /v1/circuits reports
+// it.
+type SlowStart struct {
+	// Share is the share of new connects the kernel admits now (0..1).
+	Share float64 `json:"share"`
+	// Until is when the ramp ends: from then on every connect is admitted.
+	Until time.Time `json:"until"`
 }
 
 // TransitionEvent is one transition as the admin API reports it.

@@ -64,6 +64,7 @@ const struct rejection_count *unused_rejection_count __attribute__((unused));
 const enum sizes *unused_sizes __attribute__((unused));
 const enum http_failure *unused_http_failure __attribute__((unused));
 const enum defaults *unused_defaults __attribute__((unused));
+const enum ramp *unused_ramp __attribute__((unused));
 const struct fallback *unused_fallback __attribute__((unused));
 
 #include "maps.h"

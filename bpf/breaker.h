@@ -70,7 +70,18 @@ struct connect_handoff {
 /* Verdict states. A destination whose circuit is closed has no entry. */
 enum verdict_state {
 	VERDICT_OPEN = 1,        /* reject until due_ns, then admit the round's probes */
+	VERDICT_RAMP = 2,        /* closed after recovery (slow start): admit a share of new
+				  * TCP connects rising from due_ns over ramp_ns, then all */
 	VERDICT_FORCED_OPEN = 3, /* reject, never probe */
+};
+
+/* Slow start: a VERDICT_RAMP verdict's curve has RAMP_POINTS samples,
+ * ramp[i] the share admitted at i/RAMP_POINTS of the ramp in 1/RAMP_UNIT
+ * (ramp[0] is the floor); the kernel interpolates between them and
+ * towards RAMP_UNIT (all) at the end. */
+enum ramp {
+	RAMP_POINTS = 8,
+	RAMP_UNIT = 256,
 };
 
 /* Value of the verdicts map, written by the daemon only. An open entry
@@ -89,6 +100,12 @@ struct verdict {
 	__u16 _pad0;
 	__u32 epoch; /* which circuit holds circuit_id now: keys its rejections
 		      * (0: none recorded) */
+	/* VERDICT_RAMP only (0 otherwise): due_ns is when the ramp began,
+	 * ramp_ns its length, ramp the curve (enum ramp); reject_errno is the
+	 * overload errno of the connects it turns away. Past due_ns + ramp_ns
+	 * the verdict admits everything, until the daemon deletes it. */
+	__u64 ramp_ns;
+	__u8 ramp[RAMP_POINTS];
 };
 
 /* Value of the fallbacks map (key: a circuit id), written by the daemon
@@ -188,6 +205,8 @@ struct circuit_counters {
 	__u64 probes;          /* half-open probes admitted */
 	__u64 rounds;          /* half-open rounds begun */
 	__u64 bulkhead_rejected; /* connects turned away by a concurrency limit */
+	__u64 slow_start_rejected; /* connects turned away by a slow-start ramp */
+	__u64 ramp_credit; /* a ramp's running sum of shares (see ramp_admits) */
 };
 
 /* Key of the rejections map: the cgroup a circuit or a bulkhead turned a

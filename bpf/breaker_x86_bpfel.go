@@ -20,12 +20,14 @@ type BreakerBulkCount struct {
 }
 
 type BreakerCircuitCounters struct {
-	_                structs.HostLayout
-	Rejected         uint64
-	ShadowRejected   uint64
-	Probes           uint64
-	Rounds           uint64
-	BulkheadRejected uint64
+	_                 structs.HostLayout
+	Rejected          uint64
+	ShadowRejected    uint64
+	Probes            uint64
+	Rounds            uint64
+	BulkheadRejected  uint64
+	SlowStartRejected uint64
+	RampCredit        uint64
 }
 
 type BreakerConfigFlags uint32
@@ -180,6 +182,13 @@ type BreakerProbeBudget struct {
 	Word uint64
 }
 
+type BreakerRamp uint32
+
+const (
+	BreakerRampRAMP_POINTS BreakerRamp = 8
+	BreakerRampRAMP_UNIT   BreakerRamp = 256
+)
+
 type BreakerRejectionCount struct {
 	_                      structs.HostLayout
 	Rejected               uint64
@@ -279,12 +288,15 @@ type BreakerVerdict struct {
 	RejectErrno uint16
 	Pad0        uint16
 	Epoch       uint32
+	RampNs      uint64
+	Ramp        [8]uint8
 }
 
 type BreakerVerdictState uint32
 
 const (
 	BreakerVerdictStateVERDICT_OPEN        BreakerVerdictState = 1
+	BreakerVerdictStateVERDICT_RAMP        BreakerVerdictState = 2
 	BreakerVerdictStateVERDICT_FORCED_OPEN BreakerVerdictState = 3
 )
 
@@ -347,6 +359,7 @@ const (
 	BreakerVarUnusedLimit          = "unused_limit"
 	BreakerVarUnusedOutcome        = "unused_outcome"
 	BreakerVarUnusedOverrideState  = "unused_override_state"
+	BreakerVarUnusedRamp           = "unused_ramp"
 	BreakerVarUnusedRejectionCount = "unused_rejection_count"
 	BreakerVarUnusedRejectionKey   = "unused_rejection_key"
 	BreakerVarUnusedResponseFlags  = "unused_response_flags"
@@ -459,6 +472,7 @@ type BreakerVariableSpecs struct {
 	UnusedLimit          *ebpf.VariableSpec `ebpf:"unused_limit"`
 	UnusedOutcome        *ebpf.VariableSpec `ebpf:"unused_outcome"`
 	UnusedOverrideState  *ebpf.VariableSpec `ebpf:"unused_override_state"`
+	UnusedRamp           *ebpf.VariableSpec `ebpf:"unused_ramp"`
 	UnusedRejectionCount *ebpf.VariableSpec `ebpf:"unused_rejection_count"`
 	UnusedRejectionKey   *ebpf.VariableSpec `ebpf:"unused_rejection_key"`
 	UnusedResponseFlags  *ebpf.VariableSpec `ebpf:"unused_response_flags"`
@@ -553,6 +567,7 @@ type BreakerVariables struct {
 	UnusedLimit          *ebpf.Variable `ebpf:"unused_limit"`
 	UnusedOutcome        *ebpf.Variable `ebpf:"unused_outcome"`
 	UnusedOverrideState  *ebpf.Variable `ebpf:"unused_override_state"`
+	UnusedRamp           *ebpf.Variable `ebpf:"unused_ramp"`
 	UnusedRejectionCount *ebpf.Variable `ebpf:"unused_rejection_count"`
 	UnusedRejectionKey   *ebpf.Variable `ebpf:"unused_rejection_key"`
 	UnusedResponseFlags  *ebpf.Variable `ebpf:"unused_response_flags"`

@@ -141,6 +141,77 @@ verified_once int note_rejection(__u32 id, __u32 epoch, __u32 kind)
 	return 1;
 }
 
+/* A share in 1/RAMP_ALL: RAMP_ALL admits every connect. */
+#define RAMP_ALL (RAMP_UNIT * RAMP_UNIT)
+
+/* ramp_share is the share of new connects a slow-start verdict admits at
+ * now: the daemon's curve, linear between its samples, RAMP_ALL from the
+ * ramp's end on (so a finished ramp costs no write, whenever the daemon
+ * deletes it). A start in the future (a clock mix-up) admits the floor. */
+static __always_inline __u32 ramp_share(const struct verdict *v, __u64 now)
+{
+	if (now < v->due_ns)
+		return (__u32)v->ramp[0] * RAMP_UNIT;
+	__u64 elapsed = now - v->due_ns, len = v->ramp_ns;
+	if (!len || elapsed >= len)
+		return RAMP_ALL;
+	/* elapsed < len, and the daemon bounds len to hours: no overflow. */
+	__u64 pos = elapsed * RAMP_POINTS;
+	__u32 i = (__u32)(pos / len);
+	__u32 frac = (__u32)((pos - (__u64)i * len) * RAMP_UNIT / len);
+	i &= RAMP_POINTS - 1;
+	__u32 lo = v->ramp[i];
+	__u32 hi = RAMP_UNIT;
+	if (i + 1 < RAMP_POINTS)
+		hi = v->ramp[(i + 1) & (RAMP_POINTS - 1)];
+	/* Modular arithmetic: exact for a falling segment too. */
+	return lo * RAMP_UNIT + (hi - lo) * frac;
+}
+
+/* ramp_admits decides one new connect under a slow-start verdict by error
+ * diffusion over the circuit's ramp_credit: each connect adds the share
+ * now, and it is admitted when the sum crosses a whole RAMP_ALL. So over
+ * any run of connects the admitted ones are the sum of their shares, to
+ * within one, spread evenly (not at random), however many CPUs race: one
+ * atomic add. No counters entry: fail open. */
+static __always_inline int ramp_admits(struct circuit_counters *c, __u32 share)
+{
+	if (share >= RAMP_ALL || !c)
+		return 1;
+	__u64 old = __sync_fetch_and_add(&c->ramp_credit, (__u64)share);
+	return (old / RAMP_ALL) != ((old + share) / RAMP_ALL);
+}
+
+/* ramp_allows applies a slow-start verdict: the circuit is closed, and
+ * only the share of new TCP connects the ramp allows now goes through.
+ * The rest see the overload errno (the bulkhead's), counted apart; they
+ * make no socket outcome, so none enters the failure window. A UDP send is
+ * never held back (a datagram is no new connection), and in shadow mode
+ * a connect the ramp would turn away is counted as a shadow rejection and
+ * admitted. */
+static __always_inline int ramp_allows(struct dest_key *key, struct verdict *v, __u32 flags,
+				       __u64 now)
+{
+	if (key->proto != IPPROTO_TCP)
+		return 1;
+	__u32 share = ramp_share(v, now);
+	if (share >= RAMP_ALL)
+		return 1; /* the ramp is over: no atomic add */
+	struct circuit_counters *c = counters_of(v->circuit_id);
+	if (ramp_admits(c, share))
+		return 1;
+	if (flags & CONFIG_SHADOW) {
+		if (c)
+			count(c->shadow_rejected);
+		return 1;
+	}
+	if (c)
+		count(c->slow_start_rejected);
+	if (has_set_retval)
+		bpf_set_retval(-(int)(v->reject_errno ? v->reject_errno : EAGAIN));
+	return 0;
+}
+
 /* judge decides what an open, half-open or forced-open verdict says of
  * this connect: a probe it admits is counted and its socket marked, a new
  * round recorded; a rejection is left to the caller (refuse, or a
@@ -228,8 +299,15 @@ static __always_inline int redirect(struct bpf_sock_addr *ctx, struct dest_key *
 		return 0;
 	if (cfg->verdict_mask & (1ULL << verdict_bucket(&fk))) {
 		struct verdict *fv = bpf_map_lookup_elem(&verdicts, &fk);
-		if (fv && judge(ctx, &fk, fv, now) == REJECT)
+		if (fv && fv->state == VERDICT_RAMP) {
+			/* The fallback in slow start: its ramp's share, as for a
+			 * connect of its own (a datagram is never held back). */
+			if (fk.proto == IPPROTO_TCP &&
+			    !ramp_admits(counters_of(fv->circuit_id), ramp_share(fv, now)))
+				return 0;
+		} else if (fv && judge(ctx, &fk, fv, now) == REJECT) {
 			return 0; /* the fallback's circuit is open too */
+		}
 	}
 	rewrite_dest(ctx, &fk, v6);
 	remember(ctx, key, &fk);
@@ -425,7 +503,11 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 	}
 	__u32 flags = cfg->flags;
 	int allowed = 1;
-	if (v && judge(ctx, key, v, now) == REJECT) {
+	if (v && v->state == VERDICT_RAMP) {
+		/* Slow start: the circuit is closed; a connect its ramp turns
+		 * away sees the overload errno, never a fallback. */
+		allowed = ramp_allows(key, v, flags, now);
+	} else if (v && judge(ctx, key, v, now) == REJECT) {
 		if (!(flags & CONFIG_SHADOW) && redirect(ctx, key, v, cfg, now, v6)) {
 			/* Sent to the fallback: its limits, not the dead target's. */
 			l = 0;

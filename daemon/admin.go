@@ -63,6 +63,9 @@ func (d *Daemon) snap(c *circuit, now time.Time) circuitSnap {
 		owners:  owners(c),
 	}
 	d.fleetInfo(c, &s.info)
+	if share, until, ok := d.eng.Ramping(c); ok {
+		s.info.SlowStart = &api.SlowStart{Share: share, Until: until}
+	}
 	return s
 }
 
@@ -97,6 +100,7 @@ func (d *Daemon) complete(s circuitSnap, names *cgroupNamer) CircuitInfo {
 	if ci.CircuitID != 0 { // 0: a dynamic circuit that never rejected has nothing in the kernel
 		if cnt, err := d.kernel.Counters(ci.CircuitID); err == nil {
 			ci.Rejected, ci.ShadowRejected, ci.BulkheadRejected = cnt.Rejected, cnt.ShadowRejected, cnt.BulkheadRejected
+			ci.SlowStartRejected = cnt.SlowStartRejected
 			ci.Redirected = cnt.Redirected
 		}
 		if b, err := d.kernel.BulkCount(ci.CircuitID); err == nil {
@@ -117,6 +121,9 @@ func optionsMap(o *policy.Options) map[string]any {
 		"reject_errno": policy.ErrnoName(o.RejectErrno), "count_abandoned": o.CountAbandoned, "reset_failure_window": o.ResetFailureWindow.String(),
 		"max_connections": o.MaxConnections, "max_connecting": o.MaxConnecting, "bulkhead_reject_errno": policy.ErrnoName(o.BulkheadRejectErrno),
 		"close_established": o.CloseEstablished,
+	}
+	if o.SlowStart.On() {
+		m["slow_start"] = fmt.Sprintf("%v from %g, aggression %g", o.SlowStart.Duration, o.SlowStart.Floor, o.SlowStart.Aggression)
 	}
 	if o.HasFallback() {
 		m["fallback"] = o.FallbackText()

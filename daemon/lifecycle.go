@@ -136,7 +136,8 @@ func (d *Daemon) start(cfg *policy.Config) error {
 
 // adopt rebuilds open and half-open circuits from the verdicts a previous
 // daemon left, with their remaining open time and their circuit ids (so the
-// kernel's counters carry on), and the circuits of pinned limits (so
+// kernel's counters carry on), the slow starts in progress, and the
+// circuits of pinned limits (so
 // sockets counted before the restart stay counted). Each entry is visited
 // once; none is dropped for want of room (max_circuits does not refuse them
 // here; eviction of idle closed circuits brings the count back later).
@@ -204,6 +205,13 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 				v.CircuitID, v.Round, v.Epoch = c.ID, c.Machine.Round(), e
 				d.eng.SyncFallback(c) // of the new epoch, before the verdict
 				_ = d.k.PutVerdict(dst, v)
+			}
+		case maps.Ramp:
+			// A slow start in progress carries on from when it began;
+			// one that is over, or whose circuit no longer ramps
+			// (forced, disabled), goes.
+			if d.eng.AdoptRamp(c, dst, v) {
+				d.log.Debug("adopted slow start", "circuit", c.Name(), "dest", dst, "ends_in", (v.RampEnd() - mono).String())
 			}
 		case maps.ForcedOpen:
 			if c.Machine.State() != policy.ForcedOpen && !d.fleetAdopt(c, now) {

@@ -107,6 +107,7 @@ func (e *Engine) retire(target string, id uint32) {
 		r.ShadowRejected += cnt.ShadowRejected
 		r.Probes += cnt.Probes
 		r.BulkheadRejected += cnt.BulkheadRejected
+		r.SlowStartRejected += cnt.SlowStartRejected
 		r.Redirected += cnt.Redirected
 		e.retired[target] = r
 	}

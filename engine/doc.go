@@ -29,8 +29,8 @@
 //   - Handling the kernel's outcome records (HandleBatch: the cache
 //     warming, the dating of resets, connect timeouts, responses and the
 //     answered batches) and the timers (Tick: connect, response and probe
-//     timeouts, the sweep of departed endpoints, the retries, the
-//     reconciliation after lost records).
+//     timeouts, the sweep of departed endpoints, the retries, the end of
+//     finished slow starts, the reconciliation after lost records).
 //   - The lookup of a destination's circuit (Lookup) under a Matching:
 //     the configuration, its classes and what host names and Services
 //     resolved to, which the daemon resolves and hands the engine
@@ -39,6 +39,12 @@
 //     the answered words of the circuits whose ordinary successes the
 //     kernel counts (answered.go), and an operator's change to a
 //     circuit (Force).
+//   - Slow start after recovery (slowstart.go): the ramp verdict a
+//     circuit with `slow_start` writes when it closes on successful
+//     probes, from which the kernel computes the share of new connects
+//     it admits; the engine reports the share now (Ramping), adopts a
+//     ramp a previous daemon left (AdoptRamp) and deletes finished ones
+//     from the tick (EndRamps).
 //   - The fleet's part (Follower): the circuits this node opens because a
 //     quorum of other nodes has them open (fleet_open, never probing),
 //     the keys that name circuits here (FleetCircuit, FleetQuorum), and

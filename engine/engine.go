@@ -73,6 +73,9 @@ type Engine struct {
 	// circuit id.
 	batched    map[*Circuit]batch
 	batchedIDs map[uint32]*Circuit
+	// ramps are the closed circuits whose slow-start verdicts are in the
+	// kernel (slowstart.go).
+	ramps map[*Circuit]ramp
 	// lastSweep is the tick's last sweep of departed endpoints;
 	// lastLostCheck its last look at the kernel's count of lost records,
 	// which was lostSeen then (ReconcileRounds).
@@ -123,7 +126,7 @@ func New(cfg Config) *Engine {
 	e := &Engine{reg: newRegistry(cfg.Kernel, cfg.IDs), k: cfg.Kernel, clock: cfg.Clock, log: cfg.Log, metrics: cfg.Metrics, hooks: cfg.Hooks, rand: cfg.Rand, seriesOf: map[string]*Series{},
 		unenforced: map[*Circuit]struct{}{}, unlimited: map[*Circuit]struct{}{}, retired: map[string]maps.Counters{}, errorsLogged: map[string]time.Time{},
 		matchers: map[uint8]*policy.Matcher{}, pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{},
-		respSince: cfg.RespondingSince, batched: map[*Circuit]batch{}, batchedIDs: map[uint32]*Circuit{}, tallies: map[string]*policy.Shared{},
+		respSince: cfg.RespondingSince, batched: map[*Circuit]batch{}, batchedIDs: map[uint32]*Circuit{}, tallies: map[string]*policy.Shared{}, ramps: map[*Circuit]ramp{},
 		fallbacks: map[uint32]maps.Fallback{}}
 	e.reg.classes = &e.matching.Classes
 	return e
@@ -243,6 +246,7 @@ func (e *Engine) Drop(c *Circuit) {
 	e.forgetEpoch(c)
 	e.unbatch(c)
 	e.owners.clear(c.ID)
+	e.endRamp(c)
 	e.reg.ids.Release(c.ID, c.Name())
 	e.reg.version++ // also for a named circuit left with no destination
 }

@@ -75,6 +75,8 @@ func (e *Engine) Attach(c *Circuit, dst maps.Dest) {
 	}
 	if s := c.Machine.State(); s.Rejects() {
 		e.writeVerdict(c, dst, s, c.Machine.Status(e.clock.Now()).OpenUntil, c.Machine.Round())
+	} else if r, ok := e.ramps[c]; ok {
+		e.putRamp(c, dst, r.v) // a new destination ramps with the others
 	}
 }
 

@@ -22,6 +22,9 @@ type Summary struct {
 	// Unenforced is the number of rejecting circuits whose verdicts are
 	// not all in the kernel.
 	Unenforced int
+	// Ramping is the number of closed circuits whose slow-start verdicts
+	// are in the kernel (RampCount).
+	Ramping int
 	// NextID is one past the highest kernel id ever handed out, and
 	// Releases the ids given back, when the summary was taken.
 	NextID   uint32
@@ -117,7 +120,7 @@ func (e *Engine) shared(target string) *policy.Shared {
 // owner calls it at the end of each step that may have changed circuits
 // (HandleBatch and Tick call it themselves).
 func (e *Engine) Publish() {
-	s := &Summary{Targets: map[string]TargetSummary{}, Unenforced: len(e.unenforced),
+	s := &Summary{Targets: map[string]TargetSummary{}, Unenforced: len(e.unenforced), Ramping: len(e.ramps),
 		NextID: e.reg.ids.Next(), Releases: e.reg.ids.Releases(), owners: e.owners.publish()}
 	add := func(name string, o *policy.Options) {
 		ts := TargetSummary{Retired: e.retired[name], Limits: o != nil && o.HasLimits()}

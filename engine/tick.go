@@ -14,7 +14,8 @@ const EndpointIdle = 10 * time.Minute
 
 // Tick runs the timers: connect timeouts, response timeouts, probe
 // timeouts, the sweep of departed endpoints and, once a second, the
-// retry of unenforced circuits and the reconciliation after lost records.
+// retry of unenforced circuits, the clean-up of finished slow starts and
+// the reconciliation after lost records.
 func (e *Engine) Tick(now time.Time) {
 	defer e.Publish()
 	for cookie, p := range e.pending {
@@ -48,6 +49,7 @@ func (e *Engine) Tick(now time.Time) {
 	if now.Sub(e.lastLostCheck) >= time.Second {
 		e.lastLostCheck = now
 		e.RetryUnenforced()
+		e.EndRamps()
 		if st, err := e.k.Stats(); err == nil && st.EventsLost != e.lostSeen {
 			e.lostSeen = st.EventsLost
 			e.ReconcileRounds(now)

@@ -112,6 +112,9 @@ func (s *seater) Seat() (uint32, bool) {
 // count of rejections, and whom it rejected, start again if it opens
 // again.
 func (e *Engine) releaseID(c *Circuit) {
+	if _, ramping := e.ramps[c]; ramping {
+		return // its ramp counts under its id; EndRamps gives it back
+	}
 	if c.ID == 0 || c.IsNamed() || NeedsLimitEntry(c.Machine.Options()) || c.Machine.State() != policy.Closed || !e.reg.ids.Scarce() {
 		return
 	}
@@ -212,7 +215,17 @@ func (e *Engine) enforce(c *Circuit) bool {
 // WriteVerdicts makes the kernel enforce what a transition says, for every
 // destination of the circuit; c is in e.unenforced after it exactly when
 // it rejects and a verdict could not be written.
+//
+// A close on successful probes of a circuit with slow start writes its
+// ramp instead of deleting its verdicts (beginRamp); any other transition
+// ends a ramp in progress.
 func (e *Engine) WriteVerdicts(c *Circuit, t policy.Transition) {
+	e.endRamp(c)
+	if ramps(c, t) {
+		e.beginRamp(c)
+		delete(e.unenforced, c)
+		return
+	}
 	ok := true
 	for _, dst := range c.Dests() {
 		ok = e.writeVerdict(c, dst, t.To, t.OpenUntil, t.Round) && ok

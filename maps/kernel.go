@@ -84,7 +84,7 @@ import (
 // LayoutVersion is the version of the maps' and records' layout. It is part
 // of the pin directory; bump it whenever bpf/breaker.h or a map definition
 // in bpf/maps.h changes (TestLayoutVersionMatchesLayout fails until then).
-const LayoutVersion = 14
+const LayoutVersion = 15
 
 // DefaultDir is the default bpffs directory for breakerd's pins.
 const DefaultDir = "/sys/fs/bpf/breakerd"

@@ -47,7 +47,7 @@ func memlock(m *ebpf.Map) (uint64, error) {
 const (
 	htabElem        = 48 + 8
 	htabBucket      = 16
-	verdictEntry    = htabElem + 24 + 32 + htabBucket // key 20 -> 24, value 32
+	verdictEntry    = htabElem + 24 + 48 + htabBucket // key 20 -> 24, value 48
 	limitEntry      = htabElem + 24 + 32 + htabBucket // key 20 -> 24, value 32
 	overrideEntry   = htabElem + 128 + 8 + htabBucket // key 128 (a circuit name), value 8
 	maxOverrides    = 4096
@@ -55,7 +55,7 @@ const (
 	inflightEntry   = htabElem + 8 + 48 + htabBucket  // key 8 (a socket cookie), value 48
 	rejectionEntry  = htabElem + 16 + 32 + htabBucket // key 16 (cgroup, circuit, epoch), value 32
 	handoffBytes    = 16                              // per CPU
-	counterEntry    = 40
+	counterEntry    = 56
 	redirectEntry   = 8
 	fallbackEntry   = htabElem + 8 + 24 + htabBucket // key 4 -> 8, value 24
 	bulkEntry       = 16
@@ -72,10 +72,10 @@ const respPortsBytes = respPortWords * 8
 // MemoryBound is the most memory breakerd's maps take, every map full, on
 // a node with cpus possible CPUs (docs/install.md states it):
 //
-//	verdicts       MaxDestinations × 128 B   (32 MiB)
+//	verdicts       MaxDestinations × 144 B   (36 MiB)
 //	limits         MaxDestinations × 128 B   (32 MiB)
 //	overrides      4096 × 208 B              (0.8 MiB)
-//	counters       MaxCircuitIDs × 40 B      (10 MiB)
+//	counters       MaxCircuitIDs × 56 B      (14 MiB)
 //	bulk           MaxCircuitIDs × 16 B      (4 MiB)
 //	probe_budgets  MaxCircuitIDs × 8 B       (2 MiB)
 //	answered       AnsweredIDs × 8 B         (0.5 MiB)
@@ -89,7 +89,7 @@ const respPortsBytes = respPortWords * 8
 //	stats          8 × 8 B × cpus, plus 6 × 32 B × cpus of hash-map locks
 //	handoff        16 B × cpus
 //
-// about 106 MiB whatever the CPU count (106.3 MiB at 2, 64 or 256
+// about 114 MiB whatever the CPU count (114.3 MiB at 2, 64 or 256
 // CPUs).
 // Kernels before 6.5 report a coarser figure in fdinfo (key plus value
 // times capacity), below this bound too. The

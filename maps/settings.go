@@ -122,9 +122,18 @@ type Counters struct {
 	Rounds uint64
 	// BulkheadRejected counts connects turned away by a concurrency limit.
 	BulkheadRejected uint64
+	// SlowStartRejected counts connects turned away by a slow-start ramp
+	// (RampVerdict).
+	SlowStartRejected uint64
 	// Redirected counts connects and sends an open circuit sent to its
-	// fallback instead of rejecting them (the redirects map).
+	// fallback instead of rejecting them (the redirects map; not filled in
+	// by countersFromRaw).
 	Redirected uint64
+}
+
+func countersFromRaw(p *bpf.BreakerCircuitCounters) Counters {
+	return Counters{Rejected: p.Rejected, ShadowRejected: p.ShadowRejected, Probes: p.Probes, Rounds: p.Rounds,
+		BulkheadRejected: p.BulkheadRejected, SlowStartRejected: p.SlowStartRejected}
 }
 
 // Counters reads the counters of circuit id.
@@ -133,11 +142,11 @@ func (v *View) Counters(id uint32) (Counters, error) {
 	if err := v.counters.Lookup(id, &p); err != nil {
 		return Counters{}, fmt.Errorf("reading counters of circuit %d: %w", id, err)
 	}
-	var redirected uint64
-	if err := v.redirects.Lookup(id, &redirected); err != nil {
+	c := countersFromRaw(&p)
+	if err := v.redirects.Lookup(id, &c.Redirected); err != nil {
 		return Counters{}, fmt.Errorf("reading redirects of circuit %d: %w", id, err)
 	}
-	return Counters{Rejected: p.Rejected, ShadowRejected: p.ShadowRejected, Probes: p.Probes, Rounds: p.Rounds, BulkheadRejected: p.BulkheadRejected, Redirected: redirected}, nil
+	return c, nil
 }
 
 // CountersUpTo reads the counters of circuit ids 0 to n-1 in batches
@@ -151,8 +160,8 @@ func (v *View) CountersUpTo(n uint32) ([]Counters, error) {
 	for uint32(len(out)) < n {
 		want := min(int(n)-len(out), batchSize)
 		got, err := v.counters.BatchLookup(&cursor, keys[:want], vals[:want], nil)
-		for _, p := range vals[:got] {
-			out = append(out, Counters{Rejected: p.Rejected, ShadowRejected: p.ShadowRejected, Probes: p.Probes, Rounds: p.Rounds, BulkheadRejected: p.BulkheadRejected})
+		for i := range vals[:got] {
+			out = append(out, countersFromRaw(&vals[i]))
 		}
 		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return out, fmt.Errorf("reading counters: %w", err)

@@ -112,9 +112,12 @@ func ntohs(p uint16) uint16 { return p<<8 | p>>8 }
 type State uint32
 
 // Verdict states, as in bpf/breaker.h. An Open verdict whose Due has
-// passed is half-open: the kernel admits the probes of its Round.
+// passed is half-open: the kernel admits the probes of its Round. A Ramp
+// verdict is a closed circuit's slow start: from Due, the kernel admits a
+// share of new TCP connects that follows its Ramp curve over RampLen.
 const (
 	Open       = State(bpf.BreakerVerdictStateVERDICT_OPEN)
+	Ramp       = State(bpf.BreakerVerdictStateVERDICT_RAMP)
 	ForcedOpen = State(bpf.BreakerVerdictStateVERDICT_FORCED_OPEN)
 )
 
@@ -125,6 +128,8 @@ func (s State) String() string {
 		return "open"
 	case ForcedOpen:
 		return "forced_open"
+	case Ramp:
+		return "ramp"
 	}
 	return fmt.Sprintf("state(%d)", uint32(s))
 }
@@ -152,7 +157,59 @@ type Verdict struct {
 	// other: the kernel keys the cgroups a verdict rejects by CircuitID
 	// and Epoch (Rejections). 0 records none.
 	Epoch uint32
+	// RampLen is a Ramp verdict's length: from Due+RampLen on it admits
+	// every connect.
+	RampLen time.Duration
+	// Curve is a Ramp verdict's share of new connects admitted at
+	// i/RampPoints of the ramp, in 1/RampUnit (Curve[0] is the floor).
+	Curve [RampPoints]uint8
 }
+
+// The slow-start curve's resolution (breaker.h enum ramp).
+const (
+	RampPoints = int(bpf.BreakerRampRAMP_POINTS)
+	RampUnit   = int(bpf.BreakerRampRAMP_UNIT)
+)
+
+// RampVerdict returns a slow-start verdict for circuit id: from start
+// (the maps.Now clock) the kernel admits the share share(x) of new TCP
+// connects at x, the share of length elapsed, and turns the rest away with
+// errno; from start+length on it admits every one. share is sampled at
+// RampPoints points (x = i/RampPoints) and the kernel interpolates
+// linearly between them.
+func RampVerdict(start, length time.Duration, share func(x float64) float64, errno syscall.Errno, id uint32) Verdict {
+	v := Verdict{State: Ramp, Due: start, RampLen: length, Errno: errno, CircuitID: id}
+	for i := range v.Curve {
+		s := share(float64(i) / float64(RampPoints))
+		v.Curve[i] = uint8(min(max(s*float64(RampUnit)+0.5, 0), float64(RampUnit-1)))
+	}
+	return v
+}
+
+// RampShare is the share of new connects v admits at now, as the kernel
+// computes it (a Ramp verdict; 1 for any other state, or past its end).
+func (v Verdict) RampShare(now time.Duration) float64 {
+	if v.State != Ramp {
+		return 1
+	}
+	if now < v.Due {
+		return float64(v.Curve[0]) / float64(RampUnit)
+	}
+	el := now - v.Due
+	if v.RampLen <= 0 || el >= v.RampLen {
+		return 1
+	}
+	pos := float64(el) * float64(RampPoints) / float64(v.RampLen)
+	i := min(int(pos), RampPoints-1)
+	lo, hi := float64(v.Curve[i]), float64(RampUnit)
+	if i+1 < RampPoints {
+		hi = float64(v.Curve[i+1])
+	}
+	return (lo + (hi-lo)*(pos-float64(i))) / float64(RampUnit)
+}
+
+// RampEnd is when a Ramp verdict admits everything (the maps.Now clock).
+func (v Verdict) RampEnd() time.Duration { return v.Due + v.RampLen }
 
 // MaxCircuitIDs is the number of circuit ids: per-circuit counter entries
 // and bulkhead slots (breaker.h enum sizes, checked by TestSizesMatchTheKernel). Id 0 is never
@@ -178,6 +235,8 @@ func (v Verdict) raw() bpf.BreakerVerdict {
 		CircuitId:   v.CircuitID,
 		RejectErrno: uint16(v.Errno),
 		Epoch:       v.Epoch,
+		RampNs:      uint64(v.RampLen),
+		Ramp:        v.Curve,
 	}
 }
 
@@ -190,6 +249,8 @@ func verdictFromRaw(r *bpf.BreakerVerdict) Verdict {
 		CircuitID: r.CircuitId,
 		Errno:     syscall.Errno(r.RejectErrno),
 		Epoch:     r.Epoch,
+		RampLen:   time.Duration(r.RampNs),
+		Curve:     r.Ramp,
 	}
 }
 

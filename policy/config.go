@@ -422,6 +422,12 @@ func (d *decoder) options(path string, m map[string]any, extra map[string]bool) 
 			}
 			continue
 		}
+		if k == "slow_start" {
+			if m[k] != nil { // null is reported as a null value
+				o.SlowStart = d.slowStart(path+".slow_start", m[k])
+			}
+			continue
+		}
 		f, ok := known[k]
 		if !ok {
 			d.add(path+"."+k, "unknown key%s", d.suggest(k, optionKeys(extra)))
@@ -726,7 +732,7 @@ func optionKeys(extra map[string]bool) []string {
 	for _, f := range optionFields {
 		keys = append(keys, f.key)
 	}
-	keys = append(keys, "fleet")
+	keys = append(keys, "fleet", "slow_start")
 	for k := range extra {
 		keys = append(keys, k)
 	}

@@ -79,6 +79,9 @@ type Options struct {
 	// Fleet is the `fleet` block (fleet.go): the circuit's state is
 	// shared with the other nodes.
 	Fleet FleetOptions
+	// SlowStart is the `slow_start` block (slowstart.go): the ramp the
+	// kernel applies when the circuit closes after being open.
+	SlowStart SlowStartOptions
 	// Fallback is where the kernel sends the circuit's connects while it
 	// rejects them (fallback.go); the zero value is none. Targets only.
 	Fallback netip.AddrPort

@@ -70,6 +70,7 @@ func Reference() string {
 	b.WriteString("A call is one outbound TCP connection. Established is a success (slow when its handshake took at least `slow_call_duration`); refused, timed out (`connect_timeout`), unreachable and stalled (`max_rto`) are failures, and so is a reset of an established connection within `reset_failure_window` of its `connect()` (a later reset counts as nothing); a connect the application abandons counts as nothing before `slow_call_duration` and as slow (or failed, with `count_abandoned`) after, and always as timed out (a failure) once it waited at least `connect_timeout`. breakerd's own rejections never enter the window.\n\n")
 	b.WriteString(responsesReference)
 	writeFleetReference(&b)
+	writeSlowStartReference(&b)
 	b.WriteString("## States\n\n")
 	b.WriteString("closed → open when, with at least `min_requests` calls in the window, the failure rate reaches `failure_rate_threshold` or the slow-call rate reaches `slow_call_rate_threshold`, or after `consecutive_failures` failures in a row. ")
 	b.WriteString("open → half-open when `open_duration` has passed and a connection comes: the kernel admits `half_open_probes` of them in a round. ")

@@ -28,6 +28,7 @@ type fakeDaemon struct {
 	pods     []string         // the failed pods of the first circuit
 	rejected []api.RejectedBy // whom the first circuit rejected
 	fallback string           // the first circuit's fallback, with 5 redirected
+	ramp     *api.SlowStart   // the second circuit's slow start
 }
 
 func newFakeDaemon(t *testing.T, circuits int) *fakeDaemon {
@@ -68,6 +69,11 @@ func newFakeDaemon(t *testing.T, circuits int) *fakeDaemon {
 				if f.fallback != "" {
 					ci.State, ci.Fallback, ci.Redirected = "open", f.fallback, 5
 				}
+				f.mu.Unlock()
+			}
+			if i == 1 {
+				f.mu.Lock()
+				ci.SlowStart = f.ramp
 				f.mu.Unlock()
 			}
 			page = append(page, ci)
@@ -194,6 +200,21 @@ func TestStatusNamesFailedPods(t *testing.T) {
 	last2 := func(l string) string { f := strings.Fields(l); return strings.Join(f[max(0, len(f)-2):], " ") }
 	if len(lines) != 3 || !strings.HasSuffix(lines[0], "REJECTED PODS") ||
 		!strings.HasSuffix(lines[1], " shop/web-1,shop/web-2  shop/web-2:7,shop/web-3:bulkhead:4,shop/web-4:1+bulkhead:2,system.slice/x.service:2,+1 more") || last2(lines[2]) != "- -" {
+		t.Fatalf("status:\n%s", out.String())
+	}
+}
+
+// TestStatusShowsARamp: a closed circuit ramping up after recovery shows
+// the share of new connects admitted now.
+func TestStatusShowsARamp(t *testing.T) {
+	f := newFakeDaemon(t, 2)
+	f.ramp = &api.SlowStart{Share: 0.25}
+	var out bytes.Buffer
+	if err := run([]string{"status", "--socket", f.sock}, &out); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || strings.Contains(lines[1], "ramping") || !strings.Contains(lines[2], " closed (ramping: 25% admitted) ") {
 		t.Fatalf("status:\n%s", out.String())
 	}
 }

@@ -142,6 +142,9 @@ func run(args []string, out io.Writer) error {
 			if ci.FleetNodes > 0 {
 				state += fmt.Sprintf(" (open by the fleet: %d nodes)", ci.FleetNodes)
 			}
+			if ci.SlowStart != nil {
+				state += fmt.Sprintf(" (ramping: %.0f%% admitted)", 100*ci.SlowStart.Share)
+			}
 			if ci.Redirected > 0 {
 				state += fmt.Sprintf(" (to fallback %s: %d)", ci.Fallback, ci.Redirected)
 			}
