@@ -53,6 +53,10 @@ type CircuitInfo struct {
 	// them). Absent for an isolated workload's circuit and without a
 	// workloads list.
 	Bulkheads map[string]BulkheadCount `json:"bulkheads,omitempty"`
+	// AdaptiveLimits are its bulkhead limits that follow latency
+	// (max_connections or max_connecting given as {adaptive: …}); the
+	// kernel enforces each one's Limit. Absent when its limits are static.
+	AdaptiveLimits []AdaptiveLimit `json:"adaptive_limits,omitempty"`
 	// With close_established: how this kernel closes the circuit's
 	// established connections when it opens (bpf_sock_destroy, sock_diag,
 	// or none: they stay open), and how many its passes closed since the
@@ -130,6 +134,23 @@ type RejectedBy struct {
 	// turned away; BulkheadShadowRejected those shadow mode let through.
 	BulkheadRejected       uint64 `json:"bulkhead_rejected,omitempty"`
 	BulkheadShadowRejected uint64 `json:"bulkhead_shadow_rejected,omitempty"`
+}
+
+// AdaptiveLimit is one bulkhead limit that follows latency, as
+// /v1/circuits reports it.
+type AdaptiveLimit struct {
+	// Kind is the option: max_connections or max_connecting.
+	Kind      string `json:"kind"`
+	Algorithm string `json:"algorithm"`
+	// Limit is the limit the kernel enforces now, within [Min, Max].
+	Limit int `json:"limit"`
+	Min   int `json:"min"`
+	Max   int `json:"max"`
+	// LatencySeconds is the average latency of the last window the limit
+	// moved by (0 before the first).
+	LatencySeconds float64 `json:"latency_seconds"`
+	// Changes counts the limit's moves since the circuit was made.
+	Changes uint64 `json:"changes"`
 }
 
 // BulkheadCount is one workload's bulkhead of a shared circuit, as

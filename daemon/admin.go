@@ -14,8 +14,9 @@ import (
 )
 
 // Bounds of what the admin API shows. Every response is built from a
-// copy the owner makes in one short step (names and in-memory state of at
-// most a page of circuits, no kernel reads), then completed and encoded
+// copy the owner makes in a step (in-memory state of at most a page of
+// circuits, and every circuit's name when the set changed since the last
+// sort; no kernel reads), then completed and encoded
 // on the client's goroutine, so a slow or hostile client never holds up
 // the event loop or the heartbeat.
 const (
@@ -54,7 +55,8 @@ func (d *Daemon) snap(c *circuit, now time.Time) circuitSnap {
 		info: CircuitInfo{Name: c.Name(), Target: c.Target(), Workload: c.Workload(), Scope: scope, State: st.State.String(),
 			FailureRate: st.FailureRate, SlowRate: st.SlowRate, Calls: st.Calls, Failures: st.Failures, Slow: st.Slow,
 			ConsecutiveFailures: st.ConsecutiveFailures, OpenUntil: st.OpenUntil, Trip: st.Trip, CircuitID: c.ID,
-			DestinationsTotal: len(c.Dests()), ClosedEstablished: c.ClosedEstablished(), Unenforced: d.isUnenforced(c)},
+			DestinationsTotal: len(c.Dests()), ClosedEstablished: c.ClosedEstablished(), Unenforced: d.isUnenforced(c),
+			AdaptiveLimits: adaptiveLimits(c)},
 		opts:    c.Machine.Options(),
 		dests:   slices.Clone(c.Dests()[:min(len(c.Dests()), listedDests)]),
 		round:   st.Round,
@@ -127,6 +129,14 @@ func optionsMap(o *policy.Options) map[string]any {
 	}
 	if o.HasFallback() {
 		m["fallback"] = o.FallbackText()
+	}
+	for _, a := range []struct {
+		key  string
+		spec policy.Adaptive
+	}{{"max_connections", o.AdaptiveConnections}, {"max_connecting", o.AdaptiveConnecting}} {
+		if a.spec.On() {
+			m[a.key] = map[string]any{"adaptive": a.spec.Algorithm.String(), "min": a.spec.Min, "initial": a.spec.Initial, "max": a.spec.Max}
+		}
 	}
 	responseOptions(m, &o.Responses)
 	return m

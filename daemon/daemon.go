@@ -103,7 +103,7 @@ type Daemon struct {
 	k       *maps.Kernel
 	metrics *metrics
 	rand    func() float64
-	beat    beat // the heartbeat's own state and lock, apart from mu
+	beat    beat // the heartbeat's own state and lock, apart from the owner
 
 	// kernel is k as the core sees it (circuits, ids, verdicts, limits,
 	// answered words, overrides), and clock its time: fakes in the tests
@@ -126,8 +126,8 @@ type Daemon struct {
 	// verdicts.
 	eng    *engine.Engine
 	events eventRing
-	// ready: running with protection in place (written under mu, read
-	// by /readyz without it); phase: what the start-up is doing, nil
+	// ready: running with protection in place (written in the owner's
+	// steps, read by /readyz without it); phase: what the start-up is doing, nil
 	// once Run has begun (probes.go).
 	ready    atomic.Bool
 	phase    atomic.Pointer[string]
@@ -158,7 +158,7 @@ type Daemon struct {
 	// until a configuration asks for it. closeJobs feeds its goroutine.
 	closer    *maps.Closer
 	closeJobs chan closeJob
-	closeMech atomic.Value // the closer's maps.CloseMechanism, read outside mu
+	closeMech atomic.Value // the closer's maps.CloseMechanism, read off the owner
 	// fleet shares circuits with the other nodes (fleet.go).
 	fleet fleetWiring
 }
@@ -338,8 +338,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return d.k.Close()
 }
 
-// readBatch is how many records the reader handles under one hold of the
-// lock (about 0.5 ms of work at most).
+// readBatch is how many records the owner handles in one step (about
+// 0.5 ms of work at most).
 const readBatch = 2048
 
 // readEvents handles the kernel's records in batches: whatever the ring
@@ -425,6 +425,7 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 			"max_circuits", cfg.MaxCircuits, "guaranteed", policy.GuaranteedCircuits)
 	}
 	d.configureFleet(cfg, old)
+	d.metrics.presetLimitChanges(cfg)
 	d.classes = cfg.Classes()
 	d.eng.SetMatching(d.matching())
 	d.ensureCloser(cfg)

@@ -6,10 +6,10 @@ import (
 )
 
 // eventRing keeps the last maxEvents transitions in a fixed array: adding
-// to a full ring overwrites the oldest, so it never grows. It is used
-// under Daemon.mu.
+// to a full ring overwrites the oldest, so it never grows. The owner
+// adds to it in its steps; the admin API lists it from its own
+// goroutines, under the ring's small lock.
 type eventRing struct {
-	// mu: the owner adds, the admin API lists, each for a moment.
 	mu   sync.Mutex
 	buf  [maxEvents]TransitionEvent
 	next int // where the next event goes

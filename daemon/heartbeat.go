@@ -17,7 +17,7 @@ import (
 // The heartbeat keeps the kernel enforcing: once it is older than
 // failsafe_timeout, the kernel ignores every verdict. So nothing may hold
 // it up: it has its own goroutine and timer, and takes only its own small
-// lock (beat.mu), never Daemon.mu. The settings it writes with it (fail-safe,
+// lock (beat.mu), never waits for the owner. The settings it writes with it (fail-safe,
 // shadow, max_rto, limits) are set under beat.mu when a configuration is
 // applied; host-name resolution, reloads and admin requests never run on
 // its path.

@@ -47,7 +47,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 	if err != nil {
 		return fmt.Errorf("reading bulkhead counts: %w", err)
 	}
-	d.eng.IDs().LoadPinned(verdicts, limits, busy)
+	d.do(func() { d.eng.IDs().LoadPinned(verdicts, limits, busy) })
 	// Host names are looked up first, in parallel and each bounded,
 	// keeping a fresh previous heartbeat fresh meanwhile.
 	hosts := hostNamesOf(cfg)
@@ -119,6 +119,8 @@ func (d *Daemon) start(cfg *policy.Config) error {
 		d.eng.RetirePinnedBatches(limits)
 		d.eng.LoadKept()
 		d.fallbackAddrs = fallbacks // in the engine's matching from the first one on
+		// Adaptive limits resume where the kernel was holding them.
+		d.eng.SetPinnedLimits(limits)
 		d.applyConfig(cfg)
 		d.applyResolved(resolved)
 		d.applyServices(services)
@@ -127,6 +129,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 		d.eng.SyncFallbacks()
 		d.eng.SetAdopting(false)
 		d.eng.IDs().EndStartup()
+		d.eng.SetPinnedLimits(nil)
 		if err := d.reconcileLimits(); err != nil {
 			return err
 		}

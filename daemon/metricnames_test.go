@@ -12,7 +12,8 @@ func TestMetricFamilies(t *testing.T) {
 	for name, hist := range map[string]bool{"breakerd_transitions_total": false, "breakerd_circuit_state": false, "breakerd_kernel_rejections_total": false,
 		"breakerd_handshake_duration_seconds": true, "breakerd_build_info": false, "process_resident_memory_bytes": false,
 		"breakerd_fleet_report_write_errors_total": false, "breakerd_fleet_report_read_errors_total": false,
-		"breakerd_slow_start_rejections_total": false, "breakerd_slow_start_circuits": false} {
+		"breakerd_slow_start_rejections_total": false, "breakerd_slow_start_circuits": false,
+		"breakerd_limit": false, "breakerd_limit_changes_total": false} {
 		if h, ok := got[name]; !ok || h != hist {
 			t.Errorf("%s: listed %v, histogram %v", name, ok, h)
 		}

@@ -31,6 +31,7 @@ type metrics struct {
 	groundProblems     *prometheus.CounterVec
 	closed             *prometheus.CounterVec // close_established: connections closed or not, by target and workload
 	closeMechanism     *prometheus.GaugeVec
+	limitChanges       *prometheus.CounterVec // adaptive limits' moves, by target and kind
 }
 
 // Outcome is the series of outcome of target's circuits of workload
@@ -62,6 +63,12 @@ func (m *metrics) Evicted() engine.Counter { return m.circuitsEvicted }
 // (engine.Metrics).
 func (m *metrics) VerdictWriteErrors() engine.Counter { return m.verdictWriteErrors }
 
+// LimitChanges is the count of the moves of target's adaptive limits of
+// kind (engine.Metrics).
+func (m *metrics) LimitChanges(target, kind string) engine.Counter {
+	return m.limitChanges.WithLabelValues(target, kind)
+}
+
 func newMetrics(d *Daemon) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	m.transitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_transitions_total", Help: "Circuit state transitions, by from, to, reason and the circuit's workload (shared, or an isolated workload's name)."}, []string{"from", "to", "reason", "workload"})
@@ -73,6 +80,7 @@ func newMetrics(d *Daemon) *metrics {
 	m.verdictWriteErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "breakerd_verdict_write_errors_total", Help: "Verdict map writes that failed (that destination stays unenforced: fail-open)."})
 	m.circuitsEvicted = prometheus.NewCounter(prometheus.CounterOpts{Name: "breakerd_circuits_evicted_total", Help: "Idle closed dynamic circuits evicted to stay within max_circuits."})
 	m.circuitsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_circuits_refused_total", Help: "New destinations left unprotected because max_circuits was reached with nothing to evict (or no circuit id was free), by target (all for unnamed destinations)."}, []string{"target"})
+	m.limitChanges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_limit_changes_total", Help: "Moves of adaptive bulkhead limits (max_connections or max_connecting that follow latency), by target and kind."}, []string{"target", "kind"})
 	m.protected = prometheus.NewGauge(prometheus.GaugeOpts{Name: "breakerd_protection_intact", Help: "1 while the protected cgroup, the bpf filesystem and every pin are as attached; 0 while something moved (see breakerd_protection_problems_total and the error log)."})
 	m.groundProblems = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_protection_problems_total", Help: "Times a problem under the daemon was found: cgroup_removed, cgroup_recreated, pins_removed, bpffs_unmounted."}, []string{"problem"})
 	for _, p := range []maps.Problem{maps.CgroupRemoved, maps.CgroupRecreated, maps.PinsRemoved, maps.BPFFSUnmounted} {
@@ -87,7 +95,7 @@ func newMetrics(d *Daemon) *metrics {
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "breakerd_build_info", Help: "Build information.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
 	m.collectors = []prometheus.Collector{m.transitions, m.outcomes, m.handshake, m.reloadOK, m.reloadTime, m.verdictWriteErrors,
-		m.circuitsEvicted, m.circuitsRefused, m.protected, m.groundProblems, m.closed, m.closeMechanism, build, &stateCollector{d: d}, &workloadCollector{d: d}, &programCollector{d: d}, fleetCollector{d},
+		m.circuitsEvicted, m.circuitsRefused, m.protected, m.groundProblems, m.closed, m.closeMechanism, build, &stateCollector{d: d}, &workloadCollector{d: d}, &programCollector{d: d}, fleetCollector{d}, m.limitChanges, limitCollector{d},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})}
 	if d.opts.Cluster != nil {
 		m.collectors = append(m.collectors, d.opts.Cluster)

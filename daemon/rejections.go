@@ -67,7 +67,7 @@ func owners(c *circuit) []owner {
 	if e := c.Epoch(); e != 0 {
 		out = append(out, owner{c.ID, e})
 	}
-	for _, s := range c.SharedSlots() {
+	for _, s := range c.BulkSlots() { // each slot once: a criticality pool's is several classes'
 		out = append(out, owner{s.ID, s.Epoch})
 	}
 	return out

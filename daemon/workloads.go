@@ -49,7 +49,7 @@ import (
 // one a map lookup, a stat and the end of its watch; nothing visits every
 // cgroup but a scan.
 //
-// It has its own lock and never takes Daemon.mu, so a busy event loop
+// It has its own lock and never waits for the owner, so a busy event loop
 // never delays protecting a new cgroup.
 type cgroupWatch struct {
 	k      *maps.Kernel
@@ -75,7 +75,7 @@ type cgroupWatch struct {
 	// pods are the pod UIDs each pod-selecting workload selects (kube.go).
 	pods map[string]map[string]bool
 	// podOf maps the cgroup ids of pods' cgroups (and their containers')
-	// to the pod UID; read without mu (handle, the admin API).
+	// to the pod UID; read without the watch's lock (the admin API).
 	podOf sync.Map
 }
 

@@ -26,7 +26,7 @@ type batch struct {
 // failure statuses are among those the kernel records anyway (5xx, 429).
 func batchable(c *Circuit, o *policy.Options) (time.Duration, bool) {
 	r := &o.Responses
-	if !r.Followed() || c.ID == 0 || c.ID >= maps.AnsweredIDs || (r.HTTP && !r.FailureStatuses.OnlyServerErrorsAnd429()) {
+	if !r.Followed() || c.ID == 0 || o.AdaptiveConnections.On() || o.AdaptiveConnecting.On() || c.ID >= maps.AnsweredIDs || (r.HTTP && !r.FailureStatuses.OnlyServerErrorsAnd429()) {
 		return 0, false
 	}
 	fast := r.SlowResponseDuration

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"slices"
+
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
@@ -19,10 +21,16 @@ func (e *Engine) syncBulkSlots(c *Circuit) {
 	if !sharing && len(c.SharedSlots()) == 0 {
 		return // the usual case: nothing to give or take back
 	}
+	// Each sharing workload's class wants its own slot, but the classes
+	// of the workloads with a criticality want the circuit's pool's, one
+	// slot for them all.
 	want := map[uint8]string{}
 	if sharing {
 		for _, k := range e.reg.classes.SharedBulkheads() {
 			want[uint8(k)] = e.reg.classes.SharedOfBulkhead(k)
+			if _, pooled := e.reg.classes.Share(k); pooled {
+				want[uint8(k)] = policy.CriticalityPool
+			}
 		}
 	}
 	// A workload that still shares under another class (a reordered
@@ -35,6 +43,7 @@ func (e *Engine) syncBulkSlots(c *Circuit) {
 		wanted[w] = true
 	}
 	moved := map[string]BulkSlot{}
+	released := map[uint32]bool{} // a pool's slot is held by several classes
 	slots := c.SharedSlots()
 	for k, s := range slots {
 		if want[k] != s.Workload {
@@ -43,18 +52,33 @@ func (e *Engine) syncBulkSlots(c *Circuit) {
 				moved[s.Workload] = s
 				continue
 			}
-			e.releaseBulkSlot(c, s)
+			if !released[s.ID] {
+				released[s.ID] = true
+				e.releaseBulkSlot(c, s)
+			}
 		}
 	}
 	if len(want) == 0 {
 		return
 	}
-	for k, w := range want {
+	// In class order: a pool's slot is allocated for its first class, so a
+	// restarted daemon inherits it through the same entry.
+	classes := make([]uint8, 0, len(want))
+	for k := range want {
+		classes = append(classes, k)
+	}
+	slices.Sort(classes)
+	for _, k := range classes {
+		w := want[k]
 		if _, ok := c.SharedSlots()[k]; ok {
 			continue
 		}
 		if s, ok := moved[w]; ok {
 			c.SetSharedSlot(k, s)
+			continue
+		}
+		if s, ok := slotOf(c, w); ok {
+			c.SetSharedSlot(k, s) // the pool's, taken for an earlier class
 			continue
 		}
 		// A slot a previous daemon left for this workload's entry is
@@ -84,6 +108,16 @@ func (e *Engine) syncBulkSlots(c *Circuit) {
 		e.owners.set(id, IDOwner{Target: c.Target(), Bulk: true})
 		e.reg.recording[id] = c
 	}
+}
+
+// slotOf returns the slot c holds for workload w under some class.
+func slotOf(c *Circuit, w string) (BulkSlot, bool) {
+	for _, s := range c.SharedSlots() {
+		if s.Workload == w {
+			return s, true
+		}
+	}
+	return BulkSlot{}, false
 }
 
 // releaseBulkSlot gives a workload's bulkhead slot back, keeping its

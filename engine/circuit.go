@@ -67,6 +67,9 @@ type circuitExtra struct {
 	// closed counts the established connections its close passes
 	// closed since the daemon started (close_established).
 	closed uint64
+	// adaptive are its adaptive limits (adaptive.go); nil when its
+	// limits are static.
+	adaptive *adaptiveLimits
 	// epoch keys the kernel's count of the cgroups its verdicts and its
 	// own bulkhead reject; 0 until it first writes a rejecting verdict or
 	// a limit.
@@ -235,14 +238,17 @@ func (c *Circuit) SetSharedSlot(k uint8, s BulkSlot) {
 	x.bulkSlots[k] = s
 }
 
-// BulkSlots lists c's sharing workloads' slots by workload name (a copy).
+// BulkSlots lists c's sharing workloads' slots by workload name (a copy),
+// each once: the classes of its criticality pool share one slot.
 func (c *Circuit) BulkSlots() []BulkSlot {
 	if c.extra == nil || len(c.extra.bulkSlots) == 0 {
 		return nil
 	}
 	out := make([]BulkSlot, 0, len(c.extra.bulkSlots))
 	for _, s := range c.extra.bulkSlots {
-		out = append(out, s)
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Workload < out[j].Workload })
 	return out

@@ -22,7 +22,7 @@
 //     rate-limited error log. Its methods make a circuit and attach
 //     destinations (Make, Attach), record calls (Record: one way, with
 //     a count), apply a transition (Apply), seat and release kernel ids
-//     (Seat, EnsureID, releaseID), write verdicts (WriteVerdicts),
+//     (seatID, EnsureID, releaseID), write verdicts (WriteVerdicts),
 //     retry what could not be written (RetryUnenforced), evict and drop
 //     circuits, and keep the sharing workloads' bulkhead slots and the
 //     circuits' epochs.

@@ -88,6 +88,11 @@ type Engine struct {
 	tallies map[string]*policy.Shared
 	owners  idOwners
 	summary atomic.Pointer[Summary]
+	// adaptive are the circuits with adaptive limits (adaptive.go);
+	// pinned the limits entries a previous daemon left, while starting
+	// (SetPinnedLimits).
+	adaptive map[*Circuit]struct{}
+	pinned   map[maps.Dest]maps.Limit
 	// fallbacks is what the kernel's fallbacks map holds, by circuit id, as
 	// this engine wrote it (fallbacks.go).
 	fallbacks map[uint32]maps.Fallback
@@ -127,7 +132,7 @@ func New(cfg Config) *Engine {
 		unenforced: map[*Circuit]struct{}{}, unlimited: map[*Circuit]struct{}{}, retired: map[string]maps.Counters{}, errorsLogged: map[string]time.Time{},
 		matchers: map[uint8]*policy.Matcher{}, pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{},
 		respSince: cfg.RespondingSince, batched: map[*Circuit]batch{}, batchedIDs: map[uint32]*Circuit{}, tallies: map[string]*policy.Shared{}, ramps: map[*Circuit]ramp{},
-		fallbacks: map[uint32]maps.Fallback{}}
+		fallbacks: map[uint32]maps.Fallback{}, adaptive: map[*Circuit]struct{}{}}
 	e.reg.classes = &e.matching.Classes
 	return e
 }
@@ -240,6 +245,7 @@ func (e *Engine) Drop(c *Circuit) {
 	e.reg.Untrack(c)
 	delete(e.unenforced, c)
 	delete(e.unlimited, c)
+	delete(e.adaptive, c)
 	if c.Target() == AllTarget {
 		e.reg.dynamic--
 	}

@@ -66,6 +66,9 @@ func (m *metrics) Transition(from, to, reason, workload string) engine.Counter {
 func (m *metrics) Refused(target string) engine.Counter { return m.get("refused/" + target) }
 func (m *metrics) Evicted() engine.Counter              { return m.get("evicted") }
 func (m *metrics) VerdictWriteErrors() engine.Counter   { return m.get("verdict_write_errors") }
+func (m *metrics) LimitChanges(target, kind string) engine.Counter {
+	return m.get("limit_changes/" + target + "/" + kind)
+}
 
 // newCore makes an engine with ids ids on kernel k (a new one when nil:
 // pass the last core's to restart on the same maps).

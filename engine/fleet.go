@@ -23,8 +23,8 @@ type FleetVerdict struct {
 // them open (policy.FleetOpen): a follow is no operator override (it is
 // not kept in the pinned overrides map), never probes (its kernel verdict
 // has the forced-open shape: the reporters probe for the fleet), and is
-// reported by no one (only own evidence is). It is used under the same
-// lock as its engine.
+// reported by no one (only own evidence is). Like its engine, it is used
+// by the engine's owner alone.
 type Follower struct {
 	e *Engine
 	// by are the followed circuits and the verdicts they follow.

@@ -35,7 +35,6 @@ const prefetchChunk = 256
 // each chunk is first walked with loads that do not depend on one
 // another, which the CPU overlaps, and then handled from warm caches.
 func (e *Engine) HandleBatch(evs []maps.Event, now time.Time) {
-	defer e.Publish()
 	if len(evs) < 2 || e.reg.byDest.Len() < prefetchFrom {
 		for i := range evs {
 			e.handle(&evs[i], now, nil)
@@ -159,6 +158,7 @@ func (e *Engine) handle(ev *maps.Event, now time.Time, c *Circuit) {
 		delete(e.counted, ev.Cookie)
 		return
 	}
+	feedHandshake(c, ev.Outcome, ev.Duration)
 	r := policy.Result{Duration: ev.Duration, Probe: ev.Probe, Round: ev.Round}
 	switch ev.Outcome {
 	case maps.Established:
@@ -206,6 +206,7 @@ func (e *Engine) handleResponse(c *Circuit, ev *maps.Event, now time.Time) {
 	if ev.Outcome == maps.NoResponse {
 		r.Kind, r.PeerClosed, r.Err = policy.NoResponse, ev.PeerClosed, ev.Err != 0
 	}
+	feedResponse(c, &r)
 	call := policy.Classify(c.Machine.Options(), r)
 	c.Metrics.Response(call.Response).Inc()
 	if !call.Counts {

@@ -26,6 +26,9 @@ type bulkEntry struct {
 	dst   maps.Dest
 	slot  uint32
 	epoch uint32
+	// share is the share of the limits a workload of the criticality
+	// pool is admitted under (0: the whole limits).
+	share float64
 }
 
 // WriteLimit writes (or removes) the limits entries of destination dst
@@ -111,6 +114,13 @@ func limitOf(id uint32, o *policy.Options) maps.Limit {
 // successes, its answered word (written first by batchOf).
 func (e *Engine) limitFor(c *Circuit, o *policy.Options, b bulkEntry) maps.Limit {
 	l := limitOf(b.slot, o)
+	if a := e.syncAdaptive(c, o); a != nil {
+		a.limitsOf(&l)
+	}
+	if b.share > 0 {
+		l.MaxConnections = uint32(policy.SharedLimit(int(l.MaxConnections), b.share))
+		l.MaxConnecting = uint32(policy.SharedLimit(int(l.MaxConnecting), b.share))
+	}
 	l.Epoch = b.epoch
 	if l.Responses != 0 {
 		if bt, ok := e.batchOf(c, o); ok {
@@ -162,7 +172,8 @@ func (e *Engine) bulkheadEntries(c *Circuit, dst maps.Dest) []bulkEntry {
 	for k, s := range c.SharedSlots() {
 		b := dst
 		b.Class = k
-		out = append(out, bulkEntry{dst: b, slot: s.ID, epoch: s.Epoch})
+		share, _ := e.reg.classes.Share(policy.Class(k))
+		out = append(out, bulkEntry{dst: b, slot: s.ID, epoch: s.Epoch, share: share})
 	}
 	return out
 }

@@ -40,6 +40,9 @@ type Metrics interface {
 	// VerdictWriteErrors is the count of verdict and limits writes that
 	// failed.
 	VerdictWriteErrors() Counter
+	// LimitChanges is the count of the moves of target's adaptive
+	// limits of kind (KindConnections, KindConnecting).
+	LimitChanges(target, kind string) Counter
 }
 
 // Series are one target's outcome series of one workload's circuits,

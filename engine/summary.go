@@ -1,8 +1,6 @@
 package engine
 
 import (
-	"slices"
-
 	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
@@ -29,7 +27,8 @@ type Summary struct {
 	// Releases the ids given back, when the summary was taken.
 	NextID   uint32
 	Releases uint64
-	owners   [][]IDOwner
+	owners   []*[ownerChunk]uint32
+	targets  []string // names of the owners' targets, by index
 }
 
 // TargetSummary is one target's share of a Summary.
@@ -41,6 +40,10 @@ type TargetSummary struct {
 	// Limits: its circuits have bulkheads, so their ids' bulkhead
 	// counts are its connections.
 	Limits bool
+	// Adaptive are its adaptive limits' current values summed over its
+	// circuits, by kind (KindConnections, KindConnecting): 0 for one
+	// configured with no circuit yet.
+	Adaptive map[string]int
 }
 
 // IDOwner is whom a kernel circuit id counts for: a target's circuit, or
@@ -52,57 +55,87 @@ type IDOwner struct {
 
 // Owner returns the owner of id when the summary was taken.
 func (s *Summary) Owner(id uint32) (IDOwner, bool) {
-	i, j := int(id/ownerChunk), int(id%ownerChunk)
+	i := int(id / ownerChunk)
 	if i >= len(s.owners) || s.owners[i] == nil {
 		return IDOwner{}, false
 	}
-	o := s.owners[i][j]
-	return o, o.Target != ""
+	w := s.owners[i][id%ownerChunk]
+	if w == 0 {
+		return IDOwner{}, false
+	}
+	return IDOwner{Target: s.targets[w>>1-1], Bulk: w&1 != 0}, true
 }
 
 // ownerChunk is how many ids one chunk of the owners table holds: a
-// change of one id's owner costs the next Publish a copy of its chunk.
-const ownerChunk = 4096
+// change of one id's owner costs the next Publish a copy of its chunk
+// (4 KiB) and of the chunk pointers (2 KiB at the kernel's 2^18 ids).
+const ownerChunk = 1024
 
-// idOwners is the engine's table of id owners, in chunks; published holds
-// the chunks as last published, shared with the Summaries until changed.
+// idOwners is the engine's table of id owners, in chunks of words:
+// 0 for none, else the owner's index in targets plus one, shifted left
+// once, with the low bit for a bulkhead slot. published holds the chunks
+// as last published, shared with the Summaries: a chunk is copied, never
+// changed, once published.
 type idOwners struct {
-	chunks    [][]IDOwner
+	targets   []string // every target ever seen, by index (a few)
+	index     map[string]uint32
+	chunks    []*[ownerChunk]uint32
 	dirty     []bool
-	published [][]IDOwner
+	changed   bool
+	published []*[ownerChunk]uint32
 }
 
 func (t *idOwners) set(id uint32, o IDOwner) {
+	k, ok := t.index[o.Target]
+	if !ok {
+		if t.index == nil {
+			t.index = map[string]uint32{}
+		}
+		k = uint32(len(t.targets))
+		t.targets = append(t.targets, o.Target)
+		t.index[o.Target] = k
+	}
+	w := (k + 1) << 1
+	if o.Bulk {
+		w |= 1
+	}
 	i := int(id / ownerChunk)
 	for len(t.chunks) <= i {
 		t.chunks = append(t.chunks, nil)
 		t.dirty = append(t.dirty, false)
-		t.published = append(t.published, nil)
 	}
 	if t.chunks[i] == nil {
-		t.chunks[i] = make([]IDOwner, ownerChunk)
+		t.chunks[i] = new([ownerChunk]uint32)
 	}
-	t.chunks[i][id%ownerChunk] = o
-	t.dirty[i] = true
+	t.chunks[i][id%ownerChunk] = w
+	t.dirty[i], t.changed = true, true
 }
 
 func (t *idOwners) clear(id uint32) {
 	if i := int(id / ownerChunk); id != 0 && i < len(t.chunks) && t.chunks[i] != nil {
-		t.chunks[i][id%ownerChunk] = IDOwner{}
-		t.dirty[i] = true
+		t.chunks[i][id%ownerChunk] = 0
+		t.dirty[i], t.changed = true, true
 	}
 }
 
-// publish returns the chunks as they are, copying only those changed
-// since the last call.
-func (t *idOwners) publish() [][]IDOwner {
+// publish returns the chunks as they are: the last ones published when
+// nothing changed since, else new pointers with copies of the chunks
+// changed.
+func (t *idOwners) publish() []*[ownerChunk]uint32 {
+	if !t.changed {
+		return t.published
+	}
+	out := make([]*[ownerChunk]uint32, len(t.chunks))
+	copy(out, t.published)
 	for i, d := range t.dirty {
 		if d {
-			t.published[i] = slices.Clone(t.chunks[i])
+			c := *t.chunks[i]
+			out[i] = &c
 			t.dirty[i] = false
 		}
 	}
-	return slices.Clone(t.published)
+	t.published, t.changed = out, false
+	return out
 }
 
 // shared returns what target's circuits share (policy.Shared): the
@@ -117,13 +150,21 @@ func (e *Engine) shared(target string) *policy.Shared {
 }
 
 // Publish makes the engine's current Summary the one Summary returns. The
-// owner calls it at the end of each step that may have changed circuits
-// (HandleBatch and Tick call it themselves).
+// owner calls it at the end of each step that may have changed circuits.
 func (e *Engine) Publish() {
 	s := &Summary{Targets: map[string]TargetSummary{}, Unenforced: len(e.unenforced), Ramping: len(e.ramps),
-		NextID: e.reg.ids.Next(), Releases: e.reg.ids.Releases(), owners: e.owners.publish()}
+		NextID: e.reg.ids.Next(), Releases: e.reg.ids.Releases(), owners: e.owners.publish(), targets: e.owners.targets}
 	add := func(name string, o *policy.Options) {
 		ts := TargetSummary{Retired: e.retired[name], Limits: o != nil && o.HasLimits()}
+		if o != nil && (o.AdaptiveConnections.On() || o.AdaptiveConnecting.On()) {
+			ts.Adaptive = map[string]int{}
+			if o.AdaptiveConnections.On() {
+				ts.Adaptive[KindConnections] = 0
+			}
+			if o.AdaptiveConnecting.On() {
+				ts.Adaptive[KindConnecting] = 0
+			}
+		}
 		if t := e.tallies[name]; t != nil {
 			ts.States = t.Tally
 		}
@@ -136,6 +177,13 @@ func (e *Engine) Publish() {
 		add(AllTarget, &cfg.All)
 	} else {
 		add(AllTarget, nil)
+	}
+	for c := range e.adaptive {
+		if ts, ok := s.Targets[c.Target()]; ok && ts.Adaptive != nil {
+			for _, l := range c.AdaptiveLimits() {
+				ts.Adaptive[l.Kind] += l.Limit
+			}
+		}
 	}
 	e.summary.Store(s)
 }

@@ -17,7 +17,6 @@ const EndpointIdle = 10 * time.Minute
 // retry of unenforced circuits, the clean-up of finished slow starts and
 // the reconciliation after lost records.
 func (e *Engine) Tick(now time.Time) {
-	defer e.Publish()
 	for cookie, p := range e.pending {
 		c, _ := e.reg.At(p.dest)
 		if c == nil {
@@ -31,12 +30,16 @@ func (e *Engine) Tick(now time.Time) {
 		e.counted[cookie] = true
 		e.metrics.Outcome("connect_timeout", c.Target(), c.Workload()).Inc()
 		r := policy.Result{Kind: policy.Failure, Duration: now.Sub(p.start), Probe: p.probe, Round: p.round}
+		feedDrop(c)
 		e.Record(c, now, r, policy.Classify(c.Machine.Options(), r), 1)
 	}
 	if len(e.counted) > 100000 {
 		clear(e.counted) // final records of those sockets were lost
 	}
 	e.scanResponseTimeouts(now)
+	if len(e.adaptive) > 0 {
+		e.moveLimits()
+	}
 	for c := range e.reg.active { // only a half-open circuit has timers
 		if t, moved := c.Machine.Tick(now); moved {
 			e.Apply(c, t)
@@ -140,6 +143,7 @@ func (e *Engine) scanResponseTimeouts(now time.Time) {
 		e.timedOut[a.Cookie] = timedOut{start: a.Since}
 		c.Metrics.Response(policy.ResponseTimeout).Inc()
 		c.NoteFailedCgroup(a.CgroupID)
+		feedDrop(c)
 		r := policy.Result{Kind: policy.Failure, Duration: waited, Probe: a.Probe, Round: a.Round}
 		e.record(c, r, policy.Classify(c.Machine.Options(), r), 1, now)
 	}

@@ -308,6 +308,7 @@ func (d *decoder) decode(raw map[string]any) (*Config, error) {
 			}
 			c.All = d.options("all", m, nil)
 			d.checkResponses("all", m, nil)
+			d.checkAdaptive("all", &c.All)
 		case "targets":
 			m, ok := asMap(val)
 			if !ok {
@@ -437,7 +438,7 @@ func (d *decoder) options(path string, m map[string]any, extra map[string]bool) 
 			continue // reported as a null value
 		}
 		if err := f.set(&o, m[k]); err != nil {
-			d.add(path+"."+k, "%v", err)
+			d.addKeyErrors(path+"."+k, err)
 		}
 	}
 	d.contradictions(path, m, &o)

@@ -68,6 +68,11 @@ type Options struct {
 	MaxConnections int
 	// MaxConnecting caps the circuit's sockets still in SYN_SENT (0: off).
 	MaxConnecting int
+	// AdaptiveConnections and AdaptiveConnecting, when on, make
+	// MaxConnections and MaxConnecting follow measured latency (their
+	// static values are then the initial limits; adaptive.go).
+	AdaptiveConnections Adaptive
+	AdaptiveConnecting  Adaptive
 	// BulkheadRejectErrno is what a connect over a bulkhead limit sees.
 	BulkheadRejectErrno syscall.Errno
 	// CloseEstablished: when the circuit opens, the daemon closes the
@@ -148,10 +153,10 @@ var optionFields = []optionField{
 		func(o *Options, r any) error { return setDuration(&o.ResetFailureWindow, r, 0, time.Hour) }},
 	{"count_abandoned", "false", "bool", "A connect the application abandons after `slow_call_duration` counts as a failure instead of as slow (before that it counts as nothing).",
 		func(o *Options, r any) error { return setBool(&o.CountAbandoned, r) }},
-	{"max_connections", "0", "sockets", "Bulkhead: at most this many connecting plus established sockets from the protected cgroup to the circuit's destinations (service scope: the whole target), counted exactly by the kernel and enforced in connect. 0 turns it off.",
-		func(o *Options, r any) error { return setInt(&o.MaxConnections, r, 0, 10_000_000) }},
-	{"max_connecting", "0", "sockets", "Bulkhead: at most this many sockets still connecting (SYN_SENT), Envoy's pending requests. 0 turns it off.",
-		func(o *Options, r any) error { return setInt(&o.MaxConnecting, r, 0, 10_000_000) }},
+	{"max_connections", "0", "sockets", "Bulkhead: at most this many connecting plus established sockets from the protected cgroup to the circuit's destinations (service scope: the whole target), counted exactly by the kernel and enforced in connect. 0 turns it off. Or adaptive, following measured latency: `{adaptive: gradient2 | vegas | aimd, min, initial, max}` (targets only; see *Adaptive limits*).",
+		func(o *Options, r any) error { return setLimit(&o.MaxConnections, &o.AdaptiveConnections, r) }},
+	{"max_connecting", "0", "sockets", "Bulkhead: at most this many sockets still connecting (SYN_SENT), Envoy's pending requests. 0 turns it off. Adaptive as `max_connections` can be.",
+		func(o *Options, r any) error { return setLimit(&o.MaxConnecting, &o.AdaptiveConnecting, r) }},
 	{"bulkhead_reject_errno", "EAGAIN", "errno name", "What a connect over a bulkhead limit sees: the overload errno, distinct from `reject_errno`, and counted apart in metrics. Bulkhead rejections never enter the failure window.",
 		func(o *Options, r any) error { return setErrno(&o.BulkheadRejectErrno, r) }},
 	{"close_established", "false", "bool", "When the circuit opens (from closed or half-open, or forced open), close the established TCP connections protected processes hold to its destinations, so a keep-alive pool reconnects and is rejected in `connect()`. TCP only. See *Closing established connections*.",

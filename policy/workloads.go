@@ -59,6 +59,11 @@ type Workload struct {
 	// containers, belong to the workload. They need Kubernetes API access.
 	Namespaces []string
 	PodLabels  map[string]string
+	// Criticality puts the workload in its shared circuits' criticality
+	// pool (criticality.go): "" keeps a bulkhead of its own.
+	Criticality Criticality
+	// Share is a sheddable workload's share of each circuit's limit.
+	Share float64
 	// Pattern is set on a workload made for a cgroup pattern written in a
 	// target's `source` (Cgroups holds just it). Such workloads follow the
 	// listed ones in Config.Workloads, are matched before them (see
@@ -181,11 +186,14 @@ type Classes struct {
 	// one); shared lists those of the workloads of class 0.
 	bulkheads map[string]Class
 	shared    []Class
+	// shares are the bulkhead classes of the sharing workloads with a
+	// criticality, and each one's share of the limit (1: critical).
+	shares map[Class]float64
 }
 
 // Classes computes the classes of c's workloads.
 func (c *Config) Classes() Classes {
-	cl := Classes{byName: map[string]Class{}, names: map[Class]string{0: SharedWorkload}, bulkheads: map[string]Class{}}
+	cl := Classes{byName: map[string]Class{}, names: map[Class]string{0: SharedWorkload}, bulkheads: map[string]Class{}, shares: map[Class]float64{}}
 	sourced := map[string]bool{}
 	for _, t := range c.Targets {
 		for _, s := range t.Source {
@@ -202,6 +210,9 @@ func (c *Config) Classes() Classes {
 		cl.bulkheads[w.Name] = Class(i + 1)
 		if k == 0 {
 			cl.shared = append(cl.shared, Class(i+1))
+			if w.Criticality != "" {
+				cl.shares[Class(i+1)] = w.Criticality.share(w.Share)
+			}
 		}
 	}
 	return cl
@@ -358,7 +369,7 @@ func checkPattern(p string) string {
 	return ""
 }
 
-var workloadKeys = []string{"name", "cgroups", "isolate", "namespaces", "pod_labels"}
+var workloadKeys = []string{"name", "cgroups", "isolate", "namespaces", "pod_labels", "criticality", "share"}
 
 // workloads decodes the top-level `workloads` list.
 func (d *decoder) workloads(val any) []Workload {
@@ -467,6 +478,18 @@ func (d *decoder) workloads(val any) []Workload {
 					d.add(p+".isolate", "%v is not true or false", v)
 				}
 				w.Isolate = b
+			case "criticality":
+				s, _ := asString(v)
+				switch Criticality(s) {
+				case Critical, Sheddable:
+					w.Criticality = Criticality(s)
+				default:
+					d.add(p+".criticality", "%v is not critical or sheddable", v)
+				}
+			case "share":
+				if err := setRatio(&w.Share, v, false); err != nil {
+					d.add(p+".share", "%v", err)
+				}
 			default:
 				d.add(p+"."+k, "unknown key%s", d.suggest(k, workloadKeys))
 			}
@@ -479,6 +502,7 @@ func (d *decoder) workloads(val any) []Workload {
 		if _, ok := m["cgroups"]; !ok && !hasNS && !hasLabels {
 			d.add(p+".cgroups", "missing: a workload needs at least one cgroup pattern, or namespaces or pod_labels")
 		}
+		d.checkCriticality(p, m, &w)
 		if w.Name != "" {
 			if j, dup := seen[w.Name]; dup {
 				d.add(p+".name", "%q is also the name of workloads[%d]", w.Name, j)

@@ -105,11 +105,21 @@ function workloadCell(c) {
   return td;
 }
 
+// limitOf is the limit the kernel enforces for key: an adaptive limit's
+// current value ("what" then names its algorithm), else the option's.
+function limitOf(c, key, what) {
+  const a = (c.adaptive_limits || []).find((l) => l.kind === key);
+  if (a) return { max: a.limit, what: what + " (" + a.algorithm + ")" };
+  const o = (c.options || {})[key];
+  return { max: typeof o === "number" ? o : 0, what: what };
+}
+
 function bulkhead(c) {
-  const o = c.options || {};
   const parts = [];
-  if (o.max_connections > 0) parts.push({ used: c.connections || 0, max: o.max_connections, what: "conns" });
-  if (o.max_connecting > 0) parts.push({ used: c.connecting || 0, max: o.max_connecting, what: "connecting" });
+  const conns = limitOf(c, "max_connections", "conns");
+  const connecting = limitOf(c, "max_connecting", "connecting");
+  if (conns.max > 0) parts.push({ used: c.connections || 0, max: conns.max, what: conns.what });
+  if (connecting.max > 0) parts.push({ used: c.connecting || 0, max: connecting.max, what: connecting.what });
   return parts;
 }
 
@@ -396,7 +406,11 @@ async function pollDetail() {
     ["destinations (" + c.destinations_total + ")", (c.destinations || []).join(" ")],
     ["circuit id", c.circuit_id],
   ];
-  for (const [k, v] of Object.entries(c.options || {}).sort()) items.push([k, v]);
+  for (const a of c.adaptive_limits || []) {
+    items.push([a.kind + " (adaptive)", a.limit + " in [" + a.min + ", " + a.max + "], " + a.algorithm + ", latency " +
+      (1000 * a.latency_seconds).toFixed(1) + " ms, " + a.changes + " moves"]);
+  }
+  for (const [k, v] of Object.entries(c.options || {}).sort()) items.push([k, typeof v === "object" ? JSON.stringify(v) : v]);
   document.getElementById("detail-body").replaceChildren(...items.flatMap(([k, v]) => [el("dt", "", k), el("dd", "", v)]));
   box.hidden = false;
 }

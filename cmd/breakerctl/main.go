@@ -127,8 +127,8 @@ func run(args []string, out io.Writer) error {
 				open = time.Until(ci.OpenUntil).Round(time.Second).String()
 			}
 			conns := "-"
-			if mc, _ := ci.Options["max_connections"].(float64); mc > 0 {
-				conns = connsOf(ci, int(mc))
+			if s, ok := bulkheadOf(ci, "max_connections"); ok {
+				conns = s
 			}
 			pods := "-"
 			if len(ci.FailedPods) > 0 {
@@ -475,6 +475,36 @@ func decode(resp *http.Response, v any) error {
 // connsOf shows a circuit's bulkhead use against its limit: its count, or,
 // for a circuit whose sharing workloads have bulkheads of their own, the
 // fullest workload's count and how many there are.
+// limitOf is the limit the kernel enforces for key (max_connections or
+// max_connecting): an adaptive limit's current value, else the option's;
+// alg names the adaptive algorithm ("" for a static limit).
+func limitOf(ci api.CircuitInfo, key string) (limit int, alg string) {
+	for _, a := range ci.AdaptiveLimits {
+		if a.Kind == key {
+			return a.Limit, a.Algorithm
+		}
+	}
+	mc, _ := ci.Options[key].(float64)
+	return int(mc), ""
+}
+
+// bulkheadOf shows the count against key's limit, and an adaptive
+// limit's algorithm: "3/12", "3/12 vegas".
+func bulkheadOf(ci api.CircuitInfo, key string) (string, bool) {
+	limit, alg := limitOf(ci, key)
+	if limit <= 0 {
+		return "", false
+	}
+	s := fmt.Sprintf("%d/%d conn.", ci.Connecting, limit)
+	if key == "max_connections" {
+		s = connsOf(ci, limit)
+	}
+	if alg != "" {
+		s += " " + alg
+	}
+	return s, true
+}
+
 func connsOf(ci api.CircuitInfo, limit int) string {
 	if len(ci.Bulkheads) == 0 {
 		return fmt.Sprintf("%d/%d", ci.Connections, limit)

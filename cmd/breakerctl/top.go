@@ -281,10 +281,10 @@ func (m *topModel) View() string {
 			open = time.Until(ci.OpenUntil).Round(time.Second).String()
 		}
 		bulk := "-"
-		if mc, _ := ci.Options["max_connections"].(float64); mc > 0 {
-			bulk = connsOf(ci, int(mc))
-		} else if mc, _ := ci.Options["max_connecting"].(float64); mc > 0 {
-			bulk = fmt.Sprintf("%d/%d conn.", ci.Connecting, int(mc))
+		if s, ok := bulkheadOf(ci, "max_connections"); ok {
+			bulk = s
+		} else if s, ok := bulkheadOf(ci, "max_connecting"); ok {
+			bulk = s
 		}
 		state := fmt.Sprintf("%-13s", clean(ci.State))
 		if col, ok := stateColour[ci.State]; ok {

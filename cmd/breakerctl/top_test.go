@@ -66,3 +66,18 @@ func TestTopModel(t *testing.T) {
 		t.Error("q does not quit")
 	}
 }
+
+// An adaptive limit is shown at its current value, with its algorithm,
+// in top's BULKHEAD column.
+func TestTopShowsAdaptiveLimit(t *testing.T) {
+	m := &topModel{interval: time.Second, prev: map[string]sample{}, rate: map[string]float64{}, width: 320, height: 20}
+	m.Update(dataMsg{at: time.Now(), circuits: []api.CircuitInfo{
+		{Name: "pool", State: "closed", Connections: 3, Options: map[string]any{"max_connections": map[string]any{"adaptive": "vegas", "min": 2.0, "initial": 20.0, "max": 40.0}},
+			AdaptiveLimits: []api.AdaptiveLimit{{Kind: "max_connections", Algorithm: "vegas", Limit: 12, Min: 2, Max: 40}}},
+		{Name: "fixed", State: "closed", Connections: 1, Options: map[string]any{"max_connections": 5.0}},
+	}})
+	view := m.View()
+	if !strings.Contains(view, "3/12 vegas") || !strings.Contains(view, "1/5") {
+		t.Fatalf("bulkheads not shown at their limits:\n%s", view)
+	}
+}

@@ -552,3 +552,33 @@ func runRate(spec DialSpec) []DialResult {
 	}
 	return out
 }
+
+// DialLater starts a client helper process as Dial does and returns a
+// function that waits for it and returns its results. Call DialLater from
+// the test's goroutine; the function it returns may be called from any
+// (it returns what went wrong rather than failing the test), so several
+// helpers can run at once.
+func (h *Host) DialLater(tb testing.TB, cg *Cgroup, spec DialSpec) func() ([]DialResult, error) {
+	tb.Helper()
+	p := h.helperCommand(tb, cg, spec)
+	var errOut LogBuffer
+	p.Cmd.Stderr = &errOut
+	stdout, err := p.Cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := p.Start(tb); err != nil {
+		tb.Fatal(err)
+	}
+	return func() ([]DialResult, error) {
+		var res []DialResult
+		dec := json.NewDecoder(bufio.NewReader(stdout))
+		if err := dec.Decode(&res); err != nil && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("reading helper output: %w (stderr: %s)", err, errOut.String())
+		}
+		if err := p.Cmd.Wait(); err != nil {
+			return nil, fmt.Errorf("helper %+v: %w (stderr: %s)", spec, err, errOut.String())
+		}
+		return res, nil
+	}
+}

@@ -1,0 +1,96 @@
+package daemon
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/policy"
+)
+
+const criticalityConfig = `
+failsafe_timeout: 30s
+workloads:
+  - name: web
+    cgroups: [CGROUP/web]
+    criticality: critical
+  - name: batch
+    cgroups: [CGROUP/batch]
+    criticality: sheddable
+    share: 0.5
+targets:
+  pool:
+    match: {cidrs: [SRV], ports: ["8450"]}
+    max_connections: 4
+`
+
+// Two workloads' clients share one bulkhead of 4: the sheddable one is
+// turned away once it and the critical one hold 2 (its half), the
+// critical one only at 4, so under a full limit the sheddable work goes
+// first; the pool's count and its limits hold across a SIGTERM restart
+// and a reload.
+func TestCriticalitySheddableTurnedAwayFirst(t *testing.T) {
+	f := newScopedFixture(t, criticalityConfig)
+	web, batch := f.cg.Child(t, "web"), f.cg.Child(t, "batch")
+	f.srv.ServeHold(t, 8450)
+	f.start()
+	dst := netip.AddrPortFrom(f.srv.IPv4, 8450)
+	hold := func(cg *kerneltest.Cgroup, n int) *kerneltest.Process {
+		return f.topo.Client.StartDial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: dst, Count: n, Parallel: n, Hold: time.Minute})
+	}
+	pool := func(want int64) {
+		t.Helper()
+		var c CircuitInfo
+		if !kerneltest.WaitFor(5*time.Second, func() bool {
+			c, _ = f.circuit("pool")
+			return c.Bulkheads[policy.CriticalityPool].Connections == want && len(c.Bulkheads) == 1
+		}) {
+			t.Fatalf("pool %+v, want the criticality pool holding %d", c, want)
+		}
+	}
+	check := func(step string, webWant, batchWant unix.Errno) {
+		t.Helper()
+		if got := f.dialFrom(batch, 8450, 1); got[batchWant] != 1 {
+			t.Fatalf("%s: batch (sheddable) %v, want %v", step, got, batchWant)
+		}
+		if got := f.dialFrom(web, 8450, 1); got[webWant] != 1 {
+			t.Fatalf("%s: web (critical) %v, want %v", step, got, webWant)
+		}
+	}
+	check("empty", 0, 0)
+	hw := hold(web, 2)
+	defer kill(hw)
+	pool(2)
+	// Half the limit in use, by critical work: sheddable work is turned
+	// away, critical work still gets in.
+	check("two held by web", 0, unix.EAGAIN)
+	hw2 := hold(web, 2)
+	defer kill(hw2)
+	pool(4)
+	check("full", unix.EAGAIN, unix.EAGAIN)
+
+	f.restart()
+	pool(4)
+	check("full after a restart", unix.EAGAIN, unix.EAGAIN)
+	kill(hw2)
+	pool(2)
+	check("two held after a restart", 0, unix.EAGAIN)
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	pool(2)
+	check("two held after a reload", 0, unix.EAGAIN)
+	kill(hw)
+	pool(0)
+	hb := hold(batch, 3) // one over its share
+	defer kill(hb)
+	pool(2)
+	check("batch at its share", 0, unix.EAGAIN)
+	c, _ := f.circuit("pool")
+	if c.Bulkheads[policy.CriticalityPool].BulkheadRejected == 0 {
+		t.Fatalf("pool %+v: no rejections counted", c)
+	}
+}
