@@ -264,3 +264,58 @@ func TestFallbackTakesUDP(t *testing.T) {
 		}
 	}
 }
+
+// A slow-start ramp is no open circuit: the connects a recovering target's
+// ramp turns away see the overload errno and never go to its fallback; a
+// fallback that is ramping itself takes redirects by its own ramp's share
+// (here none), and the connect is then rejected as without a fallback.
+func TestFallbackBesideSlowStart(t *testing.T) {
+	e := newEnvHosts(t, Options{}, 2)
+	if !e.k.Features().SetRetval {
+		if kerneltest.InCI() {
+			t.Fatal("this kernel has no bpf_set_retval; the errno tests need it")
+		}
+		t.Skip("no bpf_set_retval: rejections are EPERM")
+	}
+	dead, fb := e.topo.Servers[0], e.topo.Servers[1]
+	fb.StartCounting(t)
+	fb.ServeHold(t, 8080)
+	d := Dest{Proto: TCP, Addr: netip.AddrPortFrom(dead.IPv4, 80)}
+	to := netip.AddrPortFrom(fb.IPv4, 8080)
+	none := func(float64) float64 { return 0 }
+	// The target ramping from nothing, a fallback of its epoch written.
+	if err := e.k.PutFallback(1, Fallback{Addr: to, Proto: TCP, Epoch: 7}); err != nil {
+		t.Fatal(err)
+	}
+	ramp := RampVerdict(Now(), farFuture, none, unix.EAGAIN, 1)
+	ramp.Epoch = 7
+	if err := e.k.PutVerdict(d, ramp); err != nil {
+		t.Fatal(err)
+	}
+	before := fb.SYNs(t)
+	if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 3})); got[unix.EAGAIN] != 3 {
+		t.Fatalf("ramping target: errnos %v, want 3 × EAGAIN", got)
+	}
+	if fb.SYNs(t) != before {
+		t.Fatal("a connect the ramp turned away went to the fallback")
+	}
+	// The target open, its fallback ramping from nothing.
+	e.openWithFallback(t, 1, d, to)
+	if err := e.k.PutVerdict(Dest{Proto: TCP, Addr: to}, RampVerdict(Now(), farFuture, none, unix.EAGAIN, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 3})); got[unix.ECONNREFUSED] != 3 {
+		t.Fatalf("ramping fallback: errnos %v, want 3 × ECONNREFUSED (the target's rejection)", got)
+	}
+	if fb.SYNs(t) != before {
+		t.Fatal("a redirect went past the fallback's ramp")
+	}
+	// Its ramp over: redirects go through.
+	if err := e.k.PutVerdict(Dest{Proto: TCP, Addr: to}, RampVerdict(Now()-time.Second, time.Millisecond, none, unix.EAGAIN, 2)); err != nil {
+		t.Fatal(err)
+	}
+	peers(t, "fallback ramp over", e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Op: "connect-peername", Addr: d.Addr}), d.Addr)
+	if cnt, _ := e.k.Counters(1); cnt.Redirected != 1 || cnt.Rejected != 3 {
+		t.Fatalf("counters %+v, want 1 redirected, 3 rejected", cnt)
+	}
+}
