@@ -93,7 +93,8 @@ func (s *stubAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	n := s.rejected.Add(7)
 	open := api.CircuitInfo{Name: hostile + "/198.18.0.2:80", Target: hostile, Scope: "endpoint", State: "open", FailureRate: 1, Calls: 5, Failures: 5,
-		OpenUntil: time.Now().Add(time.Minute), Rejected: n, Options: map[string]any{"max_connections": 10}, Connections: 3}
+		OpenUntil: time.Now().Add(time.Minute), Rejected: n, Options: map[string]any{"max_connections": 10}, Connections: 3,
+		Fallback: "198.18.1.2:8080", Redirected: 12}
 	closed := api.CircuitInfo{Name: "tcp/198.18.0.3:80", Target: "all", Scope: "dynamic", State: "closed", Calls: 2, Options: map[string]any{},
 		SlowStart: &api.SlowStart{Share: 0.4, Until: time.Now().Add(20 * time.Second)}}
 	switch {
@@ -216,6 +217,11 @@ func TestUIHostileNamesAreText(t *testing.T) {
 	detail, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("detail-name").textContent`))
 	if err != nil || detail != want {
 		t.Fatalf("detail name %q (%v)", detail, err)
+	}
+	// A circuit running on its fallback says so, in its row and its detail.
+	fb, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[document.querySelector("#rows tr.row-open td").textContent, document.getElementById("detail-body").textContent]`))
+	if err != nil || len(fb) != 2 || !strings.Contains(fb[0], "to fallback: 12") || !strings.Contains(fb[1], "fallback198.18.1.2:8080 (12 connects sent there)") {
+		t.Fatalf("the fallback is not shown: %q (%v)", fb, err)
 	}
 	stub.mu.Lock()
 	asked := strings.Join(stub.requests, "\n")

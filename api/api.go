@@ -30,13 +30,18 @@ type CircuitInfo struct {
 	// in the kernel (no circuit id free, or no room in the verdict map):
 	// the destinations without one are not rejected until the tick
 	// writes them (breakerd_circuits_unenforced counts such circuits).
-	Unenforced       bool           `json:"unenforced,omitempty"`
-	Rejected         uint64         `json:"rejected"`
-	ShadowRejected   uint64         `json:"shadow_rejected"`
-	BulkheadRejected uint64         `json:"bulkhead_rejected"`
-	Connections      int64          `json:"connections"`
-	Connecting       int64          `json:"connecting"`
-	Options          map[string]any `json:"options"`
+	Unenforced       bool   `json:"unenforced,omitempty"`
+	Rejected         uint64 `json:"rejected"`
+	ShadowRejected   uint64 `json:"shadow_rejected"`
+	BulkheadRejected uint64 `json:"bulkhead_rejected"`
+	// Fallback is where the circuit's connects go while it rejects them
+	// (its target's fallback option), and Redirected counts the connects
+	// and datagrams the kernel sent there instead of rejecting them.
+	Fallback    string         `json:"fallback,omitempty"`
+	Redirected  uint64         `json:"redirected,omitempty"`
+	Connections int64          `json:"connections"`
+	Connecting  int64          `json:"connecting"`
+	Options     map[string]any `json:"options"`
 	// FailedPods are the pods ("namespace/name") whose connections to the
 	// circuit failed most recently (at most 8), where breakerd knows the
 	// cgroup's pod (Kubernetes API access and the kubelet's cgroup

@@ -8,6 +8,9 @@
  *   maps.h       every map, the per-socket state, the maps' accessors
  *   record.h     records on the events ring and the answered words
  *   connect.h    cgroup/connect4|6, cgroup/sendmsg4|6: the fast path
+ *   fallback.h   the redirect to a circuit's fallback, and
+ *                cgroup/getpeername4|6, cgroup/recvmsg4|6 that show the
+ *                application the address it asked for
  *   sockops.h    sockops, tp_btf/tcp_receive_reset, cgroup/sock_release:
  *                how each connection ends
  *   responses.h  cgroup_skb/egress|ingress, tc (answered_flush): responses
@@ -62,9 +65,11 @@ const enum sizes *unused_sizes __attribute__((unused));
 const enum http_failure *unused_http_failure __attribute__((unused));
 const enum defaults *unused_defaults __attribute__((unused));
 const enum ramp *unused_ramp __attribute__((unused));
+const struct fallback *unused_fallback __attribute__((unused));
 
 #include "maps.h"
 #include "record.h"
+#include "fallback.h"
 #include "connect.h"
 #include "sockops.h"
 #include "responses.h"

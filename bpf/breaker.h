@@ -108,6 +108,23 @@ struct verdict {
 	__u8 ramp[RAMP_POINTS];
 };
 
+/* Value of the fallbacks map (key: a circuit id), written by the daemon
+ * for a circuit whose target names a fallback: while the circuit's verdict
+ * rejects a connect or a send, connect4/6 and sendmsg4/6 send it here
+ * instead, unless the fallback's own verdict rejects it too. The entry
+ * counts only for a verdict of the same epoch, so an entry left by an
+ * earlier holder of the id is never followed. Its own map, not a field of
+ * struct verdict: a healthy connect never reads it. */
+struct fallback {
+	__u8 addr[16]; /* IPv4 stored IPv4-mapped, as in struct dest_key */
+	__u16 port;    /* network byte order */
+	__u8 proto;    /* IPPROTO_TCP or IPPROTO_UDP: only connects of it are
+			* redirected (0: either); the fallback is reached with
+			* the connect's own protocol */
+	__u8 _pad0;
+	__u32 epoch;   /* the circuit's verdict epoch (never 0) */
+};
+
 /* Value of the probe_budgets array, indexed by circuit id, written by the
  * kernel only: the circuit's current round and the probe tokens left in
  * it, in one word, so a token is taken with one compare-and-exchange that
@@ -258,6 +275,7 @@ enum sizes {
 	MAX_WORKLOAD_CGROUPS = 1 << 16, /* workloads: cgroups (the daemon may make it larger) */
 	MAX_INFLIGHT = 1 << 16,         /* inflight: sockets awaiting a response */
 	MAX_REJECTIONS = 1 << 15,       /* rejections: (cgroup, circuit) pairs */
+	MAX_FALLBACKS = 1 << 14,        /* fallbacks: rejecting circuits with a fallback */
 	ANSWERED_IDS = 1 << 16,         /* answered: circuit ids below it count successes */
 	ANSWERED_SHIFT = 40,            /* answered: a word's count bits, below its epoch */
 	ANSWERED_FLUSH_IDS = 64,        /* answered_flush: ids one run takes */

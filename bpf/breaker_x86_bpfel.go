@@ -85,6 +85,15 @@ const (
 	BreakerEventFlagsEVENT_PEER_CLOSED BreakerEventFlags = 8
 )
 
+type BreakerFallback struct {
+	_     structs.HostLayout
+	Addr  [16]uint8
+	Port  uint16
+	Proto uint8
+	Pad0  uint8
+	Epoch uint32
+}
+
 type BreakerHttpFailure uint32
 
 const (
@@ -120,6 +129,15 @@ type BreakerLimit struct {
 	BatchId        uint32
 	BatchEpoch     uint32
 	FastUs         uint32
+}
+
+type BreakerOrigin struct {
+	_        structs.HostLayout
+	Orig     [16]uint8
+	Via      [16]uint8
+	OrigPort uint16
+	ViaPort  uint16
+	Pad      uint32
 }
 
 type BreakerOutcome uint32
@@ -215,6 +233,7 @@ const (
 	BreakerSizesMAX_WORKLOAD_CGROUPS  BreakerSizes = 65536
 	BreakerSizesMAX_INFLIGHT          BreakerSizes = 65536
 	BreakerSizesMAX_REJECTIONS        BreakerSizes = 32768
+	BreakerSizesMAX_FALLBACKS         BreakerSizes = 16384
 	BreakerSizesANSWERED_IDS          BreakerSizes = 65536
 	BreakerSizesANSWERED_SHIFT        BreakerSizes = 40
 	BreakerSizesANSWERED_FLUSH_IDS    BreakerSizes = 64
@@ -296,11 +315,14 @@ const (
 	BreakerMapConfig               = "config"
 	BreakerMapCounters             = "counters"
 	BreakerMapEvents               = "events"
+	BreakerMapFallbacks            = "fallbacks"
 	BreakerMapHandoff              = "handoff"
 	BreakerMapInflight             = "inflight"
 	BreakerMapLimits               = "limits"
+	BreakerMapOrigins              = "origins"
 	BreakerMapOverrides            = "overrides"
 	BreakerMapProbeBudgets         = "probe_budgets"
+	BreakerMapRedirects            = "redirects"
 	BreakerMapRejections           = "rejections"
 	BreakerMapRespPorts            = "resp_ports"
 	BreakerMapSocks                = "socks"
@@ -310,7 +332,11 @@ const (
 	BreakerProgAnsweredFlush       = "answered_flush"
 	BreakerProgConnect4            = "connect4"
 	BreakerProgConnect6            = "connect6"
+	BreakerProgGetpeername4        = "getpeername4"
+	BreakerProgGetpeername6        = "getpeername6"
 	BreakerProgObserve             = "observe"
+	BreakerProgRecvmsg4            = "recvmsg4"
+	BreakerProgRecvmsg6            = "recvmsg6"
 	BreakerProgResetSeen           = "reset_seen"
 	BreakerProgRespEgress          = "resp_egress"
 	BreakerProgRespIngress         = "resp_ingress"
@@ -326,6 +352,7 @@ const (
 	BreakerVarUnusedDefaults       = "unused_defaults"
 	BreakerVarUnusedEvent          = "unused_event"
 	BreakerVarUnusedEventFlags     = "unused_event_flags"
+	BreakerVarUnusedFallback       = "unused_fallback"
 	BreakerVarUnusedHandoff        = "unused_handoff"
 	BreakerVarUnusedHttpFailure    = "unused_http_failure"
 	BreakerVarUnusedInflightFlags  = "unused_inflight_flags"
@@ -387,7 +414,11 @@ type BreakerProgramSpecs struct {
 	AnsweredFlush *ebpf.ProgramSpec `ebpf:"answered_flush"`
 	Connect4      *ebpf.ProgramSpec `ebpf:"connect4"`
 	Connect6      *ebpf.ProgramSpec `ebpf:"connect6"`
+	Getpeername4  *ebpf.ProgramSpec `ebpf:"getpeername4"`
+	Getpeername6  *ebpf.ProgramSpec `ebpf:"getpeername6"`
 	Observe       *ebpf.ProgramSpec `ebpf:"observe"`
+	Recvmsg4      *ebpf.ProgramSpec `ebpf:"recvmsg4"`
+	Recvmsg6      *ebpf.ProgramSpec `ebpf:"recvmsg6"`
 	ResetSeen     *ebpf.ProgramSpec `ebpf:"reset_seen"`
 	RespEgress    *ebpf.ProgramSpec `ebpf:"resp_egress"`
 	RespIngress   *ebpf.ProgramSpec `ebpf:"resp_ingress"`
@@ -405,11 +436,14 @@ type BreakerMapSpecs struct {
 	Config       *ebpf.MapSpec `ebpf:"config"`
 	Counters     *ebpf.MapSpec `ebpf:"counters"`
 	Events       *ebpf.MapSpec `ebpf:"events"`
+	Fallbacks    *ebpf.MapSpec `ebpf:"fallbacks"`
 	Handoff      *ebpf.MapSpec `ebpf:"handoff"`
 	Inflight     *ebpf.MapSpec `ebpf:"inflight"`
 	Limits       *ebpf.MapSpec `ebpf:"limits"`
+	Origins      *ebpf.MapSpec `ebpf:"origins"`
 	Overrides    *ebpf.MapSpec `ebpf:"overrides"`
 	ProbeBudgets *ebpf.MapSpec `ebpf:"probe_budgets"`
+	Redirects    *ebpf.MapSpec `ebpf:"redirects"`
 	Rejections   *ebpf.MapSpec `ebpf:"rejections"`
 	RespPorts    *ebpf.MapSpec `ebpf:"resp_ports"`
 	Socks        *ebpf.MapSpec `ebpf:"socks"`
@@ -431,6 +465,7 @@ type BreakerVariableSpecs struct {
 	UnusedDefaults       *ebpf.VariableSpec `ebpf:"unused_defaults"`
 	UnusedEvent          *ebpf.VariableSpec `ebpf:"unused_event"`
 	UnusedEventFlags     *ebpf.VariableSpec `ebpf:"unused_event_flags"`
+	UnusedFallback       *ebpf.VariableSpec `ebpf:"unused_fallback"`
 	UnusedHandoff        *ebpf.VariableSpec `ebpf:"unused_handoff"`
 	UnusedHttpFailure    *ebpf.VariableSpec `ebpf:"unused_http_failure"`
 	UnusedInflightFlags  *ebpf.VariableSpec `ebpf:"unused_inflight_flags"`
@@ -472,11 +507,14 @@ type BreakerMaps struct {
 	Config       *ebpf.Map `ebpf:"config"`
 	Counters     *ebpf.Map `ebpf:"counters"`
 	Events       *ebpf.Map `ebpf:"events"`
+	Fallbacks    *ebpf.Map `ebpf:"fallbacks"`
 	Handoff      *ebpf.Map `ebpf:"handoff"`
 	Inflight     *ebpf.Map `ebpf:"inflight"`
 	Limits       *ebpf.Map `ebpf:"limits"`
+	Origins      *ebpf.Map `ebpf:"origins"`
 	Overrides    *ebpf.Map `ebpf:"overrides"`
 	ProbeBudgets *ebpf.Map `ebpf:"probe_budgets"`
+	Redirects    *ebpf.Map `ebpf:"redirects"`
 	Rejections   *ebpf.Map `ebpf:"rejections"`
 	RespPorts    *ebpf.Map `ebpf:"resp_ports"`
 	Socks        *ebpf.Map `ebpf:"socks"`
@@ -492,11 +530,14 @@ func (m *BreakerMaps) Close() error {
 		m.Config,
 		m.Counters,
 		m.Events,
+		m.Fallbacks,
 		m.Handoff,
 		m.Inflight,
 		m.Limits,
+		m.Origins,
 		m.Overrides,
 		m.ProbeBudgets,
+		m.Redirects,
 		m.Rejections,
 		m.RespPorts,
 		m.Socks,
@@ -519,6 +560,7 @@ type BreakerVariables struct {
 	UnusedDefaults       *ebpf.Variable `ebpf:"unused_defaults"`
 	UnusedEvent          *ebpf.Variable `ebpf:"unused_event"`
 	UnusedEventFlags     *ebpf.Variable `ebpf:"unused_event_flags"`
+	UnusedFallback       *ebpf.Variable `ebpf:"unused_fallback"`
 	UnusedHandoff        *ebpf.Variable `ebpf:"unused_handoff"`
 	UnusedHttpFailure    *ebpf.Variable `ebpf:"unused_http_failure"`
 	UnusedInflightFlags  *ebpf.Variable `ebpf:"unused_inflight_flags"`
@@ -542,7 +584,11 @@ type BreakerPrograms struct {
 	AnsweredFlush *ebpf.Program `ebpf:"answered_flush"`
 	Connect4      *ebpf.Program `ebpf:"connect4"`
 	Connect6      *ebpf.Program `ebpf:"connect6"`
+	Getpeername4  *ebpf.Program `ebpf:"getpeername4"`
+	Getpeername6  *ebpf.Program `ebpf:"getpeername6"`
 	Observe       *ebpf.Program `ebpf:"observe"`
+	Recvmsg4      *ebpf.Program `ebpf:"recvmsg4"`
+	Recvmsg6      *ebpf.Program `ebpf:"recvmsg6"`
 	ResetSeen     *ebpf.Program `ebpf:"reset_seen"`
 	RespEgress    *ebpf.Program `ebpf:"resp_egress"`
 	RespIngress   *ebpf.Program `ebpf:"resp_ingress"`
@@ -556,7 +602,11 @@ func (p *BreakerPrograms) Close() error {
 		p.AnsweredFlush,
 		p.Connect4,
 		p.Connect6,
+		p.Getpeername4,
+		p.Getpeername6,
 		p.Observe,
+		p.Recvmsg4,
+		p.Recvmsg6,
 		p.ResetSeen,
 		p.RespEgress,
 		p.RespIngress,

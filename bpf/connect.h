@@ -3,7 +3,8 @@
  * The fast path: cgroup/connect4|6 and cgroup/sendmsg4|6 turn a connection
  * to a destination whose circuit is open away inside the system call,
  * before a packet leaves; when an open circuit is due they admit exactly
- * `probes` TCP connections per round of the circuit. They also apply a
+ * `probes` TCP connections per round of the circuit; a rejected one whose
+ * circuit has a fallback goes there instead (redirect). They also apply a
  * destination's bulkhead limits, and hand sockops their decision on
  * whether (and in which class) the connecting process is protected.
  * sockops.h uses the handoff's helpers and bulk_release from here.
@@ -211,13 +212,13 @@ static __always_inline int ramp_allows(struct dest_key *key, struct verdict *v, 
 	return 0;
 }
 
-/* verdict_allows applies an open, half-open, forced-open or slow-start
- * verdict. */
-static __always_inline int verdict_allows(struct bpf_sock_addr *ctx, struct dest_key *key,
-					  struct verdict *v, __u32 flags, __u64 now)
+/* judge decides what an open, half-open or forced-open verdict says of
+ * this connect: a probe it admits is counted and its socket marked, a new
+ * round recorded; a rejection is left to the caller (refuse, or a
+ * redirect to the circuit's fallback). */
+static __always_inline enum decision judge(struct bpf_sock_addr *ctx, struct dest_key *key,
+					   struct verdict *v, __u64 now)
 {
-	if (v->state == VERDICT_RAMP)
-		return ramp_allows(key, v, flags, now);
 	__u32 round = 0, new_round = 0;
 	enum decision d = decide(v, key, now, &round, &new_round);
 	struct circuit_counters *c = counters_of(v->circuit_id);
@@ -231,40 +232,88 @@ static __always_inline int verdict_allows(struct bpf_sock_addr *ctx, struct dest
 				     .ts_ns = now},
 		     WAKE);
 	}
-
-	switch (d) {
-	case ALLOW_PROBE:
+	if (d == ALLOW_PROBE) {
 		if (c)
 			count(c->probes);
 		/* Mark the socket so its outcome is reported as a probe of
 		 * its round (probes are TCP only). */
-		{
-			struct sock_state *st = bpf_sk_storage_get(&socks, ctx->sk, 0,
-								   BPF_SK_STORAGE_GET_F_CREATE);
-			if (st) {
-				st->flags |= SOCK_PROBE;
-				st->round = round;
-			} else {
-				stat_inc(STAT_STORAGE_FAILED);
-			}
+		struct sock_state *st = bpf_sk_storage_get(&socks, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (st) {
+			st->flags |= SOCK_PROBE;
+			st->round = round;
+		} else {
+			stat_inc(STAT_STORAGE_FAILED);
 		}
-		return 1;
-	case REJECT:
-		if (flags & CONFIG_SHADOW) {
-			if (c)
-				count(c->shadow_rejected);
-			note_rejection(v->circuit_id, v->epoch, REJ_VERDICT_SHADOW);
-			return 1;
-		}
+	}
+	return d;
+}
+
+/* refuse turns a connect away under verdict v (shadow mode: counts it and
+ * lets it through), and returns whether it is allowed. */
+static __always_inline int refuse(struct verdict *v, __u32 flags)
+{
+	struct circuit_counters *c = counters_of(v->circuit_id);
+	if (flags & CONFIG_SHADOW) {
 		if (c)
-			count(c->rejected);
-		note_rejection(v->circuit_id, v->epoch, REJ_VERDICT);
-		if (has_set_retval)
-			bpf_set_retval(-(int)(v->reject_errno ? v->reject_errno : ECONNREFUSED));
-		return 0;
-	default:
+			count(c->shadow_rejected);
+		note_rejection(v->circuit_id, v->epoch, REJ_VERDICT_SHADOW);
 		return 1;
 	}
+	if (c)
+		count(c->rejected);
+	note_rejection(v->circuit_id, v->epoch, REJ_VERDICT);
+	if (has_set_retval)
+		bpf_set_retval(-(int)(v->reject_errno ? v->reject_errno : ECONNREFUSED));
+	return 0;
+}
+
+/* redirect sends a connect or send that verdict v rejects to the
+ * fallback of v's circuit, if it has one (an entry of the verdict's epoch,
+ * for this protocol or any, of the family ctx was given: v6, the program is
+ * connect6/sendmsg6), and the fallback's own verdict does not reject it
+ * too: the fallback is a destination with a circuit of its own, judged
+ * here as any destination is (a half-open fallback may take this connect
+ * as its probe). Redirected, the socket remembers what it asked for
+ * (getpeername), the circuit counts a redirect instead of a rejection,
+ * and *key is the fallback's: its limits apply, and sockops reports the
+ * outcome under the socket's peer, the fallback, never the dead target.
+ * It returns whether the connect was redirected; if not, nothing was
+ * changed and the caller rejects as without a fallback. Never followed
+ * further: a fallback's own fallback is not looked at (configuration
+ * refuses chains). */
+static __always_inline int redirect(struct bpf_sock_addr *ctx, struct dest_key *key, struct verdict *v,
+				    struct settings *cfg, __u64 now, int v6)
+{
+	__u32 id = v->circuit_id;
+	struct fallback *f = bpf_map_lookup_elem(&fallbacks, &id);
+	if (!f || !f->epoch || f->epoch != v->epoch || (f->proto && f->proto != key->proto))
+		return 0;
+	struct dest_key fk;
+	__builtin_memcpy(fk.addr, f->addr, sizeof(fk.addr));
+	fk.port = f->port;
+	fk.proto = key->proto;
+	fk.class = key->class;
+	/* An IPv4 socket cannot be sent to an IPv6 fallback, nor an IPv6
+	 * destination to an IPv4 one: rejected as without a fallback. */
+	if (is_mapped(fk.addr) != is_mapped(key->addr) || (!v6 && !is_mapped(fk.addr)))
+		return 0;
+	if (cfg->verdict_mask & (1ULL << verdict_bucket(&fk))) {
+		struct verdict *fv = bpf_map_lookup_elem(&verdicts, &fk);
+		if (fv && fv->state == VERDICT_RAMP) {
+			/* The fallback in slow start: its ramp's share, as for a
+			 * connect of its own (a datagram is never held back). */
+			if (fk.proto == IPPROTO_TCP &&
+			    !ramp_admits(counters_of(fv->circuit_id), ramp_share(fv, now)))
+				return 0;
+		} else if (fv && judge(ctx, &fk, fv, now) == REJECT) {
+			return 0; /* the fallback's circuit is open too */
+		}
+	}
+	rewrite_dest(ctx, &fk, v6);
+	remember(ctx, key, &fk);
+	count_redirect(id);
+	*key = fk;
+	return 1;
 }
 
 /* take_slot counts one socket in *n if that stays within max; exact
@@ -414,7 +463,7 @@ static __always_inline int scope(struct bpf_sock_addr *ctx, struct dest_key *key
  * more is a clock mix-up. */
 #define HEARTBEAT_AHEAD_NS NSEC_PER_SEC
 
-static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *key)
+static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *key, int v6)
 {
 	struct settings *cfg = get_settings();
 	if (!cfg)
@@ -454,9 +503,25 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 	}
 	__u32 flags = cfg->flags;
 	int allowed = 1;
-	if (v && !verdict_allows(ctx, key, v, flags, now))
-		allowed = 0;
-	else if (l)
+	if (v && v->state == VERDICT_RAMP) {
+		/* Slow start: the circuit is closed; a connect its ramp turns
+		 * away sees the overload errno, never a fallback. */
+		allowed = ramp_allows(key, v, flags, now);
+	} else if (v && judge(ctx, key, v, now) == REJECT) {
+		if (!(flags & CONFIG_SHADOW) && redirect(ctx, key, v, cfg, now, v6)) {
+			/* Sent to the fallback: its limits, not the dead target's. */
+			l = 0;
+			if ((flags & CONFIG_LIMITS) && key->proto == IPPROTO_TCP) {
+				__u8 class = key->class;
+				key->class = bulkhead;
+				l = bpf_map_lookup_elem(&limits, key);
+				key->class = class;
+			}
+		} else {
+			allowed = refuse(v, flags);
+		}
+	}
+	if (allowed && l)
 		allowed = bulkhead_admits(ctx, l, flags);
 	if (!allowed && (flags & WORKLOAD_FLAGS) && key->proto == IPPROTO_TCP) {
 		/* Rejected: no connect callback will take this handoff. */
@@ -488,7 +553,7 @@ int connect4(struct bpf_sock_addr *ctx)
 {
 	struct dest_key k;
 	key4(&k, ctx);
-	return enforce(ctx, &k);
+	return enforce(ctx, &k, 0);
 }
 
 SEC("cgroup/connect6")
@@ -496,7 +561,7 @@ int connect6(struct bpf_sock_addr *ctx)
 {
 	struct dest_key k;
 	key6(&k, ctx);
-	return enforce(ctx, &k);
+	return enforce(ctx, &k, 1);
 }
 
 SEC("cgroup/sendmsg4")
@@ -504,7 +569,7 @@ int sendmsg4(struct bpf_sock_addr *ctx)
 {
 	struct dest_key k;
 	key4(&k, ctx);
-	return enforce(ctx, &k);
+	return enforce(ctx, &k, 0);
 }
 
 SEC("cgroup/sendmsg6")
@@ -512,7 +577,7 @@ int sendmsg6(struct bpf_sock_addr *ctx)
 {
 	struct dest_key k;
 	key6(&k, ctx);
-	return enforce(ctx, &k);
+	return enforce(ctx, &k, 1);
 }
 
 #endif /* BREAKERD_CONNECT_H */

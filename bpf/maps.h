@@ -261,6 +261,52 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } answered SEC(".maps");
 
+/* Circuit id -> where its rejected connects go instead (struct fallback),
+ * written by the daemon for the rejecting circuits of targets with a
+ * fallback, deleted when they close. Read only on the reject path, after
+ * a verdict said no. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_FALLBACKS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct fallback);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fallbacks SEC(".maps");
+
+/* Circuit id -> connects and sends sent to its fallback, atomic adds. An
+ * array of its own beside counters (struct circuit_counters is left as it
+ * is); the daemon zeroes an id's entry with its counters. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_CIRCUIT_IDS);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} redirects SEC(".maps");
+
+/* The address a redirected socket asked for (orig) and the fallback it was
+ * sent to instead (via): getpeername4/6 and recvmsg4/6 show the
+ * application orig where the kernel has via. One pair per socket (the
+ * last redirect of an unconnected UDP socket). Socket storage: it goes
+ * with the socket, and a socket never redirected has none. Pinned, so the
+ * programs of a restarted daemon still find it. */
+struct origin {
+	__u8 orig[16]; /* IPv4-mapped for IPv4, as in struct dest_key */
+	__u8 via[16];
+	__u16 orig_port; /* network byte order */
+	__u16 via_port;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct origin);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} origins SEC(".maps");
+
 #define RESP_PORT_BITS 64 /* ports per word of resp_ports */
 _Static_assert(RESP_PORT_WORDS * RESP_PORT_BITS == 65536, "resp_ports has a bit per port");
 

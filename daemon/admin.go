@@ -76,6 +76,7 @@ func (d *Daemon) snap(c *circuit, now time.Time) circuitSnap {
 func (d *Daemon) complete(s circuitSnap, names *cgroupNamer) CircuitInfo {
 	ci := s.info
 	ci.Options = optionsMap(s.opts)
+	ci.Fallback = s.opts.FallbackText()
 	ci.FailedPods = d.podNames(s.cgroups)
 	if s.opts.CloseEstablished {
 		ci.CloseMechanism = string(maps.CloseNone)
@@ -102,6 +103,7 @@ func (d *Daemon) complete(s circuitSnap, names *cgroupNamer) CircuitInfo {
 		if cnt, err := d.kernel.Counters(ci.CircuitID); err == nil {
 			ci.Rejected, ci.ShadowRejected, ci.BulkheadRejected = cnt.Rejected, cnt.ShadowRejected, cnt.BulkheadRejected
 			ci.SlowStartRejected = cnt.SlowStartRejected
+			ci.Redirected = cnt.Redirected
 		}
 		if b, err := d.kernel.BulkCount(ci.CircuitID); err == nil {
 			ci.Connections, ci.Connecting = b.Connections, b.Connecting
@@ -124,6 +126,9 @@ func optionsMap(o *policy.Options) map[string]any {
 	}
 	if o.SlowStart.On() {
 		m["slow_start"] = fmt.Sprintf("%v from %g, aggression %g", o.SlowStart.Duration, o.SlowStart.Floor, o.SlowStart.Aggression)
+	}
+	if o.HasFallback() {
+		m["fallback"] = o.FallbackText()
 	}
 	for _, a := range []struct {
 		key  string

@@ -119,6 +119,9 @@ type Daemon struct {
 	scope    *cgroupWatch   // keeps the kernel's workloads map
 	resolved map[string][]netip.Addr
 	services map[string][]policy.ServiceDest // Service targets' destinations, by target
+	// fallbackAddrs are the addresses the targets' Service fallbacks
+	// resolved to.
+	fallbackAddrs map[policy.ServiceFallback]netip.AddrPort
 	// eng is the event-to-verdict core: the circuits, their ids and
 	// verdicts.
 	eng    *engine.Engine
@@ -453,7 +456,7 @@ func (d *Daemon) applyConfig(cfg *policy.Config) {
 // matching is what the engine matches destinations with: the
 // configuration, its classes and what names and Services resolved to.
 func (d *Daemon) matching() engine.Matching {
-	return engine.Matching{Config: d.cfg, Classes: d.classes, Resolved: d.resolved, Services: d.services}
+	return engine.Matching{Config: d.cfg, Classes: d.classes, Resolved: d.resolved, Services: d.services, Fallbacks: d.fallbackAddrs}
 }
 
 // rematch gives the engine what destinations match now and has it follow

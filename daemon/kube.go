@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -59,24 +60,31 @@ func (d *Daemon) lookupServices(targets map[string]policy.Match) map[string]serv
 
 // lookupServicesKeepingAlive waits (bounded) for the informers' first
 // list at start-up, refreshing a previous daemon's fresh heartbeat
-// meanwhile, then resolves.
-func (d *Daemon) lookupServicesKeepingAlive(cfg *policy.Config) map[string]serviceResult {
-	targets := serviceTargets(cfg)
-	if len(targets) == 0 {
-		return nil
+// meanwhile, then resolves the Service targets and the Service fallbacks.
+func (d *Daemon) lookupServicesKeepingAlive(cfg *policy.Config) (map[string]serviceResult, map[policy.ServiceFallback]netip.AddrPort) {
+	targets, fallbacks := serviceTargets(cfg), serviceFallbacks(cfg)
+	if len(targets) == 0 && len(fallbacks) == 0 {
+		return nil, nil
 	}
 	if d.opts.Cluster == nil {
 		for name, m := range targets {
 			d.log.Warn("a Service target needs Kubernetes API access (in a pod, or --kubeconfig); it matches nothing", "target", name, "service", m.Service)
 		}
-		return nil
+		for _, f := range fallbacks {
+			d.log.Warn("a Service fallback needs Kubernetes API access (in a pod, or --kubeconfig); its targets reject as without one", "fallback", f.String())
+		}
+		return nil, nil
 	}
-	refs := make([]string, 0, len(targets))
+	refs := make([]string, 0, len(targets)+len(fallbacks))
 	for _, m := range targets {
 		refs = append(refs, m.Service)
 	}
+	for _, f := range fallbacks {
+		refs = append(refs, f.Service)
+	}
 	d.opts.Cluster.Watch(refs)
 	var res map[string]serviceResult
+	var fbs map[policy.ServiceFallback]netip.AddrPort
 	d.keepingAlive(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), serviceSyncTimeout)
 		defer cancel()
@@ -84,8 +92,72 @@ func (d *Daemon) lookupServicesKeepingAlive(cfg *policy.Config) map[string]servi
 			d.log.Error("Services and EndpointSlices were not listed in time (the API server unreachable, or RBAC denies it: see the errors logged); Service targets match nothing until they are", "waited", serviceSyncTimeout.String())
 		}
 		res = d.lookupServices(targets)
+		fbs = d.lookupFallbacks(fallbacks)
 	})
-	return res
+	return res, fbs
+}
+
+// serviceFallbacks lists the Service fallbacks of cfg's targets.
+func serviceFallbacks(cfg *policy.Config) []policy.ServiceFallback {
+	var out []policy.ServiceFallback
+	for _, t := range cfg.Targets {
+		if f := t.Options.FallbackService; f.Service != "" && !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// lookupFallbacks reads the informers' caches for each Service fallback
+// (watching new namespaces first): what it resolves to now, or nothing.
+// It must not be called in a step.
+func (d *Daemon) lookupFallbacks(fallbacks []policy.ServiceFallback) map[policy.ServiceFallback]netip.AddrPort {
+	cl := d.opts.Cluster
+	if cl == nil || len(fallbacks) == 0 {
+		return nil
+	}
+	refs := make([]string, 0, len(fallbacks))
+	for _, f := range fallbacks {
+		refs = append(refs, f.Service)
+	}
+	cl.Watch(refs)
+	out := map[policy.ServiceFallback]netip.AddrPort{}
+	for _, f := range fallbacks {
+		if a, ok := cl.ClusterAddr(f); ok {
+			out[f] = a
+		}
+	}
+	return out
+}
+
+// applyFallbacks takes what the Service fallbacks resolved to and, when
+// that changed, rewrites the fallbacks of the circuits that reject.
+// Called in a step of the owner.
+func (d *Daemon) applyFallbacks(res map[policy.ServiceFallback]netip.AddrPort) {
+	same := len(res) == len(d.fallbackAddrs)
+	for f, a := range res {
+		if b, ok := d.fallbackAddrs[f]; !ok || b != a {
+			same = false
+		}
+	}
+	if same {
+		return
+	}
+	for f, a := range res {
+		if d.fallbackAddrs[f] != a {
+			d.log.Info("Service fallback resolved", "fallback", f.String(), "address", a)
+		}
+	}
+	for f := range d.fallbackAddrs {
+		if _, ok := res[f]; !ok {
+			d.log.Warn("Service fallback resolves to nothing (no such Service, port or cluster IP): its targets reject as without one", "fallback", f.String())
+		}
+	}
+	d.fallbackAddrs = res
+	d.eng.SetMatching(d.matching())
+	for c := range d.eng.Named() {
+		d.eng.SyncFallback(c)
+	}
 }
 
 // applyServices takes what Service targets resolved to; changes rebuild
@@ -115,13 +187,17 @@ func (d *Daemon) applyServices(res map[string]serviceResult) (changed bool) {
 	return changed
 }
 
-// resolveServices resolves every Service target outside the owner and
-// has the owner apply the result. It must not be called in a step.
+// resolveServices resolves every Service target and Service fallback
+// outside the owner and has the owner apply the result. It must not be
+// called in a step.
 func (d *Daemon) resolveServices() {
 	var targets map[string]policy.Match
-	d.do(func() { targets = serviceTargets(d.cfg) })
+	var fallbacks []policy.ServiceFallback
+	d.do(func() { targets, fallbacks = serviceTargets(d.cfg), serviceFallbacks(d.cfg) })
 	res := d.lookupServices(targets)
+	fbs := d.lookupFallbacks(fallbacks)
 	d.do(func() {
+		d.applyFallbacks(fbs)
 		if d.applyServices(res) {
 			if err := d.reconcileLimits(); err != nil {
 				d.log.Error("after resolving Services", "err", err)

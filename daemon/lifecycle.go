@@ -55,10 +55,10 @@ func (d *Daemon) start(cfg *policy.Config) error {
 		d.setPhase(fmt.Sprintf("waiting on DNS: resolving %d host names", len(hosts)))
 	}
 	resolved := d.lookupHostsKeepingAlive(hosts)
-	if len(serviceTargets(cfg)) > 0 && d.opts.Cluster != nil {
+	if len(serviceTargets(cfg))+len(serviceFallbacks(cfg)) > 0 && d.opts.Cluster != nil {
 		d.setPhase("waiting on the Kubernetes API: listing Services and EndpointSlices")
 	}
-	services := d.lookupServicesKeepingAlive(cfg)
+	services, fallbacks := d.lookupServicesKeepingAlive(cfg)
 	if len(podWorkloads(cfg)) > 0 && d.opts.Cluster != nil {
 		d.setPhase("waiting on the Kubernetes API: listing this node's pods")
 	}
@@ -118,6 +118,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 		}
 		d.eng.RetirePinnedBatches(limits)
 		d.eng.LoadKept()
+		d.fallbackAddrs = fallbacks // in the engine's matching from the first one on
 		// Adaptive limits resume where the kernel was holding them.
 		d.eng.SetPinnedLimits(limits)
 		d.applyConfig(cfg)
@@ -125,6 +126,7 @@ func (d *Daemon) start(cfg *policy.Config) error {
 		d.applyServices(services)
 		d.eng.SetAdopting(true) // max_circuits never drops an adopted verdict
 		d.adopt(verdicts, limits)
+		d.eng.SyncFallbacks()
 		d.eng.SetAdopting(false)
 		d.eng.IDs().EndStartup()
 		d.eng.SetPinnedLimits(nil)
@@ -204,6 +206,7 @@ func (d *Daemon) adopt(verdicts map[maps.Dest]maps.Verdict, limits map[maps.Dest
 				// cgroups' counts to the circuit's slot and epoch, in its
 				// round; the due time stays.
 				v.CircuitID, v.Round, v.Epoch = c.ID, c.Machine.Round(), e
+				d.eng.SyncFallback(c) // of the new epoch, before the verdict
 				_ = d.k.PutVerdict(dst, v)
 			}
 		case maps.Ramp:

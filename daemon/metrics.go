@@ -114,7 +114,7 @@ func newMetrics(d *Daemon) *metrics {
 type stateCollector struct {
 	d    *Daemon
 	mu   sync.Mutex
-	last map[string][5]uint64 // per target: rejections, shadow, probes, bulkhead and slow-start rejections
+	last map[string][6]uint64 // per target: rejections, shadow, probes, bulkhead and slow-start rejections, redirects
 }
 
 var (
@@ -124,6 +124,7 @@ var (
 	descShadow     = prometheus.NewDesc("breakerd_kernel_shadow_rejections_total", "Connections the kernel would have turned away in shadow mode, by target.", []string{"target"}, nil)
 	descProbes     = prometheus.NewDesc("breakerd_kernel_probes_total", "Half-open probes the kernel admitted, by target.", []string{"target"}, nil)
 	descBulkRej    = prometheus.NewDesc("breakerd_bulkhead_rejections_total", "Connects the kernel turned away because a bulkhead (max_connections, max_connecting) was full, by target.", []string{"target"}, nil)
+	descRedirected = prometheus.NewDesc("breakerd_redirected_total", "Connections and datagrams the kernel sent to their target's fallback instead of rejecting them, by target.", []string{"target"}, nil)
 	descSlowRej    = prometheus.NewDesc("breakerd_slow_start_rejections_total", "Connects the kernel turned away because a circuit that recovered was still ramping up (slow_start), by target.", []string{"target"}, nil)
 	descRamping    = prometheus.NewDesc("breakerd_slow_start_circuits", "Closed circuits whose slow start (slow_start) is in progress: the kernel admits only a share of their new connects.", nil, nil)
 	descBulkConns  = prometheus.NewDesc("breakerd_bulkhead_connections", "Connecting plus established sockets counted by the bulkheads, by target.", []string{"target"}, nil)
@@ -138,7 +139,7 @@ var (
 
 // Describe sends the collector's descriptors.
 func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBulkRej, descSlowRej, descRamping, descBulkConns, descState, descDynamic, descRejected, descShadow, descProbes, descLost, descFailsafe, descUnrecorded, descEntries, descCapacity, descUnenforced} {
+	for _, d := range []*prometheus.Desc{descBulkRej, descSlowRej, descRamping, descRedirected, descBulkConns, descState, descDynamic, descRejected, descShadow, descProbes, descLost, descFailsafe, descUnrecorded, descEntries, descCapacity, descUnenforced} {
 		ch <- d
 	}
 }
@@ -156,13 +157,13 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	states := map[string]policy.Tally{}
 	var dynamic policy.Tally
 	type sums struct {
-		rej, shadow, probes, bulkRej, slowRej uint64
-		conns                                 int64
+		rej, shadow, probes, bulkRej, slowRej, redirected uint64
+		conns                                             int64
 	}
 	perTarget := map[string]*sums{}
 	for t, ts := range sum.Targets {
 		r := ts.Retired
-		perTarget[t] = &sums{rej: r.Rejected, shadow: r.ShadowRejected, probes: r.Probes, bulkRej: r.BulkheadRejected, slowRej: r.SlowStartRejected}
+		perTarget[t] = &sums{rej: r.Rejected, shadow: r.ShadowRejected, probes: r.Probes, bulkRej: r.BulkheadRejected, slowRej: r.SlowStartRejected, redirected: r.Redirected}
 		if t == allTarget {
 			dynamic = ts.States
 		} else {
@@ -192,6 +193,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			acc.probes += cnt.Probes
 			acc.bulkRej += cnt.BulkheadRejected
 			acc.slowRej += cnt.SlowStartRejected
+			acc.redirected += cnt.Redirected
 		}
 		if (o.Bulk || sum.Targets[o.Target].Limits) && int(id) < len(bulk) {
 			acc.conns += bulk[id].Connections
@@ -207,18 +209,19 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	s.mu.Lock()
 	if s.last == nil {
-		s.last = map[string][5]uint64{}
+		s.last = map[string][6]uint64{}
 	}
 	for t, sm := range perTarget {
 		l, seen := s.last[t]
 		if moved && seen {
 			// The slots' owners may have changed under the read: this
 			// scrape repeats the last values.
-			sm.rej, sm.shadow, sm.probes, sm.bulkRej, sm.slowRej = l[0], l[1], l[2], l[3], l[4]
+			sm.rej, sm.shadow, sm.probes, sm.bulkRej, sm.slowRej, sm.redirected = l[0], l[1], l[2], l[3], l[4], l[5]
 			continue
 		}
 		sm.rej, sm.shadow, sm.probes, sm.bulkRej, sm.slowRej = max(sm.rej, l[0]), max(sm.shadow, l[1]), max(sm.probes, l[2]), max(sm.bulkRej, l[3]), max(sm.slowRej, l[4])
-		s.last[t] = [5]uint64{sm.rej, sm.shadow, sm.probes, sm.bulkRej, sm.slowRej}
+		sm.redirected = max(sm.redirected, l[5])
+		s.last[t] = [6]uint64{sm.rej, sm.shadow, sm.probes, sm.bulkRej, sm.slowRej, sm.redirected}
 	}
 	s.mu.Unlock()
 	for t, sm := range perTarget {
@@ -227,6 +230,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descProbes, prometheus.CounterValue, float64(sm.probes), t)
 		ch <- prometheus.MustNewConstMetric(descBulkRej, prometheus.CounterValue, float64(sm.bulkRej), t)
 		ch <- prometheus.MustNewConstMetric(descSlowRej, prometheus.CounterValue, float64(sm.slowRej), t)
+		ch <- prometheus.MustNewConstMetric(descRedirected, prometheus.CounterValue, float64(sm.redirected), t)
 		ch <- prometheus.MustNewConstMetric(descBulkConns, prometheus.GaugeValue, float64(sm.conns), t)
 	}
 	if st, err := d.k.Stats(); err == nil {

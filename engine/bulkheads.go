@@ -142,6 +142,7 @@ func (e *Engine) retire(target string, id uint32) {
 		r.Probes += cnt.Probes
 		r.BulkheadRejected += cnt.BulkheadRejected
 		r.SlowStartRejected += cnt.SlowStartRejected
+		r.Redirected += cnt.Redirected
 		e.retired[target] = r
 	}
 }

@@ -93,6 +93,9 @@ type Engine struct {
 	// (SetPinnedLimits).
 	adaptive map[*Circuit]struct{}
 	pinned   map[maps.Dest]maps.Limit
+	// fallbacks is what the kernel's fallbacks map holds, by circuit id, as
+	// this engine wrote it (fallbacks.go).
+	fallbacks map[uint32]maps.Fallback
 }
 
 // Hooks are what the daemon does around the engine's decisions, with
@@ -129,7 +132,7 @@ func New(cfg Config) *Engine {
 		unenforced: map[*Circuit]struct{}{}, unlimited: map[*Circuit]struct{}{}, retired: map[string]maps.Counters{}, errorsLogged: map[string]time.Time{},
 		matchers: map[uint8]*policy.Matcher{}, pending: map[uint64]pendingConn{}, counted: map[uint64]bool{}, timedOut: map[uint64]timedOut{},
 		respSince: cfg.RespondingSince, batched: map[*Circuit]batch{}, batchedIDs: map[uint32]*Circuit{}, tallies: map[string]*policy.Shared{}, ramps: map[*Circuit]ramp{},
-		adaptive: map[*Circuit]struct{}{}}
+		fallbacks: map[uint32]maps.Fallback{}, adaptive: map[*Circuit]struct{}{}}
 	e.reg.classes = &e.matching.Classes
 	return e
 }
@@ -216,6 +219,7 @@ func (e *Engine) EvictIdle() bool {
 
 // Drop forgets a circuit and removes its verdicts.
 func (e *Engine) Drop(c *Circuit) {
+	e.syncFallback(c, false)
 	for _, dst := range c.Dests() {
 		if err := e.k.DeleteVerdict(dst); err != nil {
 			e.log.Warn("deleting verdict", "dest", dst, "err", err)

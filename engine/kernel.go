@@ -19,6 +19,12 @@ type Kernel interface {
 	DeleteVerdict(d maps.Dest) error
 	// Verdict reads the verdict of a destination; ok is false without one.
 	Verdict(d maps.Dest) (v maps.Verdict, ok bool, err error)
+	// PutFallback writes where a circuit id's rejected connects go.
+	PutFallback(id uint32, f maps.Fallback) error
+	// DeleteFallback removes a circuit id's fallback (none is fine).
+	DeleteFallback(id uint32) error
+	// FallbackIDs lists the circuit ids with a fallback.
+	FallbackIDs() ([]uint32, error)
 	// Budget reads the probe budget of a circuit id.
 	Budget(id uint32) (maps.Budget, error)
 	// PutLimit writes the bulkhead and response limits of a destination.

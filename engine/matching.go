@@ -18,6 +18,10 @@ type Matching struct {
 	Classes  policy.Classes
 	Resolved map[string][]netip.Addr
 	Services map[string][]policy.ServiceDest
+	// Fallbacks are the addresses the Service fallbacks of targets
+	// resolved to (a cluster IP and the named port); one missing has none
+	// yet, and its circuits reject as without a fallback.
+	Fallbacks map[policy.ServiceFallback]netip.AddrPort
 }
 
 // SetMatching takes m for the lookups from now on; the matchers of the

@@ -47,10 +47,11 @@ func (e *Engine) Reconfigure(old *policy.Config, now time.Time) policy.Change {
 }
 
 // setOptions gives a kept circuit its reloaded options and rewrites its
-// bulkhead limits.
+// fallback and bulkhead limits.
 func (e *Engine) setOptions(c *Circuit, o *policy.Options, now time.Time) {
 	had := NeedsLimitEntry(c.Machine.Options())
 	c.Machine.SetOptions(o, now)
+	e.SyncFallback(c) // a fallback set, changed or removed applies at once
 	if !had && !NeedsLimitEntry(o) && c.BulkSlots() == nil {
 		return // no limits entry before or now: nothing to write or delete
 	}

@@ -287,6 +287,9 @@ func (e *Engine) putVerdict(c *Circuit, dst maps.Dest, s policy.State, openUntil
 	if s.Rejects() && c.ID == 0 {
 		return errNoID // seated before its transition, or waiting for an id
 	}
+	// The fallback before a rejecting verdict, so none of its connects is
+	// turned away for want of it; gone with the last one.
+	e.syncFallback(c, s.Rejects())
 	switch s {
 	case policy.Open, policy.HalfOpen:
 		due := e.clock.Mono()

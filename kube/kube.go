@@ -229,6 +229,37 @@ func (c *Client) WaitSynced(ctx context.Context) bool {
 	return cache.WaitForCacheSync(ctx.Done(), synced...)
 }
 
+// ClusterAddr is the address a Service fallback names: the Service's
+// first cluster IP (its primary family) and the port, which must be one of
+// its ports; false while the Service is not known, has no such port or no
+// cluster IP (a headless Service: its pods have no one address).
+func (c *Client) ClusterAddr(f policy.ServiceFallback) (netip.AddrPort, bool) {
+	ns, name := ParseRef(f.Service)
+	c.mu.Lock()
+	w := c.namespaces[ns]
+	c.mu.Unlock()
+	if w == nil {
+		return netip.AddrPort{}, false
+	}
+	svc, err := w.services.Services(ns).Get(name)
+	if err != nil {
+		c.noteMissing(f.Service, true)
+		return netip.AddrPort{}, false
+	}
+	c.noteMissing(f.Service, false)
+	for _, p := range svc.Spec.Ports {
+		if p.Port != int32(f.Port) {
+			continue
+		}
+		for _, ip := range svc.Spec.ClusterIPs {
+			if a, err := netip.ParseAddr(ip); err == nil {
+				return netip.AddrPortFrom(a.Unmap(), f.Port), true
+			}
+		}
+	}
+	return netip.AddrPort{}, false
+}
+
 // Resolve returns the destinations a Service match currently resolves to,
 // from the informers' caches (no API call): the Service's cluster IPs
 // times its selected ports, and its EndpointSlices' serving endpoints

@@ -64,6 +64,9 @@ func (k *Kernel) mapPins() map[string]*ebpf.Map {
 		bpf.BreakerMapRejections: k.objs.Rejections,
 		bpf.BreakerMapRespPorts:  k.objs.RespPorts,
 		bpf.BreakerMapAnswered:   k.objs.Answered,
+		bpf.BreakerMapFallbacks:  k.objs.Fallbacks,
+		bpf.BreakerMapRedirects:  k.objs.Redirects,
+		bpf.BreakerMapOrigins:    k.objs.Origins,
 	}
 }
 

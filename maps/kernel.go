@@ -84,7 +84,7 @@ import (
 // LayoutVersion is the version of the maps' and records' layout. It is part
 // of the pin directory; bump it whenever bpf/breaker.h or a map definition
 // in bpf/maps.h changes (TestLayoutVersionMatchesLayout fails until then).
-const LayoutVersion = 14
+const LayoutVersion = 15
 
 // DefaultDir is the default bpffs directory for breakerd's pins.
 const DefaultDir = "/sys/fs/bpf/breakerd"
@@ -198,6 +198,14 @@ var hooks = []hook{
 	// connection pays for its call, so it is attached only with bulkhead
 	// limits (before the first one is written) and stays attached.
 	{"sock_release", ebpf.AttachCgroupInetSockRelease, func(o *bpf.BreakerObjects) *ebpf.Program { return o.SockRelease }, true, false},
+	// The fallback's hooks show a redirected socket's application the
+	// address it asked for; attached before the first fallback is written
+	// (PutFallback) and kept, so a configuration without fallbacks pays
+	// nothing on getpeername and UDP receives.
+	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Getpeername4 }, true, false},
+	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Getpeername6 }, true, false},
+	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Recvmsg4 }, true, false},
+	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, func(o *bpf.BreakerObjects) *ebpf.Program { return o.Recvmsg6 }, true, false},
 	{"resp_egress", ebpf.AttachCGroupInetEgress, func(o *bpf.BreakerObjects) *ebpf.Program { return o.RespEgress }, false, true},
 	{"resp_ingress", ebpf.AttachCGroupInetIngress, func(o *bpf.BreakerObjects) *ebpf.Program { return o.RespIngress }, false, true},
 }
@@ -629,7 +637,8 @@ func (k *Kernel) tracing() bool { return k.links[tracerName] != nil }
 
 // needs reports whether optional hook h must be attached at load: it was
 // (its link is pinned, on any cgroup), or what it serves is in the maps
-// already (bulkhead limits, for sock_release).
+// already (bulkhead limits, for sock_release; fallbacks, for the
+// getpeername and recvmsg hooks).
 func (k *Kernel) needs(h hook, pin string) bool {
 	if _, err := os.Lstat(pin); err == nil {
 		return true
@@ -637,6 +646,10 @@ func (k *Kernel) needs(h hook, pin string) bool {
 	if h.name == "sock_release" {
 		var key bpf.BreakerDestKey
 		return k.objs.Limits.NextKey(nil, &key) == nil
+	}
+	if fallbackHooks[h.name] {
+		var id uint32
+		return k.objs.Fallbacks.NextKey(nil, &id) == nil
 	}
 	return false
 }

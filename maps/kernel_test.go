@@ -34,8 +34,14 @@ type env struct {
 
 func newEnv(t testing.TB, opts Options) *env {
 	t.Helper()
+	return newEnvHosts(t, opts, 1)
+}
+
+// newEnvHosts is newEnv with n server hosts (e.srv is the first).
+func newEnvHosts(t testing.TB, opts Options, n int) *env {
+	t.Helper()
 	kerneltest.RequireKernel(t)
-	e := &env{cg: kerneltest.NewCgroup(t), topo: kerneltest.NewTopology(t, 1)}
+	e := &env{cg: kerneltest.NewCgroup(t), topo: kerneltest.NewTopology(t, n)}
 	e.srv = e.topo.Servers[0]
 	if opts.Dir == "" {
 		opts.Dir = filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())

@@ -56,6 +56,8 @@ const (
 	rejectionEntry  = htabElem + 16 + 32 + htabBucket // key 16 (cgroup, circuit, epoch), value 32
 	handoffBytes    = 16                              // per CPU
 	counterEntry    = 56
+	redirectEntry   = 8
+	fallbackEntry   = htabElem + 8 + 24 + htabBucket // key 4 -> 8, value 24
 	bulkEntry       = 16
 	budgetEntry     = 8
 	answeredBytes   = AnsweredIDs * 8
@@ -80,22 +82,27 @@ const respPortsBytes = respPortWords * 8
 //	workloads      MaxWorkloadCgroups × 88 B (5.5 MiB)
 //	inflight       MaxInflight × 128 B       (8 MiB)
 //	rejections     MaxRejections × 120 B     (3.75 MiB)
+//	fallbacks      MaxFallbacks × 104 B      (1.6 MiB)
+//	redirects      MaxCircuitIDs × 8 B       (2 MiB)
 //	resp_ports     a bit per port            (8 KiB)
 //	events         4 MiB ring buffer
 //	stats          8 × 8 B × cpus, plus 6 × 32 B × cpus of hash-map locks
 //	handoff        16 B × cpus
 //
-// about 111 MiB whatever the CPU count (110.6 MiB at 2 CPUs, 110.7 MiB
-// at 256).
+// about 114 MiB whatever the CPU count (114.3 MiB at 2, 64 or 256
+// CPUs).
 // Kernels before 6.5 report a coarser figure in fdinfo (key plus value
 // times capacity), below this bound too. The
-// per-socket storage (socks) is not in it: it holds one small entry (120
-// bytes of value plus the kernel's bookkeeping) per observed socket of the
-// protected cgroup, allocated as sockets are observed and freed with them.
+// per-socket storage (socks, origins) is not in it: socks holds one small
+// entry (120 bytes of value plus the kernel's bookkeeping) per observed
+// socket of the protected cgroup, origins one of 40 bytes per socket
+// redirected to a fallback, allocated as sockets need them and freed with
+// them.
 func MemoryBound(cpus int) uint64 {
 	return MaxDestinations*(verdictEntry+limitEntry) +
 		maxOverrides*overrideEntry +
-		MaxCircuitIDs*(counterEntry+bulkEntry+budgetEntry) +
+		MaxCircuitIDs*(counterEntry+bulkEntry+budgetEntry+redirectEntry) +
+		MaxFallbacks*fallbackEntry +
 		MaxWorkloadCgroups*workloadEntry +
 		MaxInflight*inflightEntry +
 		MaxRejections*rejectionEntry +

@@ -82,6 +82,11 @@ func TestMapMemoryWithinBound(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	for i := range uint32(MaxFallbacks) {
+		if err := k.objs.Fallbacks.Put(i+1, &bpf.BreakerFallback{Epoch: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	mem, err := k.MapMemory()
 	if err != nil {
 		t.Fatal(err)

@@ -125,6 +125,10 @@ type Counters struct {
 	// SlowStartRejected counts connects turned away by a slow-start ramp
 	// (RampVerdict).
 	SlowStartRejected uint64
+	// Redirected counts connects and sends an open circuit sent to its
+	// fallback instead of rejecting them (the redirects map; not filled in
+	// by countersFromRaw).
+	Redirected uint64
 }
 
 func countersFromRaw(p *bpf.BreakerCircuitCounters) Counters {
@@ -138,7 +142,11 @@ func (v *View) Counters(id uint32) (Counters, error) {
 	if err := v.counters.Lookup(id, &p); err != nil {
 		return Counters{}, fmt.Errorf("reading counters of circuit %d: %w", id, err)
 	}
-	return countersFromRaw(&p), nil
+	c := countersFromRaw(&p)
+	if err := v.redirects.Lookup(id, &c.Redirected); err != nil {
+		return Counters{}, fmt.Errorf("reading redirects of circuit %d: %w", id, err)
+	}
+	return c, nil
 }
 
 // CountersUpTo reads the counters of circuit ids 0 to n-1 in batches
@@ -162,7 +170,30 @@ func (v *View) CountersUpTo(n uint32) ([]Counters, error) {
 			break
 		}
 	}
-	return out, nil
+	return out, v.redirectsUpTo(out)
+}
+
+// redirectsUpTo fills in the Redirected counts of out, indexed by id, in
+// batches.
+func (v *View) redirectsUpTo(out []Counters) error {
+	keys := make([]uint32, batchSize)
+	vals := make([]uint64, batchSize)
+	var cursor ebpf.MapBatchCursor
+	for done := 0; done < len(out); {
+		want := min(len(out)-done, batchSize)
+		got, err := v.redirects.BatchLookup(&cursor, keys[:want], vals[:want], nil)
+		for i, n := range vals[:got] {
+			out[done+i].Redirected = n
+		}
+		done += got
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("reading redirects: %w", err)
+		}
+		if got == 0 || err != nil {
+			break
+		}
+	}
+	return nil
 }
 
 // ResetCounters zeroes the counters of circuit id, before the id is given
@@ -171,6 +202,9 @@ func (k *Kernel) ResetCounters(id uint32) error {
 	var zero bpf.BreakerCircuitCounters
 	if err := k.objs.Counters.Put(id, &zero); err != nil {
 		return fmt.Errorf("resetting counters of circuit %d: %w", id, err)
+	}
+	if err := k.objs.Redirects.Put(id, uint64(0)); err != nil {
+		return fmt.Errorf("resetting redirects of circuit %d: %w", id, err)
 	}
 	return nil
 }

@@ -23,6 +23,7 @@ func TestSizesMatchTheKernel(t *testing.T) {
 		{"MaxWorkloadCgroups", MaxWorkloadCgroups, bpf.BreakerSizesMAX_WORKLOAD_CGROUPS},
 		{"MaxInflight", MaxInflight, bpf.BreakerSizesMAX_INFLIGHT},
 		{"MaxRejections", MaxRejections, bpf.BreakerSizesMAX_REJECTIONS},
+		{"MaxFallbacks", MaxFallbacks, bpf.BreakerSizesMAX_FALLBACKS},
 		{"AnsweredIDs", AnsweredIDs, bpf.BreakerSizesANSWERED_IDS},
 		{"answeredShift", answeredShift, bpf.BreakerSizesANSWERED_SHIFT},
 		{"answeredFlushIDs", answeredFlushIDs, bpf.BreakerSizesANSWERED_FLUSH_IDS},

@@ -16,12 +16,12 @@ import (
 // with or without a daemon).
 type View struct {
 	verdicts, config, counters, stats, limits, bulk, budgets, overrides *ebpf.Map
-	workloads, inflight, rejections, respPorts                          *ebpf.Map
+	workloads, inflight, rejections, respPorts, redirects               *ebpf.Map
 	closers                                                             []*ebpf.Map
 }
 
 func viewOf(o *bpf.BreakerObjects) View {
-	return View{verdicts: o.Verdicts, config: o.Config, counters: o.Counters, stats: o.Stats, limits: o.Limits, bulk: o.Bulk, budgets: o.ProbeBudgets, overrides: o.Overrides, workloads: o.Workloads, inflight: o.Inflight, rejections: o.Rejections, respPorts: o.RespPorts}
+	return View{verdicts: o.Verdicts, config: o.Config, counters: o.Counters, stats: o.Stats, limits: o.Limits, bulk: o.Bulk, budgets: o.ProbeBudgets, overrides: o.Overrides, workloads: o.Workloads, inflight: o.Inflight, rejections: o.Rejections, respPorts: o.RespPorts, redirects: o.Redirects}
 }
 
 // OpenPinned opens the pinned maps under dir (the base directory, like
@@ -32,7 +32,7 @@ func OpenPinned(dir string) (*View, error) {
 	for _, m := range []struct {
 		name string
 		dst  **ebpf.Map
-	}{{bpf.BreakerMapVerdicts, &v.verdicts}, {bpf.BreakerMapConfig, &v.config}, {bpf.BreakerMapCounters, &v.counters}, {bpf.BreakerMapStats, &v.stats}, {bpf.BreakerMapLimits, &v.limits}, {bpf.BreakerMapBulk, &v.bulk}, {bpf.BreakerMapProbeBudgets, &v.budgets}, {bpf.BreakerMapOverrides, &v.overrides}, {bpf.BreakerMapWorkloads, &v.workloads}, {bpf.BreakerMapRejections, &v.rejections}, {bpf.BreakerMapRespPorts, &v.respPorts}} {
+	}{{bpf.BreakerMapVerdicts, &v.verdicts}, {bpf.BreakerMapConfig, &v.config}, {bpf.BreakerMapCounters, &v.counters}, {bpf.BreakerMapStats, &v.stats}, {bpf.BreakerMapLimits, &v.limits}, {bpf.BreakerMapBulk, &v.bulk}, {bpf.BreakerMapProbeBudgets, &v.budgets}, {bpf.BreakerMapOverrides, &v.overrides}, {bpf.BreakerMapWorkloads, &v.workloads}, {bpf.BreakerMapRejections, &v.rejections}, {bpf.BreakerMapRespPorts, &v.respPorts}, {bpf.BreakerMapRedirects, &v.redirects}} {
 		mp, err := ebpf.LoadPinnedMap(filepath.Join(pins, m.name), &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil {
 			v.Close()

@@ -357,6 +357,7 @@ func (d *decoder) decode(raw map[string]any) (*Config, error) {
 	d.limits(c)
 	d.checkSources(c)
 	d.overlaps(c)
+	d.checkFallbacks(c, raw)
 	if err := d.result(); err != nil {
 		return nil, err
 	}

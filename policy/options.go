@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"math"
+	"net/netip"
 	"sort"
 	"strconv"
 	"strings"
@@ -86,6 +87,12 @@ type Options struct {
 	// SlowStart is the `slow_start` block (slowstart.go): the ramp the
 	// kernel applies when the circuit closes after being open.
 	SlowStart SlowStartOptions
+	// Fallback is where the kernel sends the circuit's connects while it
+	// rejects them (fallback.go); the zero value is none. Targets only.
+	Fallback netip.AddrPort
+	// FallbackService is a fallback named by a Kubernetes Service instead
+	// (at most one of the two is set).
+	FallbackService ServiceFallback
 }
 
 // HasLimits reports whether the options set a bulkhead limit.

@@ -27,6 +27,7 @@ type fakeDaemon struct {
 	sock     string
 	pods     []string         // the failed pods of the first circuit
 	rejected []api.RejectedBy // whom the first circuit rejected
+	fallback string           // the first circuit's fallback, with 5 redirected
 	ramp     *api.SlowStart   // the second circuit's slow start
 }
 
@@ -65,6 +66,9 @@ func newFakeDaemon(t *testing.T, circuits int) *fakeDaemon {
 				ci.FailedPods = f.pods
 				ci.RejectedBy = f.rejected
 				ci.RejectedByTotal = len(f.rejected) + 1
+				if f.fallback != "" {
+					ci.State, ci.Fallback, ci.Redirected = "open", f.fallback, 5
+				}
 				f.mu.Unlock()
 			}
 			if i == 1 {
@@ -211,6 +215,20 @@ func TestStatusShowsARamp(t *testing.T) {
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != 3 || strings.Contains(lines[1], "ramping") || !strings.Contains(lines[2], " closed (ramping: 25% admitted) ") {
+		t.Fatalf("status:\n%s", out.String())
+	}
+}
+
+// TestStatusShowsTheFallback: a circuit running on its fallback says where
+// its connects went, and how many.
+func TestStatusShowsTheFallback(t *testing.T) {
+	f := newFakeDaemon(t, 1)
+	f.fallback = "10.0.0.9:8080"
+	var out bytes.Buffer
+	if err := run([]string{"status", "--socket", f.sock}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "open (to fallback 10.0.0.9:8080: 5)") {
 		t.Fatalf("status:\n%s", out.String())
 	}
 }

@@ -145,6 +145,9 @@ func run(args []string, out io.Writer) error {
 			if ci.SlowStart != nil {
 				state += fmt.Sprintf(" (ramping: %.0f%% admitted)", 100*ci.SlowStart.Share)
 			}
+			if ci.Redirected > 0 {
+				state += fmt.Sprintf(" (to fallback %s: %d)", ci.Fallback, ci.Redirected)
+			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.0f%%\t%.0f%%\t%d\t%s\t%d\t%s\t%d\t%s\t%s\n", ci.Name, ci.Target, ci.Workload, state, 100*ci.FailureRate, 100*ci.SlowRate, ci.Calls, open, ci.Rejected, conns, ci.BulkheadRejected, pods, rejected)
 		}
 		return tw.Flush()

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"iter"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,6 +29,7 @@ type Kernel struct {
 	counters  map[uint32]kmaps.Counters
 	answered  map[uint32]answeredWord
 	overrides map[string]kmaps.OverrideState
+	fallbacks map[uint32]kmaps.Fallback
 	stats     kmaps.Stats
 	awaiting  []kmaps.Awaiting
 	calls     map[string]int
@@ -46,7 +48,7 @@ func NewKernel() *Kernel {
 	return &Kernel{
 		verdicts: map[kmaps.Dest]kmaps.Verdict{}, limits: map[kmaps.Dest]kmaps.Limit{}, budgets: map[uint32]kmaps.Budget{},
 		bulk: map[uint32]kmaps.BulkCount{}, counters: map[uint32]kmaps.Counters{}, answered: map[uint32]answeredWord{},
-		overrides: map[string]kmaps.OverrideState{}, calls: map[string]int{},
+		overrides: map[string]kmaps.OverrideState{}, fallbacks: map[uint32]kmaps.Fallback{}, calls: map[string]int{},
 	}
 }
 
@@ -106,6 +108,41 @@ func (k *Kernel) Verdicts() map[kmaps.Dest]kmaps.Verdict {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return maps.Clone(k.verdicts)
+}
+
+// PutFallback writes circuit id's fallback.
+func (k *Kernel) PutFallback(id uint32, f kmaps.Fallback) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.call("PutFallback")
+	if f.Epoch == 0 {
+		return fmt.Errorf("fallback of circuit id %d: epoch 0 matches no verdict", id)
+	}
+	k.fallbacks[id] = f
+	return nil
+}
+
+// DeleteFallback removes circuit id's fallback.
+func (k *Kernel) DeleteFallback(id uint32) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.call("DeleteFallback")
+	delete(k.fallbacks, id)
+	return nil
+}
+
+// FallbackIDs lists the circuit ids with a fallback.
+func (k *Kernel) FallbackIDs() ([]uint32, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Sorted(maps.Keys(k.fallbacks)), nil
+}
+
+// Fallbacks returns a copy of the fallbacks map.
+func (k *Kernel) Fallbacks() map[uint32]kmaps.Fallback {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return maps.Clone(k.fallbacks)
 }
 
 // Budget reads id's probe budget (zero when never set, as a fresh map's).

@@ -85,7 +85,9 @@ type DialSpec struct {
 	// connect's errno, or the write's) or "fastopen-nowrite" (the same
 	// connect, no write: nothing is sent) or "sendto-fastopen" (sendto with
 	// MSG_FASTOPEN on an unconnected TCP socket: the connect and the SYN
-	// in one call) or "stream" (connect and close every Interval, each
+	// in one call) or "connect-peername" (connect, then getpeername, both
+	// timed; Peer is what it says) or "sendto-recv" (an unconnected UDP
+	// datagram and its reply; Peer is the reply's source) or "stream" (connect and close every Interval, each
 	// result reported as it happens, until told to stop: StartStream).
 	Op string
 	// Count connects are made, Parallel at a time (default 1 and 1).
@@ -147,6 +149,9 @@ type DialResult struct {
 	Start int64
 	// Status is the HTTP status ("http", "loop"); 0 when there was none.
 	Status int
+	// Peer is the address the application sees: getpeername's
+	// ("connect-peername") or the source of the reply ("sendto-recv").
+	Peer netip.AddrPort `json:",omitzero"`
 }
 
 // RunHelper runs the client or pool helper its environment asks for, if
@@ -389,6 +394,7 @@ func dialOnce(spec DialSpec) DialResult {
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 	sa := sockaddr(family, spec.Addr)
+	var peer netip.AddrPort
 	t0 := time.Now()
 	switch spec.Op {
 	case "sendto":
@@ -405,10 +411,24 @@ func dialOnce(spec DialSpec) DialResult {
 				_, err = unix.Write(fd, []byte("breakerd"))
 			}
 		}
+	case "connect-peername":
+		if err = unix.Connect(fd, sa); err == nil {
+			var p unix.Sockaddr
+			if p, err = unix.Getpeername(fd); err == nil {
+				peer = addrPortOf(p)
+			}
+		}
+	case "sendto-recv":
+		if err = unix.Sendto(fd, []byte("breakerd"), 0, sa); err == nil {
+			var p unix.Sockaddr
+			if _, p, err = unix.Recvfrom(fd, make([]byte, 512), 0); err == nil {
+				peer = addrPortOf(p)
+			}
+		}
 	default:
 		err = unix.Connect(fd, sa)
 	}
-	r := DialResult{Nanos: time.Since(t0).Nanoseconds(), Errno: errnoOf(err)}
+	r := DialResult{Nanos: time.Since(t0).Nanoseconds(), Errno: errnoOf(err), Peer: peer}
 	switch spec.Op {
 	case "connect-read":
 		if err == nil {
@@ -460,6 +480,18 @@ func sockaddr(family int, ap netip.AddrPort) unix.Sockaddr {
 		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().Unmap().As4()}
 	}
 	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+}
+
+// addrPortOf is sa's address and port (IPv4-mapped addresses stay mapped:
+// what a dual-stack socket's application sees).
+func addrPortOf(sa unix.Sockaddr) netip.AddrPort {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port))
+	}
+	return netip.AddrPort{}
 }
 
 func errnoOf(err error) unix.Errno {
