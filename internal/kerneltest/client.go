@@ -195,23 +195,9 @@ func (h *Host) helperCommand(tb testing.TB, cg *Cgroup, spec DialSpec) *Process 
 // and returns one result per operation.
 func (h *Host) Dial(tb testing.TB, cg *Cgroup, spec DialSpec) []DialResult {
 	tb.Helper()
-	p := h.helperCommand(tb, cg, spec)
-	var errOut LogBuffer
-	p.Cmd.Stderr = &errOut
-	stdout, err := p.Cmd.StdoutPipe()
+	res, err := h.DialLater(tb, cg, spec)()
 	if err != nil {
 		tb.Fatal(err)
-	}
-	if err := p.Start(tb); err != nil {
-		tb.Fatal(err)
-	}
-	var res []DialResult
-	dec := json.NewDecoder(bufio.NewReader(stdout))
-	if err := dec.Decode(&res); err != nil && !errors.Is(err, io.EOF) {
-		tb.Fatalf("reading helper output: %v (stderr: %s)", err, errOut.String())
-	}
-	if err := p.Cmd.Wait(); err != nil {
-		tb.Fatalf("helper %+v: %v (stderr: %s)", spec, err, errOut.String())
 	}
 	return res
 }
