@@ -30,8 +30,8 @@ targets:
 // Two workloads' clients share one bulkhead of 4: the sheddable one is
 // turned away once it and the critical one hold 2 (its half), the
 // critical one only at 4, so under a full limit the sheddable work goes
-// first; the pool's count and its limits hold across a SIGTERM restart
-// and a reload.
+// first; the pool's count and its limits hold across a SIGTERM restart,
+// a refused second start on the same pins and a reload.
 func TestCriticalitySheddableTurnedAwayFirst(t *testing.T) {
 	f := newScopedFixture(t, criticalityConfig)
 	web, batch := f.cg.Child(t, "web"), f.cg.Child(t, "batch")
@@ -75,6 +75,11 @@ func TestCriticalitySheddableTurnedAwayFirst(t *testing.T) {
 	f.restart()
 	pool(4)
 	check("full after a restart", unix.EAGAIN, unix.EAGAIN)
+	if _, err := New(Options{ConfigPath: f.config, Cgroup: f.cg.Path, BPFFS: f.bpffs}); err == nil {
+		t.Fatal("a second daemon started on the same pins")
+	}
+	pool(4)
+	check("full after a second start was refused", unix.EAGAIN, unix.EAGAIN)
 	kill(hw2)
 	pool(2)
 	check("two held after a restart", 0, unix.EAGAIN)

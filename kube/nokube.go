@@ -5,6 +5,7 @@ package kube
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"time"
 
 	"github.com/breakerd/breakerd/policy"
@@ -33,6 +34,11 @@ func (c *Client) WaitSynced(ctx context.Context) bool { return false }
 
 // Resolve finds nothing.
 func (c *Client) Resolve(m policy.Match) (dests []policy.ServiceDest, found bool) { return nil, false }
+
+// ClusterAddr finds no Service without a client.
+func (c *Client) ClusterAddr(f policy.ServiceFallback) (netip.AddrPort, bool) {
+	return netip.AddrPort{}, false
+}
 
 // CircuitEvent posts nothing.
 func (c *Client) CircuitEvent(t Transition) {}
