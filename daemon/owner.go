@@ -30,8 +30,8 @@ type stepOwner struct {
 }
 
 // do runs step on the owner's goroutine (or, with no owner running, on
-// this one) and returns when it is done; the engine then publishes what
-// the metrics read. A step must not call do: it would wait for itself.
+// this one) and returns once it is done and what it changed is published
+// for the metrics. A step must not call do: it would wait for itself.
 func (d *Daemon) do(step func()) {
 	o := &d.own
 	o.mu.Lock()
@@ -45,7 +45,7 @@ func (d *Daemon) do(step func()) {
 	o.mu.Unlock()
 	done := make(chan struct{})
 	select {
-	case o.jobs <- func() { step(); close(done) }:
+	case o.jobs <- func() { step(); d.publish(); close(done) }:
 		<-done
 	case <-stopped:
 		d.do(step) // the owner stopped first: run it here
@@ -87,9 +87,8 @@ func (d *Daemon) runOwner(stop <-chan struct{}) {
 	o := &d.own
 	for {
 		select {
-		case step := <-o.jobs:
-			step()
-			d.publish()
+		case job := <-o.jobs:
+			job()
 		case <-stop:
 			o.mu.Lock()
 			o.running = false

@@ -650,14 +650,7 @@ func writePKI(dir string, sans []net.IP) (*pkiFiles, error) {
 // its resource is served.
 func (s *Server) InstallCRD(tb testing.TB, name string) {
 	tb.Helper()
-	root, err := repoRoot()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	data, err := os.ReadFile(filepath.Join(root, "deploy", name))
-	if err != nil {
-		tb.Fatal(err)
-	}
+	data := deployFile(tb, name)
 	var crd map[string]any
 	if err := yaml.UnmarshalStrict(data, &crd); err != nil {
 		tb.Fatalf("decoding %s: %v", name, err)
@@ -697,4 +690,18 @@ func (s *Server) InstallCRD(tb testing.TB, name string) {
 	}) {
 		tb.Fatalf("the CRD of %s is not established within 30 s", name)
 	}
+}
+
+// deployFile reads the repository's file deploy/NAME.
+func deployFile(tb testing.TB, name string) []byte {
+	tb.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "deploy", name))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return data
 }

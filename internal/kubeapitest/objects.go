@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -26,14 +25,7 @@ import (
 // apply -f` would on a fresh cluster, refusing unknown fields.
 func (s *Server) Apply(tb testing.TB, name string) {
 	tb.Helper()
-	root, err := repoRoot()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	data, err := os.ReadFile(filepath.Join(root, "deploy", name))
-	if err != nil {
-		tb.Fatal(err)
-	}
+	data := deployFile(tb, name)
 	dc, err := discovery.NewDiscoveryClientForConfig(s.Admin)
 	if err != nil {
 		tb.Fatal(err)
