@@ -104,6 +104,12 @@ type Daemon struct {
 	metrics *metrics
 	rand    func() float64
 	beat    beat // the heartbeat's own state and lock, apart from the owner
+	// reloadTurns numbers the reloads in the order they begin reading
+	// the file (Reload).
+	reloadTurns atomic.Uint64
+	// reloadRead, when set (tests), runs once, in the next reload to have
+	// read the file.
+	reloadRead atomic.Pointer[func()]
 
 	// kernel is k as the core sees it (circuits, ids, verdicts, limits,
 	// answered words, overrides), and clock its time: fakes in the tests
@@ -112,13 +118,15 @@ type Daemon struct {
 	clock  engine.Clock
 
 	// own runs the steps that touch everything below (owner.go).
-	own      stepOwner
-	shown    atomic.Pointer[shown] // what the last step published (owner.go)
-	cfg      *policy.Config
-	classes  policy.Classes // the workloads' classes under cfg
-	scope    *cgroupWatch   // keeps the kernel's workloads map
-	resolved map[string][]netip.Addr
-	services map[string][]policy.ServiceDest // Service targets' destinations, by target
+	own stepOwner
+	// reloadApplied is the turn of the last reload applied.
+	reloadApplied uint64
+	shown         atomic.Pointer[shown] // what the last step published (owner.go)
+	cfg           *policy.Config
+	classes       policy.Classes // the workloads' classes under cfg
+	scope         *cgroupWatch   // keeps the kernel's workloads map
+	resolved      map[string][]netip.Addr
+	services      map[string][]policy.ServiceDest // Service targets' destinations, by target
 	// fallbackAddrs are the addresses the targets' Service fallbacks
 	// resolved to.
 	fallbackAddrs map[policy.ServiceFallback]netip.AddrPort
@@ -481,20 +489,32 @@ func hasLimits(cfg *policy.Config) bool {
 }
 
 // Reload reads the configuration file again. An invalid file changes
-// nothing; the error names every offending key.
+// nothing; the error names every offending key. Of reloads that overlap
+// (the file watcher's and SIGHUP's, say), one that began reading the file
+// after another is never undone by it: a reload whose turn comes after
+// a later one's was applied changes nothing.
 func (d *Daemon) Reload() error {
+	turn := d.reloadTurns.Add(1)
 	cfg, err := policy.LoadFile(d.opts.ConfigPath)
+	if hook := d.reloadRead.Swap(nil); hook != nil {
+		(*hook)()
+	}
 	var pods map[string]map[string]bool
 	if err == nil {
 		pods = d.lookupPods(cfg) // the informer's cache, before the step
 	}
-	if err != nil {
-		d.metrics.reloadOK.Set(0)
-		d.log.Error("configuration reload refused; keeping the last valid one", "file", configName(d.opts.ConfigPath), "err", err)
-		return err
-	}
 	var ctx context.Context
+	applied := false
 	d.do(func() {
+		if turn < d.reloadApplied {
+			d.log.Info("configuration reload skipped: one that read the file later was applied first")
+			return
+		}
+		d.reloadApplied = turn
+		if err != nil {
+			d.metrics.reloadOK.Set(0)
+			return
+		}
 		d.scope.presetPods(pods)
 		d.applyConfig(cfg)
 		if err := d.reconcileLimits(); err != nil {
@@ -502,13 +522,20 @@ func (d *Daemon) Reload() error {
 		}
 		d.metrics.reloadOK.Set(1)
 		d.metrics.reloadTime.SetToCurrentTime()
-		ctx = d.runCtx
+		ctx, applied = d.runCtx, true
 	})
-	// Host names are looked up outside the owner's steps (and given up
-	// when the daemon stops); addresses that changed are applied in one.
+	if err != nil {
+		d.log.Error("configuration reload refused; keeping the last valid one", "file", configName(d.opts.ConfigPath), "err", err)
+		return err
+	}
+	if !applied {
+		return nil
+	}
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	// Host names are looked up outside the owner's steps (and given up
+	// when the daemon stops); addresses that changed are applied in one.
 	d.resolve(ctx)
 	d.resolveServices()
 	return nil

@@ -344,6 +344,45 @@ func TestReloadOnFileChange(t *testing.T) {
 	}
 }
 
+// Of two reloads, one that began reading the file after the other is
+// never undone by it: the file watcher's reload, having read an older
+// file, must not replace an explicit reload of the newer one.
+func TestReloadsApplyInTheOrderTheyRead(t *testing.T) {
+	f := newFixture(t, svcConfig)
+	f.start()
+	read := make(chan struct{})
+	resume := make(chan struct{})
+	hook := func() {
+		close(read)
+		<-resume
+	}
+	f.d.reloadRead.Store(&hook)
+	f.writeConfig(svcConfig + "mode: shadow\n")
+	older := make(chan error, 1)
+	go func() { older <- f.d.Reload() }()
+	<-read
+	f.writeConfig(svcConfig)
+	if err := f.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	close(resume)
+	if err := <-older; err != nil {
+		t.Fatal(err)
+	}
+	f.d.hold()
+	mode := f.d.cfg.Mode
+	f.d.release()
+	if mode == "shadow" {
+		t.Fatal("the reload that read the older file was applied last")
+	}
+	if s, err := f.d.k.Settings(); err != nil || s.Shadow {
+		t.Fatalf("the kernel was left in shadow mode by the older file: %+v %v", s, err)
+	}
+	if !strings.Contains(f.logs.String(), "configuration reload skipped") {
+		t.Fatalf("the older reload was not reported as skipped:\n%s", f.logs.String())
+	}
+}
+
 func TestRestartAdoptsWithoutGap(t *testing.T) {
 	// The fail-safe must outlast the restart (in a TCG VM it takes seconds),
 	// and so must the open state.

@@ -3,12 +3,13 @@ package daemon
 import (
 	"cmp"
 	"context"
-	"github.com/breakerd/breakerd/api"
 	stdmaps "maps"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/breakerd/breakerd/api"
 
 	"github.com/breakerd/breakerd/maps"
 )
