@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"time"
 
@@ -113,7 +114,7 @@ func (d *Daemon) opened(c *circuit, from, to policy.State, at time.Time) {
 		d.log.Warn("circuit opened; this kernel cannot close its established connections (see the close_established start-up line)", "circuit", c.Name())
 		return
 	}
-	job := closeJob{circuit: c.Name(), target: c.Target(), workload: c.Workload(), dests: c.Dests(), workloads: closeWorkloads(d.cfg), at: at}
+	job := closeJob{circuit: c.Name(), target: c.Target(), workload: c.Workload(), dests: slices.Clone(c.Dests()), workloads: closeWorkloads(d.cfg), at: at}
 	select {
 	case d.closeJobs <- job:
 	default:
@@ -159,6 +160,9 @@ func (d *Daemon) runClose(batch []closeJob) {
 				continue
 			}
 			for _, dst := range j.dests {
+				if at, _ := d.eng.At(dst); at != c {
+					continue // it moved to another circuit since the job was queued
+				}
 				if _, dup := owner[dst]; !dup {
 					dests[j.workloads] = append(dests[j.workloads], dst)
 				}

@@ -197,6 +197,43 @@ func testPoolForcedAndTripped(t *testing.T, mechs []maps.CloseMechanism) {
 	}
 }
 
+// A close job names the destinations its circuit had when it opened; one
+// that has moved to another circuit since (a reload, a Service's
+// endpoints) is not closed with it: a healthy circuit's connections stay.
+func TestCloseJobSkipsDestinationsThatMoved(t *testing.T) {
+	f := newFixture(t, closeConfig)
+	f.srv.ServeHTTP(t, 8601)
+	f.srv.ServeHTTP(t, 8602)
+	d := f.start()
+	if m := closeMechanism(t, d); m == maps.CloseNone {
+		if kerneltest.InCI() {
+			t.Fatalf("no close mechanism on this kernel")
+		}
+		t.Skip("no close mechanism on this kernel")
+	}
+	web := maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(f.srv.IPv4, 8601)}
+	plain := maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(f.srv.IPv4, 8602)}
+	pool := f.topo.Client.StartHTTPPool(t, f.cg, plain.Addr, 2)
+	first := pool.Round(t)
+	if !allOK(first) {
+		t.Fatalf("before: %v", first)
+	}
+	if _, err := d.Force("web", "open"); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, f, 1, "closed established connections", "circuit=web", "closed=0")
+
+	// web's job, as if plain's destination had been web's when it opened.
+	d.hold()
+	job := closeJob{circuit: "web", target: "web", workload: "shared", dests: []maps.Dest{web, plain}, workloads: closeWorkloads(d.cfg), at: time.Now()}
+	d.release()
+	d.runClose([]closeJob{job})
+	waitLog(t, f, 2, "closed established connections", "circuit=web", "closed=0")
+	if r := pool.Round(t); !slices.Equal(ports(r), ports(first)) || !allOK(r) {
+		t.Fatalf("the pool of the healthy circuit: %v, want its connections kept (%v)", r, first)
+	}
+}
+
 // waitLog waits for the n-th log line containing every part.
 func waitLog(t *testing.T, f *fixture, n int, parts ...string) {
 	t.Helper()
