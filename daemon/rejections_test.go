@@ -62,7 +62,7 @@ func (f *fixture) dropAndRemake(name, without, with string) {
 	if err := f.d.Reload(); err != nil {
 		f.t.Fatal(err)
 	}
-	time.Sleep(2 * rejectionsEvery)
+	f.d.sweepRejections() // a sweep after the remake, whatever the loop's timing
 	c, _ = f.circuit(name)
 	if len(c.RejectedBy) != 0 {
 		f.t.Fatalf("circuit %s made again lists %+v", name, c.RejectedBy)
