@@ -153,8 +153,8 @@ enum turn_phase {
 	PHASE_IDLE = 0,       /* no request yet */
 	PHASE_AWAITING = 1,   /* request sent, no final status yet (1xx responses are read past) */
 	PHASE_RESPONDING = 2, /* the response began; the next request sent begins a turn */
-	/* 101 Switching Protocols answered the turn: the connection left HTTP
-	 * and its bytes begin no more turns. Its bit of PHASE_AWAITING makes
+	/* 101 Switching Protocols (or a 2xx to CONNECT) answered the turn:
+	 * the connection left HTTP and its bytes begin no more turns. Its bit of PHASE_AWAITING makes
 	 * resp_egress treat what the socket sends as the turn's own. */
 	PHASE_UPGRADED = 3,
 };
@@ -172,7 +172,8 @@ enum info_state {
 #define INFO_STATE 3 /* head_len's bits of enum info_state */
 
 enum seq_flags {
-	SEQ_SND = 1 << 0, /* snd_end holds a sequence number */
+	SEQ_SND = 1 << 0,     /* snd_end holds a sequence number */
+	SEQ_CONNECT = 1 << 1, /* the turn's request is a CONNECT: a 2xx opens a tunnel */
 };
 
 /* Pinned like every other map: a socket counted in a bulkhead before a

@@ -124,6 +124,15 @@ static __always_inline struct sock_state *followed(struct __sk_buff *skb)
 	return st;
 }
 
+#define METHOD_CONNECT_LEN 8 /* "CONNECT " */
+
+/* is_connect reports whether a request begins with the CONNECT method. */
+static __always_inline int is_connect(const __u8 *m)
+{
+	return m[0] == 'C' && m[1] == 'O' && m[2] == 'N' && m[3] == 'N' && m[4] == 'E' && m[5] == 'C' &&
+	       m[6] == 'T' && m[7] == ' ';
+}
+
 SEC("cgroup_skb/egress")
 int resp_egress(struct __sk_buff *skb)
 {
@@ -143,6 +152,17 @@ int resp_egress(struct __sk_buff *skb)
 	__u64 now = bpf_ktime_get_ns();
 	st->phase = PHASE_AWAITING;
 	st->turn += 1;
+	if (st->resp & RESP_HTTP) {
+		/* A CONNECT's 2xx turns the connection into a tunnel (RFC 9110
+		 * 9.3.6), whose bytes are no requests and answers. Only this
+		 * program writes st->seq. */
+		__u8 method[METHOD_CONNECT_LEN];
+		if (s.len >= sizeof(method) && !bpf_skb_load_bytes(skb, s.off, method, sizeof(method)) &&
+		    is_connect(method))
+			st->seq |= SEQ_CONNECT;
+		else
+			st->seq &= ~SEQ_CONNECT;
+	}
 	st->req_ns = now;
 	st->head_len = 0;
 	st->rcv_end = s.ack; /* what was received before this request */
@@ -217,7 +237,8 @@ static __always_inline __u32 http_status(const __u8 *h)
  * not 1xx. 101 Switching Protocols is final (the connection leaves HTTP):
  * it is the turn's response, counted by its status (a success unless
  * failure_statuses lists 101), and the socket begins no more turns
- * (PHASE_UPGRADED). After any other 1xx the turn keeps awaiting: its header
+ * (PHASE_UPGRADED), as after a 2xx to a CONNECT (the tunnel's bytes are
+ * no HTTP). After any other 1xx the turn keeps awaiting: its header
  * block is scanned for its end (a blank line, CRLF or bare LF lines, split
  * across segments or not), and the next status line is read from there.
  * Only a 1xx leads here; a final status costs one comparison more.
@@ -484,6 +505,8 @@ int resp_ingress(struct __sk_buff *skb)
 		}
 		if (status)
 			flags |= EVENT_HTTP;
+		if ((st->seq & SEQ_CONNECT) && status / 100 == 2)
+			phase = PHASE_UPGRADED; /* a tunnel from here */
 	}
 	st->phase = phase;
 	flags |= turn_probe_flag(st);

@@ -128,7 +128,8 @@ func TestHTTPStatusFromTheKernel(t *testing.T) {
 // across segments, a 103 of 2.5 KB with the final status in one segment,
 // a 100 the client asked for. A 100 and then the peer's
 // close is the peer's no_response. 101 Switching Protocols is the
-// response, and the bytes of the protocol switched to begin no more turns.
+// response, and the bytes of the protocol switched to begin no more turns;
+// so is a CONNECT's 200, and the tunnel's bytes.
 func TestInformationalResponsesFromTheKernel(t *testing.T) {
 	e := newEnv(t, Options{Responses: true})
 	w := e.watch(t)
@@ -194,6 +195,34 @@ s.close()
 	evs = w.waitResponses(8083, n+2, 5*time.Second)
 	if got := statuses(evs[n:]); strings.Join(got, " ") != "101 503" {
 		t.Fatalf("after 101 Switching Protocols and messages echoed, then a 503: %v, want 101 503", got)
+	}
+	n = len(evs)
+
+	// A CONNECT's 200 opens a tunnel: its bytes (here echoed status
+	// lines, and a message never answered) begin no turns either.
+	tunnel := `import socket, sys
+s = socket.create_connection((sys.argv[1], 8083), timeout=5)
+s.sendall(b"CONNECT db.internal:5432 HTTP/1.1\r\nHost: db.internal:5432\r\n\r\n")
+got = b""
+while b"\r\n\r\n" not in got:
+    got += s.recv(4096)
+assert got.startswith(b"HTTP/1.1 200 "), got
+for m in (b"HTTP/1.1 503 x\r\n", b"ping", b"HTTP/1.1 500 y\r\n"):
+    s.sendall(m)
+    back = b""
+    while len(back) < len(m):
+        back += s.recv(4096)
+s.shutdown(socket.SHUT_RD)
+s.sendall(b"unanswered")
+s.close()
+`
+	if out, err := e.topo.Client.Command(e.cg, "python3", "-c", tunnel, e.srv.IPv4.String()).Run(t); err != nil {
+		t.Fatalf("tunnelling client: %v %s", err, out)
+	}
+	e.requests(t, 8083, 5*time.Second, gets("/503")...)
+	evs = w.waitResponses(8083, n+2, 5*time.Second)
+	if got := statuses(evs[n:]); strings.Join(got, " ") != "200 503" {
+		t.Fatalf("after a CONNECT's 200 and messages tunnelled, then a 503: %v, want 200 503", got)
 	}
 }
 

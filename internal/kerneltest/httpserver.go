@@ -42,6 +42,7 @@ import (
 //	/continue-close 100 Continue, then the connection closed (FIN)
 //	/upgrade       101 Switching Protocols, then every byte echoed back
 //
+// A CONNECT is answered 200, a tunnel to nowhere: every byte is echoed back.
 // A request with "Expect: 100-continue" gets a 100 Continue first. FailWith
 // makes every request answer one status instead.
 type HTTPServer struct {
@@ -111,6 +112,13 @@ func (s *HTTPServer) answer(c *net.TCPConn, req *http.Request) bool {
 		return true
 	}
 	const hints = "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\nLink: </app.js>; rel=preload; as=script\r\n\r\n"
+	if req.Method == http.MethodConnect {
+		if !writes("HTTP/1.1 200 Connection Established\r\n\r\n") {
+			return false
+		}
+		_, _ = io.Copy(c, c)
+		return false
+	}
 	switch req.URL.Path {
 	case "/continue":
 		return writes("HTTP/1.1 100 Continue\r\n\r\n") && final(200)
