@@ -165,48 +165,25 @@ func TestInformationalResponsesFromTheKernel(t *testing.T) {
 	}
 	n := len(evs)
 
-	// 101: the response; then the echo protocol's messages begin no turns.
-	// A later request on a new connection is the sentinel.
+	// 101 and a CONNECT's 200: the response; then the bytes of the
+	// protocol switched to, or of the tunnel, begin no turns.
 	if _, err := exec.LookPath("python3"); err != nil {
 		if kerneltest.Emulated() {
-			t.Log("python3 is not in the VM: 101 Switching Protocols is checked on the host only")
+			t.Log("python3 is not in the VM: 101 Switching Protocols and CONNECT are checked on the host only")
 			return
 		}
 		t.Fatal("python3 is not installed (scripts/setup installs it)")
 	}
-	client := `import socket, sys
+	// Each case opens the connection with its request, then echoes
+	// status lines and a message never answered through what it opened.
+	// A later request on a new connection is the sentinel.
+	const client = `import socket, sys
 s = socket.create_connection((sys.argv[1], 8083), timeout=5)
-s.sendall(b"GET /upgrade HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+s.sendall(sys.argv[2].encode().replace(b"|", b"\r\n"))
 got = b""
 while b"\r\n\r\n" not in got:
     got += s.recv(4096)
-assert got.startswith(b"HTTP/1.1 101 "), got
-for m in (b"HTTP/1.1 503 x\r\n", b"ping", b"HTTP/1.1 500 y\r\n"):
-    s.sendall(m)
-    back = b""
-    while len(back) < len(m):
-        back += s.recv(4096)
-s.close()
-`
-	if out, err := e.topo.Client.Command(e.cg, "python3", "-c", client, e.srv.IPv4.String()).Run(t); err != nil {
-		t.Fatalf("upgrading client: %v %s", err, out)
-	}
-	e.requests(t, 8083, 5*time.Second, gets("/503")...)
-	evs = w.waitResponses(8083, n+2, 5*time.Second)
-	if got := statuses(evs[n:]); strings.Join(got, " ") != "101 503" {
-		t.Fatalf("after 101 Switching Protocols and messages echoed, then a 503: %v, want 101 503", got)
-	}
-	n = len(evs)
-
-	// A CONNECT's 200 opens a tunnel: its bytes (here echoed status
-	// lines, and a message never answered) begin no turns either.
-	tunnel := `import socket, sys
-s = socket.create_connection((sys.argv[1], 8083), timeout=5)
-s.sendall(b"CONNECT db.internal:5432 HTTP/1.1\r\nHost: db.internal:5432\r\n\r\n")
-got = b""
-while b"\r\n\r\n" not in got:
-    got += s.recv(4096)
-assert got.startswith(b"HTTP/1.1 200 "), got
+assert got.startswith(sys.argv[3].encode()), got
 for m in (b"HTTP/1.1 503 x\r\n", b"ping", b"HTTP/1.1 500 y\r\n"):
     s.sendall(m)
     back = b""
@@ -216,13 +193,20 @@ s.shutdown(socket.SHUT_RD)
 s.sendall(b"unanswered")
 s.close()
 `
-	if out, err := e.topo.Client.Command(e.cg, "python3", "-c", tunnel, e.srv.IPv4.String()).Run(t); err != nil {
-		t.Fatalf("tunnelling client: %v %s", err, out)
-	}
-	e.requests(t, 8083, 5*time.Second, gets("/503")...)
-	evs = w.waitResponses(8083, n+2, 5*time.Second)
-	if got := statuses(evs[n:]); strings.Join(got, " ") != "200 503" {
-		t.Fatalf("after a CONNECT's 200 and messages tunnelled, then a 503: %v, want 200 503", got)
+	for _, c := range []struct{ name, request, status string }{
+		{"101 Switching Protocols", "GET /upgrade HTTP/1.1|Host: x|Connection: Upgrade|Upgrade: echo||", "101"},
+		{"a CONNECT's 200", "CONNECT db.internal:5432 HTTP/1.1|Host: db.internal:5432||", "200"},
+	} {
+		out, err := e.topo.Client.Command(e.cg, "python3", "-c", client, e.srv.IPv4.String(), c.request, "HTTP/1.1 "+c.status+" ").Run(t)
+		if err != nil {
+			t.Fatalf("%s: client: %v %s", c.name, err, out)
+		}
+		e.requests(t, 8083, 5*time.Second, gets("/503")...)
+		evs = w.waitResponses(8083, n+2, 5*time.Second)
+		if got, want := strings.Join(statuses(evs[n:]), " "), c.status+" 503"; got != want {
+			t.Fatalf("after %s and messages echoed, then a 503: %v, want %s", c.name, got, want)
+		}
+		n = len(evs)
 	}
 }
 
