@@ -49,6 +49,18 @@ func closeMechanism(t *testing.T, d *Daemon) maps.CloseMechanism {
 	return m
 }
 
+// needCloseMechanism skips the test when the daemon has no way to close
+// established connections on this kernel, and fails it in CI.
+func needCloseMechanism(t *testing.T, d *Daemon) {
+	t.Helper()
+	if closeMechanism(t, d) == maps.CloseNone {
+		if kerneltest.InCI() {
+			t.Fatal("no close mechanism on this kernel")
+		}
+		t.Skip("no close mechanism on this kernel")
+	}
+}
+
 // ports returns the local ports of "ok:STATUS:PORT" results (0 for others).
 func ports(round []string) []int {
 	out := make([]int, len(round))
@@ -87,12 +99,7 @@ func testPoolForcedAndTripped(t *testing.T, mechs []maps.CloseMechanism) {
 	f.srv.ServeHTTP(t, 8602)
 	f.srv.ServeHold(t, 8603)
 	d := f.start()
-	if m := closeMechanism(t, d); m == maps.CloseNone {
-		if kerneltest.InCI() {
-			t.Fatalf("no close mechanism on this kernel")
-		}
-		t.Skip("no close mechanism on this kernel")
-	}
+	needCloseMechanism(t, d)
 	web := netip.AddrPortFrom(f.srv.IPv4, 8601)
 	pool := f.topo.Client.StartHTTPPool(t, f.cg, web, 4)
 	plain := f.topo.Client.StartHTTPPool(t, f.cg, netip.AddrPortFrom(f.srv.IPv4, 8602), 2)
@@ -205,12 +212,7 @@ func TestCloseJobSkipsDestinationsThatMoved(t *testing.T) {
 	f.srv.ServeHTTP(t, 8601)
 	f.srv.ServeHTTP(t, 8602)
 	d := f.start()
-	if m := closeMechanism(t, d); m == maps.CloseNone {
-		if kerneltest.InCI() {
-			t.Fatalf("no close mechanism on this kernel")
-		}
-		t.Skip("no close mechanism on this kernel")
-	}
+	needCloseMechanism(t, d)
 	web := maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(f.srv.IPv4, 8601)}
 	plain := maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(f.srv.IPv4, 8602)}
 	pool := f.topo.Client.StartHTTPPool(t, f.cg, plain.Addr, 2)
@@ -277,12 +279,7 @@ func TestCloseEstablishedCurlAndWrk(t *testing.T) {
 	f := newFixture(t, closeConfig)
 	served := f.srv.ServeHTTP(t, 8601)
 	d := f.start()
-	if m := closeMechanism(t, d); m == maps.CloseNone {
-		if kerneltest.InCI() {
-			t.Fatalf("no close mechanism on this kernel")
-		}
-		t.Skip("no close mechanism on this kernel")
-	}
+	needCloseMechanism(t, d)
 	base := fmt.Sprintf("http://%s:8601", f.srv.IPv4)
 
 	// curl: six URLs, each answered after 400 ms, on one connection; the
@@ -390,12 +387,7 @@ func TestCloseEstablishedWorkloads(t *testing.T) {
 	shop, tenant, none := f.cg.Child(t, "shop"), f.cg.Child(t, "tenant"), f.cg.Child(t, "none")
 	f.srv.ServeHold(t, 8611)
 	d := f.start()
-	if m := closeMechanism(t, d); m == maps.CloseNone {
-		if kerneltest.InCI() {
-			t.Fatalf("no close mechanism on this kernel")
-		}
-		t.Skip("no close mechanism on this kernel")
-	}
+	needCloseMechanism(t, d)
 	web := []kerneltest.PoolTarget{{Addr: netip.AddrPortFrom(f.srv.IPv4, 8611), N: 2}}
 	ps := f.topo.Client.StartPool(t, shop, web, 0)
 	pt := f.topo.Client.StartPool(t, tenant, web, 0)
@@ -449,12 +441,7 @@ targets:
 func TestCloseEstablishedProbes(t *testing.T) {
 	f := newFixture(t, closeProbeConfig)
 	d := f.start()
-	if m := closeMechanism(t, d); m == maps.CloseNone {
-		if kerneltest.InCI() {
-			t.Fatalf("no close mechanism on this kernel")
-		}
-		t.Skip("no close mechanism on this kernel")
-	}
+	needCloseMechanism(t, d)
 	if got := errnos(f.dial(8621, 3, 0)); got[unix.ECONNREFUSED] != 3 {
 		t.Fatalf("refused connects: %v", got)
 	}
@@ -494,12 +481,7 @@ func TestCloseEstablishedOnReloadForcedOpen(t *testing.T) {
 	f := newFixture(t, closeConfig)
 	f.srv.ServeHold(t, 8601)
 	d := f.start()
-	if m := closeMechanism(t, d); m == maps.CloseNone {
-		if kerneltest.InCI() {
-			t.Fatalf("no close mechanism on this kernel")
-		}
-		t.Skip("no close mechanism on this kernel")
-	}
+	needCloseMechanism(t, d)
 	pool := f.topo.Client.StartPool(t, f.cg, []kerneltest.PoolTarget{{Addr: netip.AddrPortFrom(f.srv.IPv4, 8601), N: 2}}, 0)
 	f.writeConfig(strings.Replace(closeConfig, "    close_established: true\n", "    close_established: true\n    state: forced_open\n", 1))
 	if err := d.Reload(); err != nil {
