@@ -74,7 +74,9 @@ state = %q
   address = %q
 [metrics]
   address = ""
-%s`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), plugins, c.sock, c.sock+".ttrpc", cri)
+[plugins."io.containerd.internal.v1.opt"]
+  path = %q
+%s`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), plugins, c.sock, c.sock+".ttrpc", filepath.Join(dir, "opt"), cri)
 	if err := os.WriteFile(filepath.Join(dir, "config.toml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -82,6 +84,8 @@ state = %q
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, err = os.Lstat("/opt/containerd")
+	optBefore := err == nil
 	cmd := exec.Command("containerd", "--config", filepath.Join(dir, "config.toml"))
 	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.SysProcAttr = &unix.SysProcAttr{Pdeathsig: unix.SIGKILL}
@@ -121,6 +125,13 @@ state = %q
 	})
 	if !kerneltest.WaitFor(10*time.Second, func() bool { _, err := c.ctrOut("version"); return err == nil }) {
 		t.Fatal("containerd did not start")
+	}
+	// Its opt plugin made its directory in the test's, not /opt/containerd.
+	if _, err := os.Stat(filepath.Join(dir, "opt")); err != nil {
+		t.Errorf("containerd's opt directory is not the test's: %v", err)
+	}
+	if _, err := os.Lstat("/opt/containerd"); err == nil && !optBefore {
+		t.Error("containerd made /opt/containerd on the machine")
 	}
 	return c
 }
