@@ -4,12 +4,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"slices"
-	"strings"
 	"sync"
-	"testing"
 	"time"
+
+	"github.com/breakerd/breakerd/admin/admintest"
 
 	"github.com/breakerd/breakerd/api"
 )
@@ -68,13 +67,4 @@ func (b *fakeBackend) forces() []string {
 }
 
 // do serves one request through h, from remote if given.
-func do(t *testing.T, h http.Handler, method, target, body string, remote ...string) *httptest.ResponseRecorder {
-	t.Helper()
-	req := httptest.NewRequest(method, target, strings.NewReader(body))
-	if len(remote) > 0 {
-		req.RemoteAddr = remote[0]
-	}
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
-	return rec
-}
+var do = admintest.Do

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/breakerd/breakerd/admin/admintest"
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
 )
@@ -194,16 +195,8 @@ func TestAdminSocketPeerMustBeRoot(t *testing.T) {
 	resp.Body.Close()
 }
 
-func do(t *testing.T, h http.Handler, method, target, body string, remote ...string) *httptest.ResponseRecorder {
-	t.Helper()
-	req := httptest.NewRequest(method, target, strings.NewReader(body))
-	if len(remote) > 0 {
-		req.RemoteAddr = remote[0]
-	}
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
-	return rec
-}
+// do serves one request through h, from remote if given.
+var do = admintest.Do
 
 // TestAdminAPIHostileRequests: a refused request changes no circuit of
 // the daemon, its pages are served, and the event ring stays at its
