@@ -35,12 +35,18 @@ var (
 func TestMain(m *testing.M) { kerneltest.Main(m) }
 
 // httpServer is a tiny HTTP server on a server host that can be killed
-// (listener closed: the host refuses) and started again.
+// (listener closed: the host refuses) and started again. Each connection
+// gets one answer, 200 "ok", unless serve is set.
 type httpServer struct {
 	host *kerneltest.Host
 	port uint16
-	mu   sync.Mutex
-	l    net.Listener
+	// serve, when set, answers each accepted connection (on its own
+	// goroutine) instead, and closes it.
+	serve func(net.Conn)
+	// accepted, when set, runs for each connection as it is accepted.
+	accepted func()
+	mu       sync.Mutex
+	l        net.Listener
 }
 
 func (s *httpServer) start(t *testing.T) {
@@ -56,21 +62,31 @@ func (s *httpServer) start(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.l = l
+	serve := s.serve
+	if serve == nil {
+		serve = answerOK
+	}
 	go func() {
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(5 * time.Second))
-				buf := make([]byte, 1024)
-				c.Read(buf)
-				io.WriteString(c, "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
-			}()
+			if s.accepted != nil {
+				s.accepted()
+			}
+			go serve(c)
 		}
 	}()
+}
+
+// answerOK reads a request and answers 200 "ok".
+func answerOK(c net.Conn) {
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 1024)
+	c.Read(buf)
+	io.WriteString(c, "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
 }
 
 func (s *httpServer) stop() {

@@ -46,10 +46,8 @@ const (
 // warmRate requests a second over warmUp after each start. It counts the
 // connections it accepts, by second since its last start.
 type coldServer struct {
-	host    *kerneltest.Host
-	port    uint16
-	mu      sync.Mutex
-	l       net.Listener
+	httpServer
+	cold    sync.Mutex // the fields below
 	started time.Time
 	tokens  float64
 	last    time.Time
@@ -58,37 +56,30 @@ type coldServer struct {
 
 func (s *coldServer) start(t *testing.T) {
 	t.Helper()
-	var l net.Listener
-	if err := s.host.Do(func() (err error) {
-		l, err = net.Listen("tcp", fmt.Sprintf(":%d", s.port))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	s.mu.Lock()
-	s.l, s.started, s.tokens, s.last = l, time.Now(), 0, time.Now()
+	s.cold.Lock()
+	s.started, s.tokens, s.last = time.Now(), 0, time.Now()
 	for i := range s.accepts {
 		s.accepts[i].Store(0)
 	}
-	s.mu.Unlock()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			if sec := int(time.Since(s.started) / time.Second); sec < len(s.accepts) {
-				s.accepts[sec].Add(1)
-			}
-			go s.serve(c)
-		}
-	}()
+	s.cold.Unlock()
+	s.httpServer.serve, s.httpServer.accepted = s.serveCold, s.countAccept
+	s.httpServer.start(t)
+}
+
+// countAccept counts a connection accepted in its second since the start.
+func (s *coldServer) countAccept() {
+	s.cold.Lock()
+	started := s.started
+	s.cold.Unlock()
+	if sec := int(time.Since(started) / time.Second); sec < len(s.accepts) {
+		s.accepts[sec].Add(1)
+	}
 }
 
 // admit takes one request's worth of the server's capacity now.
 func (s *coldServer) admit() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.cold.Lock()
+	defer s.cold.Unlock()
 	now := time.Now()
 	warm := min(float64(now.Sub(s.started))/float64(warmUp), 1)
 	rate := coldRate + (warmRate-coldRate)*warm
@@ -101,7 +92,9 @@ func (s *coldServer) admit() bool {
 	return true
 }
 
-func (s *coldServer) serve(c net.Conn) {
+// serveCold answers 200 "ok" after serveTime while the capacity lasts,
+// and 503 at once beyond it.
+func (s *coldServer) serveCold(c net.Conn) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	buf := make([]byte, 1024)
@@ -112,15 +105,6 @@ func (s *coldServer) serve(c net.Conn) {
 	}
 	time.Sleep(serveTime)
 	io.WriteString(c, "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
-}
-
-func (s *coldServer) stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.l != nil {
-		s.l.Close()
-		s.l = nil
-	}
 }
 
 const recoveryConfig = `
@@ -215,7 +199,7 @@ backend be
 		{"breakerd, slow_start 30s from 0.1", guarded, 8302, netip.AddrPortFrom(srv.IPv4, 8302), unix.EAGAIN},
 		{"HAProxy, slowstart 30s (maxconn 8)", plain, haPort, netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", haPort+10000)), 0},
 	} {
-		s := &coldServer{host: srv, port: line.port}
+		s := &coldServer{httpServer: httpServer{host: srv, port: line.port}}
 		s.start(t)
 		if line.port == haPort {
 			if !kerneltest.WaitFor(15*time.Second, func() bool { return haproxyStatus(stats) == "UP" }) {
