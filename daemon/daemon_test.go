@@ -160,6 +160,25 @@ func (f *fixture) waitState(name, state string, timeout time.Duration) {
 	}
 }
 
+// sentinel makes one connect from cg to port, which nothing listens on
+// and no target matches (a dynamic circuit of all), and waits until the
+// daemon has counted its refusal. The ring keeps the kernel's order, so
+// every record written before the connect has been handled by then: a
+// test asserts that something was not counted after this, not after a
+// sleep.
+func (f *fixture) sentinel(cg *kerneltest.Cgroup, port uint16) {
+	f.t.Helper()
+	refused := func() float64 { return f.outcomeCount("refused", allTarget) }
+	before := refused()
+	res := f.topo.Client.Dial(f.t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, port), Count: 1})
+	if got := errnos(res); got[unix.ECONNREFUSED] != 1 {
+		f.t.Fatalf("sentinel connect to port %d: %v, want refused by the server", port, got)
+	}
+	if !kerneltest.WaitFor(3*time.Second, func() bool { return refused() > before }) {
+		f.t.Fatalf("the sentinel's refusal (port %d) was not counted (logs:\n%s)", port, f.logs.String())
+	}
+}
+
 func errnos(rs []kerneltest.DialResult) map[unix.Errno]int {
 	m := map[unix.Errno]int{}
 	for _, r := range rs {
