@@ -562,7 +562,7 @@ targets:
 	if got := kf.dialFrom(dbCtr, 8400, 5); got[unix.ECONNREFUSED] != 5 {
 		t.Fatalf("unselected pod: %v", got)
 	}
-	time.Sleep(200 * time.Millisecond)
+	kf.sentinel(web1Ctr, 8409) // a selected pod's record, read after theirs would be
 	if c, _ := kf.circuit("svc@shop"); c.Calls != 0 {
 		t.Fatalf("an unselected pod's failures counted: %+v", c)
 	}
