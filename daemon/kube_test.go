@@ -622,11 +622,21 @@ targets:
 	if p, err := kf.cs.CoreV1().Pods(kf.ns).Get(ctx, "web-1", metav1.GetOptions{}); err != nil || p.DeletionTimestamp == nil {
 		t.Fatalf("web-1 after a graceful delete: %v, %v; want it terminating", err, p)
 	}
-	for range 10 { // over a second: long after the informer has the update
-		if got := kf.dialFrom(web1Ctr, 8400, 1); got[unix.EHOSTUNREACH] != 1 {
-			t.Fatalf("a terminating pod: %v, want still rejected (protected until it is gone)", got)
-		}
-		time.Sleep(100 * time.Millisecond)
+	// A later change of another pod (a label no selector asks for)
+	// reaches the pod cache after the deletion's, one watch keeping the
+	// order: once it is there, a resolution of the pods sees web-1
+	// terminating.
+	if _, err := kf.cs.CoreV1().Pods(kf.ns).Patch(ctx, "web-2", types.MergePatchType, []byte(`{"metadata":{"labels":{"seen":"after-delete"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !kerneltest.WaitFor(10*time.Second, func() bool {
+		return len(kf.cluster.SelectPods(kube.PodSelector{Namespaces: []string{kf.ns}, Labels: map[string]string{"seen": "after-delete"}})) == 1
+	}) {
+		t.Fatal("the pod cache does not have a change made after web-1's graceful delete")
+	}
+	kf.d.resolvePods()
+	if got := kf.dialFrom(web1Ctr, 8400, 1); got[unix.EHOSTUNREACH] != 1 {
+		t.Fatalf("a terminating pod: %v, want still rejected (protected until it is gone)", got)
 	}
 	// Then deleted at once: its cgroups leave the workload.
 	zero := int64(0)
