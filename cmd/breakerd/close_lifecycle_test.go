@@ -104,8 +104,7 @@ func TestLifecycleCloseEstablished(t *testing.T) {
 	check("SIGTERM restart")
 
 	for range 5 {
-		p.cmd.Process.Signal(syscall.SIGHUP)
-		time.Sleep(50 * time.Millisecond)
+		l.reload(p)
 	}
 	check("reloads")
 
