@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -430,21 +431,34 @@ func wakeOnlyWithRecords(t *testing.T, e *env, rd *EventReader) {
 			done <- n
 		}()
 	}
+	// A reader that waits: Wake with an empty ring, then a healthy record,
+	// must not wake it, so the first return is the one a failure's record
+	// causes, with the healthy record before it. (The pause only lets the
+	// reader reach its wait before the healthy record, which it would
+	// otherwise find at once.)
 	read()
 	time.Sleep(50 * time.Millisecond)
 	rd.Wake() // nothing to read: the reader keeps waiting
-	select {
-	case n := <-done:
-		t.Fatalf("Wake with an empty ring woke the reader (%d records)", n)
-	case <-time.After(300 * time.Millisecond):
-	}
 	if res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: e.dest(9030, false).Addr}); res[0].Errno != 0 {
 		t.Fatalf("healthy connect: %v", res[0].Errno)
 	}
+	if res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: e.dest(9198, false).Addr}); res[0].Errno != unix.ECONNREFUSED {
+		t.Fatalf("refused connect: %v", res[0].Errno)
+	}
 	select {
 	case n := <-done:
-		t.Fatalf("a healthy record woke the reader (%d records)", n)
-	case <-time.After(300 * time.Millisecond):
+		if got := outcomes(batch[:n]); !slices.Equal(got, []Outcome{Established, Refused}) {
+			t.Fatalf("first return of the waiting reader: %v, want [established refused] (an empty Wake or the healthy record woke it)", got)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("a refused connect's record did not wake the reader")
+	}
+	// Wake with a record waiting wakes it (the pause again lets the
+	// reader wait before the record comes).
+	read()
+	time.Sleep(50 * time.Millisecond)
+	if res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: e.dest(9030, false).Addr}); res[0].Errno != 0 {
+		t.Fatalf("healthy connect: %v", res[0].Errno)
 	}
 	rd.Wake()
 	select {
