@@ -434,6 +434,9 @@ targets:
     connect_timeout: 1s
     probe_timeout: 5s
     reject_errno: EHOSTUNREACH
+  sentinel:
+    match: {cidrs: [SRV], ports: ["8629"]}
+    close_established: true
 `
 
 // A half-open circuit's probes are not closed while it is half-open; when
@@ -454,12 +457,17 @@ func TestCloseEstablishedProbes(t *testing.T) {
 	time.Sleep(400 * time.Millisecond)
 	probe := f.topo.Client.StartPool(t, f.cg, []kerneltest.PoolTarget{{Addr: netip.AddrPortFrom(f.srv.IPv4, 8621), N: 1}}, 0)
 	f.waitState("web", "half_open", 2*time.Second)
-	time.Sleep(200 * time.Millisecond)
+	// Passes run in the order they were queued: once a later one (another
+	// circuit forced open) is done, one the half-open step queued would be.
+	if _, err := d.Force("sentinel", "open"); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, f, 1, "closed established connections", "circuit=sentinel")
 	if got := probe.Check(t); !slices.Equal(got, []string{"open"}) {
 		t.Fatalf("the half-open circuit's probe: %v, want it left open", got)
 	}
-	if n := strings.Count(f.logs.String(), "closed established connections"); n != 1 {
-		t.Fatalf("%d close passes, want only the first opening's", n)
+	if n := strings.Count(f.logs.String(), "closed established connections"); n != 2 {
+		t.Fatalf("%d close passes, want only the first opening's and the sentinel's", n)
 	}
 
 	// The second probe is refused: the circuit reopens, and the first

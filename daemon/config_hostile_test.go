@@ -147,9 +147,14 @@ func TestHostileReloadsAreRefused(t *testing.T) {
 	if !strings.Contains(f.logs.String(), "configuration reload refused") {
 		t.Fatal("no refusal in the log")
 	}
-	// The watcher saw the swaps too and reloaded on its own: let it try
-	// the FIFO, then stop with the FIFO in place.
-	time.Sleep(500 * time.Millisecond)
+	// The watcher saw the swaps too and reloads on its own: once it has
+	// refused the FIFO as well (the test's own reload was the first),
+	// stop with the FIFO in place.
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		return strings.Count(grepLines(f.logs.String(), "configuration reload refused"), "it is a FIFO") >= 2
+	}) {
+		t.Fatalf("the watcher did not try the FIFO:\n%s", grepLines(f.logs.String(), "configuration reload refused"))
+	}
 	guardRejects("with a FIFO as the configuration")
 	waitReturn(t, "stopping with a FIFO as the configuration", f.stop)
 }

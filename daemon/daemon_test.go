@@ -160,6 +160,52 @@ func (f *fixture) waitState(name, state string, timeout time.Duration) {
 	}
 }
 
+// sentinel makes one connect from cg to port, which nothing listens on
+// and no target matches (a dynamic circuit of all), and waits until the
+// daemon has counted its refusal. The ring keeps the kernel's order, so
+// every record written before the connect has been handled by then: a
+// test asserts that something was not counted after this, not after a
+// sleep.
+func (f *fixture) sentinel(cg *kerneltest.Cgroup, port uint16) {
+	f.t.Helper()
+	before := f.refusedOfAll()
+	res := f.topo.Client.Dial(f.t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, port), Count: 1})
+	if got := errnos(res); got[unix.ECONNREFUSED] != 1 {
+		f.t.Fatalf("sentinel connect to port %d: %v, want refused by the server", port, got)
+	}
+	if !kerneltest.WaitFor(3*time.Second, func() bool { return f.refusedOfAll() > before }) {
+		f.t.Fatalf("the sentinel's refusal (port %d) was not counted (logs:\n%s)", port, f.logs.String())
+	}
+}
+
+// refusedOfAll sums the refusals counted for the dynamic circuits of all,
+// of every workload (an isolated workload's have their own series).
+func (f *fixture) refusedOfAll() float64 {
+	f.t.Helper()
+	f.d.hold()
+	defer f.d.release()
+	mfs, err := f.d.metrics.reg.Gather()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "breakerd_connection_outcomes_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			if labels["outcome"] == "refused" && labels["target"] == allTarget {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n
+}
+
 func errnos(rs []kerneltest.DialResult) map[unix.Errno]int {
 	m := map[unix.Errno]int{}
 	for _, r := range rs {

@@ -139,8 +139,15 @@ targets:
 		t.Fatalf("first probe: %v", got)
 	}
 	f.waitState("svc", "half_open", time.Second)
-	// probe_timeout passes with every probe that came succeeded: no reopen.
-	time.Sleep(1500 * time.Millisecond)
+	// probe_timeout passes with every probe that came succeeded: a new
+	// round begins, no reopen.
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		evs := f.d.Events()
+		last := evs[len(evs)-1]
+		return last.From == "half_open" && last.To == "half_open" && last.Reason == "probe_round"
+	}) {
+		t.Fatalf("no new round at probe_timeout: %+v", f.d.Events())
+	}
 	if c, _ := f.circuit("svc"); c.State != "half_open" || c.Trip != 0 {
 		t.Fatalf("after a round whose every probe succeeded: %+v", c)
 	}

@@ -390,7 +390,9 @@ targets:
 	if !kerneltest.WaitFor(10*time.Second, func() bool { return reachable() == 0 }) {
 		t.Fatalf("api_reachable %v with the API gone", reachable())
 	}
-	time.Sleep(2 * time.Second)
+	// A resolution during the outage (as a change would start) keeps
+	// the last known endpoints.
+	kf.d.resolveServices()
 	kf.waitVerdicts(t, svc.Spec.ClusterIP+":80", srv+":8080")
 	rs := kf.dial(8080, 3, time.Second)
 	if n := errnos(rs)[unix.ECONNREFUSED]; n != 3 {
@@ -562,7 +564,7 @@ targets:
 	if got := kf.dialFrom(dbCtr, 8400, 5); got[unix.ECONNREFUSED] != 5 {
 		t.Fatalf("unselected pod: %v", got)
 	}
-	time.Sleep(200 * time.Millisecond)
+	kf.sentinel(web1Ctr, 8409) // a selected pod's record, read after theirs would be
 	if c, _ := kf.circuit("svc@shop"); c.Calls != 0 {
 		t.Fatalf("an unselected pod's failures counted: %+v", c)
 	}
@@ -620,11 +622,21 @@ targets:
 	if p, err := kf.cs.CoreV1().Pods(kf.ns).Get(ctx, "web-1", metav1.GetOptions{}); err != nil || p.DeletionTimestamp == nil {
 		t.Fatalf("web-1 after a graceful delete: %v, %v; want it terminating", err, p)
 	}
-	for range 10 { // over a second: long after the informer has the update
-		if got := kf.dialFrom(web1Ctr, 8400, 1); got[unix.EHOSTUNREACH] != 1 {
-			t.Fatalf("a terminating pod: %v, want still rejected (protected until it is gone)", got)
-		}
-		time.Sleep(100 * time.Millisecond)
+	// A later change of another pod (a label no selector asks for)
+	// reaches the pod cache after the deletion's, one watch keeping the
+	// order: once it is there, a resolution of the pods sees web-1
+	// terminating.
+	if _, err := kf.cs.CoreV1().Pods(kf.ns).Patch(ctx, "web-2", types.MergePatchType, []byte(`{"metadata":{"labels":{"seen":"after-delete"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !kerneltest.WaitFor(10*time.Second, func() bool {
+		return len(kf.cluster.SelectPods(kube.PodSelector{Namespaces: []string{kf.ns}, Labels: map[string]string{"seen": "after-delete"}})) == 1
+	}) {
+		t.Fatal("the pod cache does not have a change made after web-1's graceful delete")
+	}
+	kf.d.resolvePods()
+	if got := kf.dialFrom(web1Ctr, 8400, 1); got[unix.EHOSTUNREACH] != 1 {
+		t.Fatalf("a terminating pod: %v, want still rejected (protected until it is gone)", got)
 	}
 	// Then deleted at once: its cgroups leave the workload.
 	zero := int64(0)

@@ -422,6 +422,12 @@ targets:
 	d = f.start()
 	f.waitState("svc", "forced_open", 2*time.Second)
 	time.Sleep(1100 * time.Millisecond) // past the adopted verdict's due time
+	// A tick after it, with its once-a-second pass, whatever the loop's
+	// timing: neither may rewrite the forced verdict.
+	d.hold()
+	d.eng.Tick(d.now())
+	d.eng.RetryUnenforced()
+	d.release()
 	if v, ok, err := d.k.Verdict(f.dest(9461)); err != nil || !ok || v.State != maps.ForcedOpen {
 		t.Fatalf("forced open after the restart: verdict %+v (%v, %v), want forced open", v, ok, err)
 	}
@@ -470,9 +476,9 @@ func TestLimitsReloadedAwayNeedNoID(t *testing.T) {
 	}
 	d.hold()
 	d.eng.IDs().SetLimit(4) // id 3 comes free
+	d.eng.RetryUnenforced() // the tick's retry pass gives it to none of them
 	d.release()
-	time.Sleep(1500 * time.Millisecond) // a retry pass of the tick
-	f.dial(9466, 2, 0)                  // refused twice: it opens, and takes id 3
+	f.dial(9466, 2, 0) // refused twice: it opens, and takes id 3
 	f.waitState(f.dynName(9466), "open", 2*time.Second)
 	f.waitEnforced(9466)
 }

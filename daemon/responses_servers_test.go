@@ -192,7 +192,7 @@ func TestPostgresResponseTimeout(t *testing.T) {
 	// connection (rejected too) and go on waiting.
 	_ = p.Cmd.Process.Kill()
 	_ = p.Cmd.Wait()
-	time.Sleep(300 * time.Millisecond) // its connection's end is read
+	f.sentinel(f.cg, 9190) // read after its connection's end
 	for o, want := range map[string]float64{"response_timeout": 1, "response_dropped": 0, "response": pgStart} {
 		if n := f.outcomeCount(o, "pg"); n != want {
 			t.Fatalf("%v %s after psql gave up, want %v", n, o, want)
@@ -367,7 +367,7 @@ func TestMemcachedSlowAndSilentServer(t *testing.T) {
 		_ = p.Cmd.Wait()
 	}
 	m.Signal(t, syscall.SIGCONT)
-	time.Sleep(300 * time.Millisecond) // the connections' ends are read
+	f.sentinel(f.cg, 9190) // read after the connections' ends
 	if n := f.outcomeCount("response_timeout", "cache"); n != 2 {
 		t.Fatalf("%v response timeouts after the clients gave up, want still 2", n)
 	}

@@ -198,7 +198,9 @@ func TestResponseTimeoutCountedAtTimeout(t *testing.T) {
 	if err := p.Cmd.Wait(); err != nil {
 		t.Logf("client: %v", err)
 	}
-	time.Sleep(300 * time.Millisecond) // its no_response record is read
+	// The client's close wrote its no_response record; a later record
+	// counted means it has been read.
+	f.sentinel(f.cg, 9190)
 	if n := f.outcomeCount("response_timeout", "web"); n != 1 {
 		t.Fatalf("%v response timeouts after the client gave up, want still 1", n)
 	}
@@ -789,7 +791,10 @@ func TestCountedSuccessesReviewCases(t *testing.T) {
 		}
 		before, _ := f.circuit("web")
 		pool.get(t, "/ok", "/ok", "/ok")
-		time.Sleep(300 * time.Millisecond) // a few ticks
+		// What the kernel counted for them is written out (as a tick
+		// does) and read before a later record is.
+		f.d.flushAnswered()
+		f.sentinel(f.cg, 9190)
 		if c, _ := f.circuit("web"); c.Calls != before.Calls {
 			t.Fatalf("calls %d after the target stopped following responses, %d before", c.Calls, before.Calls)
 		}

@@ -77,7 +77,7 @@ func TestScopingSelectedOnly(t *testing.T) {
 	if got := f.dialFrom(unsel, 8400, 10); got[unix.ECONNREFUSED] != 10 {
 		t.Fatalf("unselected: %v, want 10 refused by the server", got)
 	}
-	time.Sleep(200 * time.Millisecond)
+	f.sentinel(sel, 8409) // a selected process's record, read after theirs would be
 	if c, _ := f.circuit("svc"); c.State != "closed" || c.Calls != 0 {
 		t.Fatalf("the unselected process's failures counted: %+v", c)
 	}

@@ -34,10 +34,16 @@ targets:
     protocol: http
     response_timeout: 500ms
     consecutive_failures: 100
+  sentinel:
+    match: {cidrs: [SRV0], ports: ["8099"]}
+    protocol: http
+    response_timeout: 500ms
+    consecutive_failures: 100
 `)
 	srv := w.topo.Servers[0]
 	web := srv.ServeHTTPCases(t, 8097)
 	srv.ServeHTTPCases(t, 8098)
+	srv.ServeHTTPCases(t, 8099)
 	w.start()
 	base := fmt.Sprintf("http://%s:8097", srv.IPv4)
 	if r := w.curl(w.cg, base+"/404", "-o", "/dev/null", base+"/404"); r.exit != 0 {
@@ -75,7 +81,10 @@ targets:
 	if n := srv.SYNs(t); n != syns {
 		t.Fatalf("%d SYNs reached the open destination across the SIGKILL", n-syns)
 	}
-	time.Sleep(time.Second) // ticks of the new daemon while the request still waits
+	// A request begun after the restart is counted at its timeout by a
+	// pass over every request in flight, the older one's too: that one
+	// must not be counted again.
+	awaitSentinelTimeout(t, w, srv.IPv4)
 	if m := w.metrics(); strings.Contains(m, `outcome="response_timeout",target="slow"`) {
 		t.Fatalf("the new daemon counted the request begun before it:\n%s", grep(m, "outcome=\"response"))
 	}
@@ -117,10 +126,16 @@ targets:
     consecutive_failures: 1
     open_duration: 4m
     reject_errno: EHOSTUNREACH
+  sentinel:
+    match: {cidrs: [SRV0], ports: ["8099"]}
+    protocol: http
+    response_timeout: 500ms
+    consecutive_failures: 100
 `)
 	srv := w.topo.Servers[0]
 	pg := srv.StartPostgres(t, 5493)
 	mc := srv.StartMemcached(t, 11293)
+	srv.ServeHTTPCases(t, 8099)
 	w.start()
 	series := func(outcome, target string, n int) string {
 		return fmt.Sprintf(`breakerd_connection_outcomes_total{outcome="%s",target="%s",workload="shared"} %d`, outcome, target, n)
@@ -208,8 +223,8 @@ targets:
 	w.waitState("pg", "open", 3*time.Second)
 	w.waitState("cache", "open", 3*time.Second)
 	rejected("after the restart")
-	time.Sleep(time.Second) // ticks of the new daemon while the get still waits
-	if m := w.metrics(); strings.Contains(m, `outcome="response_timeout"`) {
+	awaitSentinelTimeout(t, w, srv.IPv4) // a pass over the get as well
+	if m := w.metrics(); strings.Contains(m, `outcome="response_timeout",target="cache"`) {
 		t.Fatalf("the new daemon counted the get begun before it:\n%s", grep(m, "outcome=\"response"))
 	}
 	if c := w.circuits()["cache"]; c.Calls != 0 {
@@ -217,6 +232,26 @@ targets:
 	}
 	hold.Cmd.Process.Kill()
 	hold.Cmd.Wait()
+}
+
+// awaitSentinelTimeout makes a request to the target sentinel (port 8099
+// of addr, never answered) and waits until the daemon counts it at
+// response_timeout. The daemon counts timeouts in one pass over every
+// request in flight, so a request that has waited longer was looked at
+// by then.
+func awaitSentinelTimeout(t *testing.T, w *world, addr netip.Addr) {
+	t.Helper()
+	p := w.topo.Client.StartDial(t, w.cg, kerneltest.DialSpec{Op: "keepalive", Addr: netip.AddrPortFrom(addr, 8099), Timeout: 20 * time.Second,
+		Requests: []kerneltest.HTTPRequest{{Path: "/never"}}})
+	defer func() {
+		p.Cmd.Process.Kill()
+		p.Cmd.Wait()
+	}()
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		return strings.Contains(w.metrics(), `breakerd_connection_outcomes_total{outcome="response_timeout",target="sentinel",workload="shared"} 1`)
+	}) {
+		t.Fatalf("the sentinel request's timeout was not counted:\n%s", grep(w.metrics(), "outcome=\"response"))
+	}
 }
 
 func grep(s, sub string) string {

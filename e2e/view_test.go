@@ -111,8 +111,14 @@ func TestStatusPageShowsATrip(t *testing.T) {
 		chromedp.WithPollingTimeout(15*time.Second), chromedp.WithPollingInterval(200*time.Millisecond))); err != nil {
 		t.Fatalf("rejections did not count up from %d: %v", first, err)
 	}
-	// Let the chart gather a few points.
-	time.Sleep(5 * time.Second)
+	// The chart gathers a point a poll: wait for a few, with more
+	// rejections counted meanwhile.
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](fmt.Sprintf(`(() => {
+		const line = document.querySelector('.chart[data-name="web"] polyline.fr');
+		return !!line && line.getAttribute("points").split(" ").length >= 3 && Number(document.querySelector('%s td.rejected')?.textContent) > %d;
+	})()`, row, first), chromedp.WithPollingTimeout(15*time.Second), chromedp.WithPollingInterval(200*time.Millisecond))); err != nil {
+		t.Fatalf("web's chart did not gather 3 points while rejections counted up from %d: %v", first, err)
+	}
 	second := rejected()
 	if second <= first {
 		t.Fatalf("rejections %d then %d", first, second)

@@ -354,7 +354,7 @@ func testHandoffLost(t *testing.T, thread bool) {
 	if got := established(3); got[2] != 2 || got[3] != 1 || len(got) != 2 {
 		t.Fatalf("records with the handoff lost by class %v, want still 2 of class 2 and 1 of class 3 (none for the socket made in unsel)", got)
 	}
-	time.Sleep(200 * time.Millisecond)
+	w.sentinel(t, e, made, 9198) // a late record would be read before it
 	if got := established(3); got[2] != 2 || got[3] != 1 || len(got) != 2 {
 		t.Fatalf("late records: by class %v", got)
 	}

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -69,6 +70,21 @@ func (w *watcher) wait(port uint16, n int, timeout time.Duration) []Event {
 		return len(out) >= n
 	})
 	return out
+}
+
+// sentinel makes one connect from cg to port, where nothing listens,
+// and waits for its refused record. The ring keeps the kernel's order, so
+// every record written before the connect has been read by then: a test
+// asserts that a record did not come after this, not after a sleep.
+func (w *watcher) sentinel(t *testing.T, e *env, cg *kerneltest.Cgroup, port uint16) {
+	t.Helper()
+	n := len(w.wait(port, 0, 0)) + 1
+	if res := e.dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: e.dest(port, false).Addr}); res[0].Errno != unix.ECONNREFUSED {
+		t.Fatalf("sentinel connect to port %d: %v, want refused by the server", port, res[0].Errno)
+	}
+	if evs := w.wait(port, n, 3*time.Second); len(evs) != n || evs[n-1].Outcome != Refused {
+		t.Fatalf("sentinel records for port %d: %v, want %d, the last refused", port, outcomes(evs), n)
+	}
 }
 
 func outcomes(evs []Event) []Outcome {
@@ -415,21 +431,34 @@ func wakeOnlyWithRecords(t *testing.T, e *env, rd *EventReader) {
 			done <- n
 		}()
 	}
+	// A reader that waits: Wake with an empty ring, then a healthy record,
+	// must not wake it, so the first return is the one a failure's record
+	// causes, with the healthy record before it. (The pause only lets the
+	// reader reach its wait before the healthy record, which it would
+	// otherwise find at once.)
 	read()
 	time.Sleep(50 * time.Millisecond)
 	rd.Wake() // nothing to read: the reader keeps waiting
-	select {
-	case n := <-done:
-		t.Fatalf("Wake with an empty ring woke the reader (%d records)", n)
-	case <-time.After(300 * time.Millisecond):
-	}
 	if res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: e.dest(9030, false).Addr}); res[0].Errno != 0 {
 		t.Fatalf("healthy connect: %v", res[0].Errno)
 	}
+	if res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: e.dest(9198, false).Addr}); res[0].Errno != unix.ECONNREFUSED {
+		t.Fatalf("refused connect: %v", res[0].Errno)
+	}
 	select {
 	case n := <-done:
-		t.Fatalf("a healthy record woke the reader (%d records)", n)
-	case <-time.After(300 * time.Millisecond):
+		if got := outcomes(batch[:n]); !slices.Equal(got, []Outcome{Established, Refused}) {
+			t.Fatalf("first return of the waiting reader: %v, want [established refused] (an empty Wake or the healthy record woke it)", got)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("a refused connect's record did not wake the reader")
+	}
+	// Wake with a record waiting wakes it (the pause again lets the
+	// reader wait before the record comes).
+	read()
+	time.Sleep(50 * time.Millisecond)
+	if res := e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: e.dest(9030, false).Addr}); res[0].Errno != 0 {
+		t.Fatalf("healthy connect: %v", res[0].Errno)
 	}
 	rd.Wake()
 	select {
@@ -467,7 +496,7 @@ func TestResetSeenOnceAcrossRestart(t *testing.T) {
 		e.dial(t, e.cg, kerneltest.DialSpec{Network: network, Addr: d.Addr, Op: "connect-read"})
 		n += 2
 		w.wait(9104, n, 2*time.Second)
-		time.Sleep(100 * time.Millisecond) // a second report would come now
+		w.sentinel(t, e, e.cg, 9198) // a second report would come before it
 		evs := w.wait(9104, n, 0)
 		if len(evs) != n {
 			t.Fatalf("%s: %d records for %d connections: %v", network, len(evs), n/2, outcomes(evs))
@@ -488,7 +517,7 @@ func TestResetSeenOnceAcrossRestart(t *testing.T) {
 	resetOnce("tcp6")
 
 	e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: e.dest(9105, false).Addr, Op: "connect-abort"})
-	time.Sleep(100 * time.Millisecond)
+	w.sentinel(t, e, e.cg, 9198)
 	if evs := w.wait(9105, 0, 0); len(evs) != 1 || evs[0].Outcome != Established {
 		t.Fatalf("the client's own reset: %v, want only established", outcomes(evs))
 	}
@@ -524,8 +553,10 @@ func TestNoStallAfterApplicationClose(t *testing.T) {
 		wg.Wait()
 	}
 	// RTOs of the FINs at about 0.2, 0.6 and 1.4 s after each close: a
-	// stall (max_rto 1) would be reported at the first.
+	// stall (max_rto 1) would be reported at the first, and read before
+	// the sentinel's record.
 	time.Sleep(1500 * time.Millisecond)
+	w.sentinel(t, e, e.cg, 9198)
 	for _, port := range []uint16{9120, 9121} {
 		if evs := w.wait(port, 0, 0); len(evs) != 1 {
 			t.Errorf("port %d: %v after the application closed, want only established", port, outcomes(evs))
@@ -549,7 +580,7 @@ func TestResetSeenOnlyBelowAttachPoint(t *testing.T) {
 	}
 	evs := wMine.wait(9114, 4, 2*time.Second)
 	expectOutcomes(t, evs, Established, Reset, Established, Reset)
-	time.Sleep(100 * time.Millisecond)
+	wOther.sentinel(t, other, other.cg, 9198) // the other ring's own later record
 	if evs := wOther.wait(9114, 0, 0); len(evs) != 0 {
 		t.Fatalf("the other attach point's ring has %v", outcomes(evs))
 	}

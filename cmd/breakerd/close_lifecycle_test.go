@@ -19,8 +19,9 @@ import (
 // close_established across the lifecycle. web (healthy) and the
 // forced-open down ask for it; flap opens by failures while it does not,
 // with a pool holding connections to it, and then asks for it by a
-// reload. Checked at every step (SIGTERM restart, reloads, SIGKILL, start
-// after it, a refused second start):
+// reload; sentinel, with no connections, is forced open at each step to
+// mark where the step's passes end. Checked at every step (SIGTERM
+// restart, reloads, SIGKILL, start after it, a refused second start):
 //   - the lifecycle invariants (no healthy connect rejected, no connect to
 //     the open circuit let through, the pinned verdicts exact);
 //   - no healthy connection closed: the pool to web keeps its 4;
@@ -48,6 +49,9 @@ targets:
     open_duration: 1h
     max_open_duration: 2h
     close_established: false
+  sentinel:
+    match: {cidrs: [SRV], ports: ["8509"]}
+    close_established: true
 `
 
 func TestLifecycleCloseEstablished(t *testing.T) {
@@ -73,8 +77,27 @@ func TestLifecycleCloseEstablished(t *testing.T) {
 	}
 	l.open[flap] = true
 
-	check := func(step string) {
+	// check checks the step's invariants; with a daemon running, after a
+	// close pass of sentinel (a circuit with no connections, forced open
+	// and released again): passes run in the order they are queued, so
+	// one the step queued has run and logged by then.
+	check := func(step string, running *proc) {
 		t.Helper()
+		if running != nil {
+			passes := func() int {
+				return strings.Count(running.logs.String(), "circuit=sentinel target=sentinel workload=shared closed=0")
+			}
+			before := passes()
+			if err := force(l.socket, "sentinel", "open"); err != nil {
+				t.Fatalf("%s: %v", step, err)
+			}
+			if !kerneltest.WaitFor(5*time.Second, func() bool { return passes() > before }) {
+				t.Fatalf("%s: no close pass for sentinel:\n%s", step, running.logs.String())
+			}
+			if err := force(l.socket, "sentinel", "release"); err != nil {
+				t.Fatalf("%s: %v", step, err)
+			}
+		}
 		l.check(step, nil)
 		if got := webPool.Check(t); !slices.Equal(got, four) {
 			t.Fatalf("%s: the pool to the healthy web: %v, want its 4 connections open", step, got)
@@ -83,12 +106,14 @@ func TestLifecycleCloseEstablished(t *testing.T) {
 			t.Fatalf("%s: the pool to the circuit open since before the step: %v, want its 3 connections kept", step, got)
 		}
 		for _, p := range procs {
-			if strings.Contains(p.logs.String(), "closed established connections") {
-				t.Fatalf("%s: a close pass ran:\n%s", step, p.logs.String())
+			for line := range strings.Lines(p.logs.String()) {
+				if strings.Contains(line, "closed established connections") && !strings.Contains(line, "circuit=sentinel") {
+					t.Fatalf("%s: a close pass ran:\n%s", step, p.logs.String())
+				}
 			}
 		}
 	}
-	check("start, flap opened without close_established")
+	check("start, flap opened without close_established", p)
 
 	// A reload makes flap ask for it: an open circuit is not opened again.
 	l.writeConfig(strings.Replace(closeLifecycleConfig, "close_established: false", "close_established: true", 1))
@@ -96,30 +121,29 @@ func TestLifecycleCloseEstablished(t *testing.T) {
 	if !kerneltest.WaitFor(3*time.Second, func() bool { return strings.Contains(p.logs.String(), "configuration reloaded") }) {
 		t.Fatalf("no reload:\n%s", p.logs.String())
 	}
-	check("reload: flap asks for close_established")
+	check("reload: flap asks for close_established", p)
 
 	l.sigterm(p)
 	p = l.start()
 	procs = append(procs, p)
-	check("SIGTERM restart")
+	check("SIGTERM restart", p)
 
 	for range 5 {
-		p.cmd.Process.Signal(syscall.SIGHUP)
-		time.Sleep(50 * time.Millisecond)
+		l.reload(p)
 	}
-	check("reloads")
+	check("reloads", p)
 
 	p.cmd.Process.Signal(syscall.SIGKILL)
 	p.cmd.Wait()
-	check("SIGKILL (pins enforce on their own)")
+	check("SIGKILL (pins enforce on their own)", nil)
 	p = l.start()
 	procs = append(procs, p)
-	check("start after SIGKILL")
+	check("start after SIGKILL", p)
 
 	if out, err := l.run(l.args...); err == nil || !strings.Contains(out, "another breakerd") {
 		t.Fatalf("a second breakerd on the same pins: %v\n%s", err, out)
 	}
-	check("second start refused")
+	check("second start refused", p)
 
 	// flap opens anew: forced closed, then forced open. Its pool's
 	// connections are closed now; web's stay.

@@ -201,6 +201,18 @@ func (l *lifecycle) sigterm(p *proc) {
 	}
 }
 
+// reload sends p a SIGHUP and waits until a reload after it is applied
+// (its log line), so the step checked next comes after it.
+func (l *lifecycle) reload(p *proc) {
+	l.t.Helper()
+	reloaded := func() int { return strings.Count(p.logs.String(), "configuration reloaded") }
+	before := reloaded()
+	p.cmd.Process.Signal(syscall.SIGHUP)
+	if !kerneltest.WaitFor(5*time.Second, func() bool { return reloaded() > before }) {
+		l.t.Fatalf("no reload after SIGHUP:\n%s", p.logs.String())
+	}
+}
+
 // run runs breakerd with args (not as a daemon: a command expected to end;
 // one still running after 10 s, a daemon that started, is killed).
 func (l *lifecycle) run(args ...string) (string, error) {

@@ -234,8 +234,7 @@ func TestLifecycleScoped(t *testing.T) {
 
 	for range 6 {
 		l.writeConfig(cfg)
-		p.cmd.Process.Signal(syscall.SIGHUP)
-		time.Sleep(50 * time.Millisecond)
+		l.reload(p)
 	}
 	check("reloads")
 
