@@ -553,6 +553,7 @@ int connect4(struct bpf_sock_addr *ctx)
 {
 	struct dest_key k;
 	key4(&k, ctx);
+	forget_origin(ctx);
 	return enforce(ctx, &k, 0);
 }
 
@@ -561,6 +562,7 @@ int connect6(struct bpf_sock_addr *ctx)
 {
 	struct dest_key k;
 	key6(&k, ctx);
+	forget_origin(ctx);
 	return enforce(ctx, &k, 1);
 }
 

@@ -319,3 +319,41 @@ func TestFallbackBesideSlowStart(t *testing.T) {
 		t.Fatalf("counters %+v, want 1 redirected, 3 rejected", cnt)
 	}
 }
+
+// What the application sees is the truth about its socket's peer, also
+// where a redirect came before: a UDP socket redirected to the fallback
+// that then connects to the fallback's own address (asked for, not
+// redirected) sees that address as its peer, not the one it asked for
+// first; a socket never redirected sees the fallback's replies as they
+// come, while the circuit is open; and a dual-stack UDP socket asking
+// for the IPv4 destination sees its reply from the mapped address it
+// asked for.
+func TestFallbackPeerAfterReconnect(t *testing.T) {
+	e := newEnvHosts(t, Options{}, 2)
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, UDP: true}); err != nil {
+		t.Fatal(err)
+	}
+	dead, fb := e.topo.Servers[0], e.topo.Servers[1]
+	fb.StartCounting(t)
+	echoUDP(t, dead, 53)
+	echoUDP(t, fb, 5353)
+	d := Dest{Proto: UDP, Addr: netip.AddrPortFrom(dead.IPv4, 53)}
+	to := netip.AddrPortFrom(fb.IPv4, 5353)
+	e.openWithFallback(t, 1, d, to)
+	peers(t, "redirected, then connected to the fallback itself", e.dial(t, e.cg,
+		kerneltest.DialSpec{Network: "udp4", Op: "reconnect-peername", Addr: d.Addr, Then: to}), to)
+	peers(t, "connected to the fallback, then redirected", e.dial(t, e.cg,
+		kerneltest.DialSpec{Network: "udp4", Op: "reconnect-peername", Addr: to, Then: d.Addr}), d.Addr)
+	peers(t, "never redirected", e.dial(t, e.cg, kerneltest.DialSpec{Network: "udp4", Op: "sendto-recv", Addr: to}), to)
+	for _, op := range []string{"sendto-recv", "connect-peername"} {
+		peers(t, "dual-stack "+op, e.dial(t, e.cg, kerneltest.DialSpec{Network: "udp6", Op: op, Addr: d.Addr}), asked("udp6", d.Addr))
+	}
+	// Datagrams from the two sendto-recv; redirects of three connects and
+	// a sendto.
+	if n := fb.UDPDatagrams(t); n != 2 {
+		t.Fatalf("%d datagrams at the fallback, want 2", n)
+	}
+	if cnt, _ := e.k.Counters(1); cnt.Redirected != 4 {
+		t.Fatalf("redirected %d, want 4", cnt.Redirected)
+	}
+}
