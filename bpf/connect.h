@@ -274,8 +274,8 @@ static __always_inline int refuse(struct verdict *v, __u32 flags)
  * too: the fallback is a destination with a circuit of its own, judged
  * here as any destination is (a half-open fallback may take this connect
  * as its probe). Redirected, the socket remembers what it asked for
- * (getpeername), the circuit counts a redirect instead of a rejection,
- * and *key is the fallback's: its limits apply, and sockops reports the
+ * (getpeername) and *key is the fallback's: its limits apply (the caller
+ * counts the redirect once they admit it), and sockops reports the
  * outcome under the socket's peer, the fallback, never the dead target.
  * It returns whether the connect was redirected; if not, nothing was
  * changed and the caller rejects as without a fallback. Never followed
@@ -311,7 +311,6 @@ static __always_inline int redirect(struct bpf_sock_addr *ctx, struct dest_key *
 	}
 	rewrite_dest(ctx, &fk, v6);
 	remember(ctx, key, &fk);
-	count_redirect(id);
 	*key = fk;
 	return 1;
 }
@@ -502,7 +501,7 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 		return 1;
 	}
 	__u32 flags = cfg->flags;
-	int allowed = 1;
+	int allowed = 1, redirected = 0;
 	if (v && v->state == VERDICT_RAMP) {
 		/* Slow start: the circuit is closed; a connect its ramp turns
 		 * away sees the overload errno, never a fallback. */
@@ -510,6 +509,7 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 	} else if (v && judge(ctx, key, v, now) == REJECT) {
 		if (!(flags & CONFIG_SHADOW) && redirect(ctx, key, v, cfg, now, v6)) {
 			/* Sent to the fallback: its limits, not the dead target's. */
+			redirected = 1;
 			l = 0;
 			if ((flags & CONFIG_LIMITS) && key->proto == IPPROTO_TCP) {
 				__u8 class = key->class;
@@ -523,6 +523,10 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 	}
 	if (allowed && l)
 		allowed = bulkhead_admits(ctx, l, flags);
+	/* Counted only once the fallback's limits took it: a connect its
+	 * bulkhead turns away reached no one. */
+	if (redirected && allowed && v)
+		count_redirect(v->circuit_id);
 	if (!allowed && (flags & WORKLOAD_FLAGS) && key->proto == IPPROTO_TCP) {
 		/* Rejected: no connect callback will take this handoff. */
 		struct connect_handoff *h = get_handoff();

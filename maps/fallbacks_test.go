@@ -357,3 +357,34 @@ func TestFallbackPeerAfterReconnect(t *testing.T) {
 		t.Fatalf("redirected %d, want 4", cnt.Redirected)
 	}
 }
+
+// A redirect the fallback's own bulkhead turns away is no redirect: the
+// connect sees the bulkhead's errno, and the target counts it neither as
+// redirected (that number says how much traffic the fallback took) nor as
+// rejected by its own circuit; the fallback's bulkhead counts it.
+func TestFallbackBulkheadFullIsNoRedirect(t *testing.T) {
+	e := newEnvHosts(t, Options{}, 2)
+	dead, fb := e.topo.Servers[0], e.topo.Servers[1]
+	fb.ServeHold(t, 8080)
+	d := Dest{Proto: TCP, Addr: netip.AddrPortFrom(dead.IPv4, 80)}
+	to := netip.AddrPortFrom(fb.IPv4, 8080)
+	if err := e.k.PutLimit(Dest{Proto: TCP, Addr: to}, Limit{Slot: 5, MaxConnections: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, Limits: true}); err != nil {
+		t.Fatal(err)
+	}
+	e.openWithFallback(t, 1, d, to)
+	held := e.topo.Client.StartDial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Hold: time.Minute})
+	defer func() { held.Cmd.Process.Kill(); held.Cmd.Wait() }()
+	e.waitCount(t, 5, BulkCount{Connections: 1})
+	if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 2})); got[unix.EAGAIN] != 2 {
+		t.Fatalf("errnos %v, want 2 × EAGAIN (the fallback's bulkhead is full)", got)
+	}
+	if cnt, _ := e.k.Counters(1); cnt.Redirected != 1 || cnt.Rejected != 0 {
+		t.Fatalf("target's counters %+v, want the 1 connect the fallback took redirected, none rejected", cnt)
+	}
+	if cnt, _ := e.k.Counters(5); cnt.BulkheadRejected != 2 {
+		t.Fatalf("fallback's bulkhead counters %+v, want 2 turned away", cnt)
+	}
+}
