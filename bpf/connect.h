@@ -65,6 +65,33 @@ verified_once int take_probe(struct verdict *v, __u32 *round, __u32 *new_round)
 	return REJECT;
 }
 
+/* give_back_probe returns the probe token a connect took under verdict v
+ * when the connect's limits then turned it away: a probe is a connection
+ * that goes out and reports, and one turned away would leave the round
+ * without it (a workload over its bulkhead, connecting first when the
+ * circuit is due, would keep a recovered destination's circuit open for
+ * every workload). Given back only while the budget is still in v's round
+ * and short of a full one, so a round never admits more than v->probes
+ * connections. Verified once, as take_probe. */
+verified_once int give_back_probe(struct verdict *v)
+{
+	if (!v)
+		return 0;
+	__u32 id = v->circuit_id;
+	struct probe_budget *b = bpf_map_lookup_elem(&probe_budgets, &id);
+	if (!b)
+		return 0;
+#pragma unroll
+	for (int i = 0; i < TAKE_ATTEMPTS; i++) {
+		__u64 old = *(volatile __u64 *)&b->word;
+		if (ROUND_OF(old) != v->round || TOKENS_OF(old) >= v->probes)
+			return 0;
+		if (__sync_val_compare_and_swap(&b->word, old, old + 1) == old)
+			return 1;
+	}
+	return 0;
+}
+
 static __always_inline enum decision decide(struct verdict *v, struct dest_key *key, __u64 now,
 					    __u32 *round, __u32 *new_round)
 {
@@ -277,12 +304,13 @@ static __always_inline int refuse(struct verdict *v, __u32 flags)
  * (getpeername) and *key is the fallback's: its limits apply (the caller
  * counts the redirect once they admit it), and sockops reports the
  * outcome under the socket's peer, the fallback, never the dead target.
- * It returns whether the connect was redirected; if not, nothing was
- * changed and the caller rejects as without a fallback. Never followed
+ * It returns whether the connect was redirected (*probed: the fallback's
+ * verdict, when the connect is its probe); if not, nothing was changed
+ * and the caller rejects as without a fallback. Never followed
  * further: a fallback's own fallback is not looked at (configuration
  * refuses chains). */
 static __always_inline int redirect(struct bpf_sock_addr *ctx, struct dest_key *key, struct verdict *v,
-				    struct settings *cfg, __u64 now, int v6)
+				    struct settings *cfg, __u64 now, int v6, struct verdict **probed)
 {
 	__u32 id = v->circuit_id;
 	struct fallback *f = bpf_map_lookup_elem(&fallbacks, &id);
@@ -305,8 +333,12 @@ static __always_inline int redirect(struct bpf_sock_addr *ctx, struct dest_key *
 			if (fk.proto == IPPROTO_TCP &&
 			    !ramp_admits(counters_of(fv->circuit_id), ramp_share(fv, now)))
 				return 0;
-		} else if (fv && judge(ctx, &fk, fv, now) == REJECT) {
-			return 0; /* the fallback's circuit is open too */
+		} else if (fv) {
+			enum decision fd = judge(ctx, &fk, fv, now);
+			if (fd == REJECT)
+				return 0; /* the fallback's circuit is open too */
+			if (fd == ALLOW_PROBE)
+				*probed = fv; /* the fallback's probe */
 		}
 	}
 	rewrite_dest(ctx, &fk, v6);
@@ -502,12 +534,16 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 	}
 	__u32 flags = cfg->flags;
 	int allowed = 1, redirected = 0;
+	struct verdict *probed = 0; /* the verdict whose probe this connect is */
+	enum decision d = ALLOW;
 	if (v && v->state == VERDICT_RAMP) {
 		/* Slow start: the circuit is closed; a connect its ramp turns
 		 * away sees the overload errno, never a fallback. */
 		allowed = ramp_allows(key, v, flags, now);
-	} else if (v && judge(ctx, key, v, now) == REJECT) {
-		if (!(flags & CONFIG_SHADOW) && redirect(ctx, key, v, cfg, now, v6)) {
+	} else if (v && (d = judge(ctx, key, v, now)) == ALLOW_PROBE) {
+		probed = v;
+	} else if (v && d == REJECT) {
+		if (!(flags & CONFIG_SHADOW) && redirect(ctx, key, v, cfg, now, v6, &probed)) {
 			/* Sent to the fallback: its limits, not the dead target's. */
 			redirected = 1;
 			l = 0;
@@ -527,6 +563,14 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 	 * bulkhead turns away reached no one. */
 	if (redirected && allowed && v)
 		count_redirect(v->circuit_id);
+	if (!allowed && probed) {
+		/* A probe its limits turned away: the round keeps its token,
+		 * and the socket is no probe. */
+		give_back_probe(probed);
+		struct sock_state *st = bpf_sk_storage_get(&socks, ctx->sk, 0, 0);
+		if (st)
+			st->flags &= ~SOCK_PROBE;
+	}
 	if (!allowed && (flags & WORKLOAD_FLAGS) && key->proto == IPPROTO_TCP) {
 		/* Rejected: no connect callback will take this handoff. */
 		struct connect_handoff *h = get_handoff();

@@ -1,13 +1,16 @@
 package daemon
 
 import (
+	"net"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
 
@@ -98,4 +101,89 @@ func TestCriticalitySheddableTurnedAwayFirst(t *testing.T) {
 	if c.Bulkheads[policy.CriticalityPool].BulkheadRejected == 0 {
 		t.Fatalf("pool %+v: no rejections counted", c)
 	}
+}
+
+const criticalityProbeConfig = `
+failsafe_timeout: 30s
+workloads:
+  - name: web
+    cgroups: [CGROUP/web]
+    criticality: critical
+  - name: batch
+    cgroups: [CGROUP/batch]
+    criticality: sheddable
+    share: 0.5
+targets:
+  pool:
+    match: {cidrs: [SRV], ports: ["8460"]}
+    max_connections: 4
+    consecutive_failures: 2
+    open_duration: 200ms
+    open_duration_multiplier: 1
+    jitter: 0
+`
+
+// A half-open circuit's probe is a connect its limits admit: a sheddable
+// workload at its share of the bulkhead (connections it held from before
+// the circuit opened) that connects first when the circuit is due is
+// turned away by the bulkhead without spending the round's probe, and the
+// critical workload's connect that follows is the probe, which closes the
+// circuit. Spent on the turned-away connect, the probe would leave the
+// round without one, and a sheddable client retrying would keep a
+// recovered destination's circuit open for everyone.
+func TestCriticalityProbeNotSpentOnAShedConnect(t *testing.T) {
+	f := newScopedFixture(t, criticalityProbeConfig)
+	web, batch := f.cg.Child(t, "web"), f.cg.Child(t, "batch")
+	l := f.srv.Listen(t, "tcp", 8460)
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	f.start()
+	hb := f.topo.Client.StartDial(t, batch, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, 8460), Count: 2, Parallel: 2, Hold: time.Minute})
+	defer kill(hb)
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		c, _ := f.circuit("pool")
+		return c.Bulkheads[policy.CriticalityPool].Connections == 2
+	}) {
+		t.Fatal("batch's two connections are not counted")
+	}
+	// The server stops accepting (batch keeps its connections): web's
+	// connects are refused and open the circuit; then it serves again.
+	l.Close()
+	if got := f.dialFrom(web, 8460, 2); got[unix.ECONNREFUSED] != 2 {
+		t.Fatalf("web to a server that stopped listening: %v", got)
+	}
+	f.waitState("pool", "open", 2*time.Second)
+	f.srv.ServeHold(t, 8460)
+	v, ok, err := f.d.Kernel().Verdict(f.dest(8460))
+	if err != nil || !ok {
+		t.Fatalf("no open verdict: %v", err)
+	}
+	if !kerneltest.WaitFor(2*time.Second, func() bool { return maps.Now() >= v.Due }) {
+		t.Fatal("the circuit never became due")
+	}
+	if got := f.dialFrom(batch, 8460, 1); got[unix.EAGAIN] != 1 {
+		t.Fatalf("batch, at its share, when the circuit is due: %v, want EAGAIN", got)
+	}
+	if got := f.dialFrom(web, 8460, 1); got[0] != 1 {
+		t.Fatalf("web after batch was turned away: %v, want its connect admitted as the probe", got)
+	}
+	f.waitState("pool", "closed", 3*time.Second)
 }

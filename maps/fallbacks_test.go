@@ -388,3 +388,56 @@ func TestFallbackBulkheadFullIsNoRedirect(t *testing.T) {
 		t.Fatalf("fallback's bulkhead counters %+v, want 2 turned away", cnt)
 	}
 }
+
+// A connect that takes a half-open circuit's probe token and is then
+// turned away by the limits it meets gives the token back: the round's
+// probe is the next connect that goes out, for a destination's own probe
+// and for a fallback taking a redirected connect as its probe alike.
+func TestProbeTurnedAwayByItsLimitsKeepsTheToken(t *testing.T) {
+	e := newEnvHosts(t, Options{}, 2)
+	dead, fb := e.topo.Servers[0], e.topo.Servers[1]
+	fb.ServeHold(t, 8080)
+	fb.ServeHold(t, 8081)
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, Limits: true}); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		// ask is where the client connects; probed the destination whose
+		// half-open circuit (id 2) and full bulkhead (slot 5) it meets.
+		ask, probed netip.AddrPort
+	}{
+		{"its own probe", netip.AddrPortFrom(fb.IPv4, 8081), netip.AddrPortFrom(fb.IPv4, 8081)},
+		{"the fallback's probe", netip.AddrPortFrom(dead.IPv4, 80), netip.AddrPortFrom(fb.IPv4, 8080)},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			slot := uint32(5 + i)
+			p := Dest{Proto: TCP, Addr: c.probed}
+			if err := e.k.PutLimit(p, Limit{Slot: slot, MaxConnections: 1}); err != nil {
+				t.Fatal(err)
+			}
+			held := e.topo.Client.StartDial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: c.probed, Hold: time.Minute})
+			e.waitCount(t, slot, BulkCount{Connections: 1})
+			if c.ask != c.probed {
+				e.openWithFallback(t, 1, Dest{Proto: TCP, Addr: c.ask}, c.probed)
+			}
+			id := uint32(10 + i)
+			if err := e.k.PutVerdict(p, OpenVerdict(Now()-time.Millisecond, 1, 1, 0, id)); err != nil {
+				t.Fatal(err)
+			}
+			if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: c.ask})); got[unix.EAGAIN] != 1 {
+				t.Fatalf("over the limit: %v, want EAGAIN", got)
+			}
+			if b, err := e.k.Budget(id); err != nil || b != (Budget{Round: 1, Tokens: 1}) {
+				t.Fatalf("budget after the turned-away probe: %+v %v, want round 1 with its token", b, err)
+			}
+			held.Cmd.Process.Kill()
+			held.Cmd.Wait()
+			e.waitCount(t, slot, BulkCount{})
+			if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: c.ask, Count: 2})); got[0] != 1 {
+				t.Fatalf("with room: %v, want exactly one connect through, the probe", got)
+			}
+		})
+	}
+}
