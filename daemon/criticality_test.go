@@ -3,6 +3,8 @@ package daemon
 import (
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -186,4 +188,60 @@ func TestCriticalityProbeNotSpentOnAShedConnect(t *testing.T) {
 		t.Fatalf("web after batch was turned away: %v, want its connect admitted as the probe", got)
 	}
 	f.waitState("pool", "closed", 3*time.Second)
+}
+
+const criticalityAdaptiveConfig = `
+failsafe_timeout: 30s
+workloads:WEB
+  - name: batch
+    cgroups: [CGROUP/batch]
+    criticality: sheddable
+    share: 0.3
+targets:
+  pool:
+    match: {cidrs: [SRV], ports: ["8470"]}
+    max_connections: {adaptive: vegas, min: 2, initial: INITIAL, max: 64}
+`
+
+// An adaptive limit shared by criticality resumes after a restart at the
+// limit the kernel held (20, not the 30 the configuration now starts
+// at), never at a sheddable workload's share of it, the entry the
+// sheddable class is enforced with (6): with a critical workload beside
+// it, and with the sheddable workload the circuit's only sharer with
+// a criticality.
+func TestCriticalityAdaptiveLimitSurvivesRestarts(t *testing.T) {
+	for _, c := range []struct {
+		name, web string
+		want      []uint32 // the limits entries of port 8470
+	}{
+		{"critical and sheddable", "\n  - name: web\n    cgroups: [CGROUP/web]\n    criticality: critical", []uint32{6, 20}},
+		{"sheddable only", "", []uint32{6}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			config := strings.ReplaceAll(criticalityAdaptiveConfig, "WEB", c.web)
+			f := newScopedFixture(t, strings.ReplaceAll(config, "INITIAL", "20"))
+			f.start()
+			f.writeConfig(strings.ReplaceAll(strings.ReplaceAll(config, "INITIAL", "30"), "CGROUP", f.cgroupRel()))
+			for i := range 6 {
+				if l := f.limit("pool"); l != 20 {
+					t.Fatalf("after %d restarts the limit is %d, want 20", i, l)
+				}
+				f.restart()
+			}
+			limits, err := f.d.Kernel().AllLimits()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []uint32
+			for dst, l := range limits {
+				if dst.Addr.Port() == 8470 {
+					got = append(got, l.MaxConnections)
+				}
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, c.want) {
+				t.Fatalf("limits entries %v, want %v", got, c.want)
+			}
+		})
+	}
 }
