@@ -240,8 +240,8 @@ static __always_inline int ramp_allows(struct dest_key *key, struct verdict *v, 
 }
 
 /* judge decides what an open, half-open or forced-open verdict says of
- * this connect: a probe it admits is counted and its socket marked, a new
- * round recorded; a rejection is left to the caller (refuse, or a
+ * this connect: a probe it admits has its socket marked, a new round
+ * recorded; a rejection is left to the caller (refuse, or a
  * redirect to the circuit's fallback). */
 static __always_inline enum decision judge(struct bpf_sock_addr *ctx, struct dest_key *key,
 					   struct verdict *v, __u64 now)
@@ -260,10 +260,9 @@ static __always_inline enum decision judge(struct bpf_sock_addr *ctx, struct des
 		     WAKE);
 	}
 	if (d == ALLOW_PROBE) {
-		if (c)
-			count(c->probes);
 		/* Mark the socket so its outcome is reported as a probe of
-		 * its round (probes are TCP only). */
+		 * its round (probes are TCP only); the caller counts it once
+		 * its limits admit it. */
 		struct sock_state *st = bpf_sk_storage_get(&socks, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 		if (st) {
 			st->flags |= SOCK_PROBE;
@@ -563,7 +562,11 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 	 * bulkhead turns away reached no one. */
 	if (redirected && allowed && v)
 		count_redirect(v->circuit_id);
-	if (!allowed && probed) {
+	if (probed && allowed) {
+		struct circuit_counters *pc = counters_of(probed->circuit_id);
+		if (pc)
+			count(pc->probes);
+	} else if (probed) {
 		/* A probe its limits turned away: the round keeps its token,
 		 * and the socket is no probe. */
 		give_back_probe(probed);

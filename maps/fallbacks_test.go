@@ -438,6 +438,9 @@ func TestProbeTurnedAwayByItsLimitsKeepsTheToken(t *testing.T) {
 			if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: c.ask, Count: 2})); got[0] != 1 {
 				t.Fatalf("with room: %v, want exactly one connect through, the probe", got)
 			}
+			if cnt, _ := e.k.Counters(id); cnt.Probes != 1 || cnt.Rounds != 1 {
+				t.Fatalf("counters %+v, want the 1 probe admitted in 1 round", cnt)
+			}
 		})
 	}
 }
