@@ -444,3 +444,31 @@ func TestProbeTurnedAwayByItsLimitsKeepsTheToken(t *testing.T) {
 		})
 	}
 }
+
+// A TCP Fast Open connect is redirected as any other: a
+// TCP_FASTOPEN_CONNECT socket's connect() and a sendto with MSG_FASTOPEN
+// (whose connect and SYN are one call) reach the fallback, with no SYN
+// at the destination whose circuit is open.
+func TestFallbackTakesFastOpen(t *testing.T) {
+	e := newEnvHosts(t, Options{}, 2)
+	dead, fb := e.topo.Servers[0], e.topo.Servers[1]
+	fb.StartCounting(t)
+	fb.ServeHold(t, 8080)
+	d := Dest{Proto: TCP, Addr: netip.AddrPortFrom(dead.IPv4, 80)}
+	e.openWithFallback(t, 1, d, netip.AddrPortFrom(fb.IPv4, 8080))
+	synsDead, synsFb := dead.SYNs(t), fb.SYNs(t)
+	for _, op := range []string{"fastopen", "sendto-fastopen"} {
+		if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Op: op, Addr: d.Addr})); got[0] != 1 {
+			t.Fatalf("%s: errnos %v, want the fallback's connection", op, got)
+		}
+	}
+	if n := fb.SYNs(t) - synsFb; n != 2 {
+		t.Fatalf("%d SYNs at the fallback, want 2", n)
+	}
+	if n := dead.SYNs(t) - synsDead; n != 0 {
+		t.Fatalf("%d SYNs at the destination whose circuit is open", n)
+	}
+	if cnt, _ := e.k.Counters(1); cnt.Redirected != 2 {
+		t.Fatalf("redirected %d, want 2", cnt.Redirected)
+	}
+}
