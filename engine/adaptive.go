@@ -148,8 +148,9 @@ func (e *Engine) pinnedLimit(c *Circuit) maps.Limit {
 	return out
 }
 
-// wholeLimit is the smallest limit of which share (policy.SharedLimit)
-// is n: n itself without a share.
+// wholeLimit is the limit whose share (policy.SharedLimit) an entry of n
+// holds, n / share rounded up (a share's floor of 1 makes it a lower
+// bound there); n itself without a share.
 func wholeLimit(n uint32, share float64) uint32 {
 	if share <= 0 || share >= 1 || n == 0 {
 		return n
