@@ -65,6 +65,33 @@ verified_once int take_probe(struct verdict *v, __u32 *round, __u32 *new_round)
 	return REJECT;
 }
 
+/* give_back_probe returns the probe token a connect took under verdict v
+ * when the connect's limits then turned it away: a probe is a connection
+ * that goes out and reports, and one turned away would leave the round
+ * without it (a workload over its bulkhead, connecting first when the
+ * circuit is due, would keep a recovered destination's circuit open for
+ * every workload). Given back only while the budget is still in v's round
+ * and short of a full one, so a round never admits more than v->probes
+ * connections. Verified once, as take_probe. */
+verified_once int give_back_probe(struct verdict *v)
+{
+	if (!v)
+		return 0;
+	__u32 id = v->circuit_id;
+	struct probe_budget *b = bpf_map_lookup_elem(&probe_budgets, &id);
+	if (!b)
+		return 0;
+#pragma unroll
+	for (int i = 0; i < TAKE_ATTEMPTS; i++) {
+		__u64 old = *(volatile __u64 *)&b->word;
+		if (ROUND_OF(old) != v->round || TOKENS_OF(old) >= v->probes)
+			return 0;
+		if (__sync_val_compare_and_swap(&b->word, old, old + 1) == old)
+			return 1;
+	}
+	return 0;
+}
+
 static __always_inline enum decision decide(struct verdict *v, struct dest_key *key, __u64 now,
 					    __u32 *round, __u32 *new_round)
 {
@@ -213,8 +240,8 @@ static __always_inline int ramp_allows(struct dest_key *key, struct verdict *v, 
 }
 
 /* judge decides what an open, half-open or forced-open verdict says of
- * this connect: a probe it admits is counted and its socket marked, a new
- * round recorded; a rejection is left to the caller (refuse, or a
+ * this connect: a probe it admits has its socket marked, a new round
+ * recorded; a rejection is left to the caller (refuse, or a
  * redirect to the circuit's fallback). */
 static __always_inline enum decision judge(struct bpf_sock_addr *ctx, struct dest_key *key,
 					   struct verdict *v, __u64 now)
@@ -233,10 +260,9 @@ static __always_inline enum decision judge(struct bpf_sock_addr *ctx, struct des
 		     WAKE);
 	}
 	if (d == ALLOW_PROBE) {
-		if (c)
-			count(c->probes);
 		/* Mark the socket so its outcome is reported as a probe of
-		 * its round (probes are TCP only). */
+		 * its round (probes are TCP only); the caller counts it once
+		 * its limits admit it. */
 		struct sock_state *st = bpf_sk_storage_get(&socks, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 		if (st) {
 			st->flags |= SOCK_PROBE;
@@ -274,15 +300,16 @@ static __always_inline int refuse(struct verdict *v, __u32 flags)
  * too: the fallback is a destination with a circuit of its own, judged
  * here as any destination is (a half-open fallback may take this connect
  * as its probe). Redirected, the socket remembers what it asked for
- * (getpeername), the circuit counts a redirect instead of a rejection,
- * and *key is the fallback's: its limits apply, and sockops reports the
+ * (getpeername) and *key is the fallback's: its limits apply (the caller
+ * counts the redirect once they admit it), and sockops reports the
  * outcome under the socket's peer, the fallback, never the dead target.
- * It returns whether the connect was redirected; if not, nothing was
- * changed and the caller rejects as without a fallback. Never followed
+ * It returns whether the connect was redirected (*probed: the fallback's
+ * verdict, when the connect is its probe); if not, nothing was changed
+ * and the caller rejects as without a fallback. Never followed
  * further: a fallback's own fallback is not looked at (configuration
  * refuses chains). */
 static __always_inline int redirect(struct bpf_sock_addr *ctx, struct dest_key *key, struct verdict *v,
-				    struct settings *cfg, __u64 now, int v6)
+				    struct settings *cfg, __u64 now, int v6, struct verdict **probed)
 {
 	__u32 id = v->circuit_id;
 	struct fallback *f = bpf_map_lookup_elem(&fallbacks, &id);
@@ -305,13 +332,16 @@ static __always_inline int redirect(struct bpf_sock_addr *ctx, struct dest_key *
 			if (fk.proto == IPPROTO_TCP &&
 			    !ramp_admits(counters_of(fv->circuit_id), ramp_share(fv, now)))
 				return 0;
-		} else if (fv && judge(ctx, &fk, fv, now) == REJECT) {
-			return 0; /* the fallback's circuit is open too */
+		} else if (fv) {
+			enum decision fd = judge(ctx, &fk, fv, now);
+			if (fd == REJECT)
+				return 0; /* the fallback's circuit is open too */
+			if (fd == ALLOW_PROBE)
+				*probed = fv; /* the fallback's probe */
 		}
 	}
 	rewrite_dest(ctx, &fk, v6);
 	remember(ctx, key, &fk);
-	count_redirect(id);
 	*key = fk;
 	return 1;
 }
@@ -502,14 +532,19 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 		return 1;
 	}
 	__u32 flags = cfg->flags;
-	int allowed = 1;
+	int allowed = 1, redirected = 0;
+	struct verdict *probed = 0; /* the verdict whose probe this connect is */
+	enum decision d = ALLOW;
 	if (v && v->state == VERDICT_RAMP) {
 		/* Slow start: the circuit is closed; a connect its ramp turns
 		 * away sees the overload errno, never a fallback. */
 		allowed = ramp_allows(key, v, flags, now);
-	} else if (v && judge(ctx, key, v, now) == REJECT) {
-		if (!(flags & CONFIG_SHADOW) && redirect(ctx, key, v, cfg, now, v6)) {
+	} else if (v && (d = judge(ctx, key, v, now)) == ALLOW_PROBE) {
+		probed = v;
+	} else if (v && d == REJECT) {
+		if (!(flags & CONFIG_SHADOW) && redirect(ctx, key, v, cfg, now, v6, &probed)) {
 			/* Sent to the fallback: its limits, not the dead target's. */
+			redirected = 1;
 			l = 0;
 			if ((flags & CONFIG_LIMITS) && key->proto == IPPROTO_TCP) {
 				__u8 class = key->class;
@@ -523,6 +558,22 @@ static __always_inline int enforce(struct bpf_sock_addr *ctx, struct dest_key *k
 	}
 	if (allowed && l)
 		allowed = bulkhead_admits(ctx, l, flags);
+	/* Counted only once the fallback's limits took it: a connect its
+	 * bulkhead turns away reached no one. */
+	if (redirected && allowed && v)
+		count_redirect(v->circuit_id);
+	if (probed && allowed) {
+		struct circuit_counters *pc = counters_of(probed->circuit_id);
+		if (pc)
+			count(pc->probes);
+	} else if (probed) {
+		/* A probe its limits turned away: the round keeps its token,
+		 * and the socket is no probe. */
+		give_back_probe(probed);
+		struct sock_state *st = bpf_sk_storage_get(&socks, ctx->sk, 0, 0);
+		if (st)
+			st->flags &= ~SOCK_PROBE;
+	}
 	if (!allowed && (flags & WORKLOAD_FLAGS) && key->proto == IPPROTO_TCP) {
 		/* Rejected: no connect callback will take this handoff. */
 		struct connect_handoff *h = get_handoff();
@@ -553,6 +604,7 @@ int connect4(struct bpf_sock_addr *ctx)
 {
 	struct dest_key k;
 	key4(&k, ctx);
+	forget_origin(ctx);
 	return enforce(ctx, &k, 0);
 }
 
@@ -561,6 +613,7 @@ int connect6(struct bpf_sock_addr *ctx)
 {
 	struct dest_key k;
 	key6(&k, ctx);
+	forget_origin(ctx);
 	return enforce(ctx, &k, 1);
 }
 

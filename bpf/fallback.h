@@ -65,6 +65,22 @@ static __always_inline void remember(struct bpf_sock_addr *ctx, const struct des
 	o->via_port = fk->port;
 }
 
+/* forget_origin makes a socket that connects again (UDP may, TCP after a
+ * failed connect) forget what an earlier redirect remembered: its peer is
+ * now what this connect decides, and a redirect remembers anew. Without
+ * it, a socket redirected once that then connects to the fallback's own
+ * address would be shown the destination it asked for first. Zeroed
+ * rather than deleted (a zero via never matches a peer or a source); a
+ * socket never redirected has no storage and costs one pointer test. */
+static __always_inline void forget_origin(struct bpf_sock_addr *ctx)
+{
+	struct origin *o = bpf_sk_storage_get(&origins, ctx->sk, 0, 0);
+	if (o) {
+		__builtin_memset(o->via, 0, sizeof(o->via));
+		o->via_port = 0;
+	}
+}
+
 /* count_redirect adds one to circuit id's redirected connects. */
 static __always_inline void count_redirect(__u32 id)
 {

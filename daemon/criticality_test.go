@@ -1,13 +1,18 @@
 package daemon
 
 import (
+	"net"
 	"net/netip"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/maps"
 	"github.com/breakerd/breakerd/policy"
 )
 
@@ -97,5 +102,146 @@ func TestCriticalitySheddableTurnedAwayFirst(t *testing.T) {
 	c, _ := f.circuit("pool")
 	if c.Bulkheads[policy.CriticalityPool].BulkheadRejected == 0 {
 		t.Fatalf("pool %+v: no rejections counted", c)
+	}
+}
+
+const criticalityProbeConfig = `
+failsafe_timeout: 30s
+workloads:
+  - name: web
+    cgroups: [CGROUP/web]
+    criticality: critical
+  - name: batch
+    cgroups: [CGROUP/batch]
+    criticality: sheddable
+    share: 0.5
+targets:
+  pool:
+    match: {cidrs: [SRV], ports: ["8460"]}
+    max_connections: 4
+    consecutive_failures: 2
+    open_duration: 200ms
+    open_duration_multiplier: 1
+    jitter: 0
+`
+
+// A half-open circuit's probe is a connect its limits admit: a sheddable
+// workload at its share of the bulkhead (connections it held from before
+// the circuit opened) that connects first when the circuit is due is
+// turned away by the bulkhead without spending the round's probe, and the
+// critical workload's connect that follows is the probe, which closes the
+// circuit. Spent on the turned-away connect, the probe would leave the
+// round without one, and a sheddable client retrying would keep a
+// recovered destination's circuit open for everyone.
+func TestCriticalityProbeNotSpentOnAShedConnect(t *testing.T) {
+	f := newScopedFixture(t, criticalityProbeConfig)
+	web, batch := f.cg.Child(t, "web"), f.cg.Child(t, "batch")
+	l := f.srv.Listen(t, "tcp", 8460)
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	f.start()
+	hb := f.topo.Client.StartDial(t, batch, kerneltest.DialSpec{Network: "tcp4", Addr: netip.AddrPortFrom(f.srv.IPv4, 8460), Count: 2, Parallel: 2, Hold: time.Minute})
+	defer kill(hb)
+	if !kerneltest.WaitFor(5*time.Second, func() bool {
+		c, _ := f.circuit("pool")
+		return c.Bulkheads[policy.CriticalityPool].Connections == 2
+	}) {
+		t.Fatal("batch's two connections are not counted")
+	}
+	// The server stops accepting (batch keeps its connections): web's
+	// connects are refused and open the circuit; then it serves again.
+	l.Close()
+	if got := f.dialFrom(web, 8460, 2); got[unix.ECONNREFUSED] != 2 {
+		t.Fatalf("web to a server that stopped listening: %v", got)
+	}
+	f.waitState("pool", "open", 2*time.Second)
+	f.srv.ServeHold(t, 8460)
+	v, ok, err := f.d.Kernel().Verdict(f.dest(8460))
+	if err != nil || !ok {
+		t.Fatalf("no open verdict: %v", err)
+	}
+	if !kerneltest.WaitFor(2*time.Second, func() bool { return maps.Now() >= v.Due }) {
+		t.Fatal("the circuit never became due")
+	}
+	if got := f.dialFrom(batch, 8460, 1); got[unix.EAGAIN] != 1 {
+		t.Fatalf("batch, at its share, when the circuit is due: %v, want EAGAIN", got)
+	}
+	if got := f.dialFrom(web, 8460, 1); got[0] != 1 {
+		t.Fatalf("web after batch was turned away: %v, want its connect admitted as the probe", got)
+	}
+	f.waitState("pool", "closed", 3*time.Second)
+}
+
+const criticalityAdaptiveConfig = `
+failsafe_timeout: 30s
+workloads:WEB
+  - name: batch
+    cgroups: [CGROUP/batch]
+    criticality: sheddable
+    share: 0.3
+targets:
+  pool:
+    match: {cidrs: [SRV], ports: ["8470"]}
+    max_connections: {adaptive: vegas, min: 2, initial: INITIAL, max: 64}
+`
+
+// An adaptive limit shared by criticality resumes after a restart at the
+// limit the kernel held (20, not the 30 the configuration now starts
+// at), never at a sheddable workload's share of it, the entry the
+// sheddable class is enforced with (6): with a critical workload beside
+// it, and with the sheddable workload the circuit's only sharer with
+// a criticality.
+func TestCriticalityAdaptiveLimitSurvivesRestarts(t *testing.T) {
+	for _, c := range []struct {
+		name, web string
+		want      []uint32 // the limits entries of port 8470
+	}{
+		{"critical and sheddable", "\n  - name: web\n    cgroups: [CGROUP/web]\n    criticality: critical", []uint32{6, 20}},
+		{"sheddable only", "", []uint32{6}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			config := strings.ReplaceAll(criticalityAdaptiveConfig, "WEB", c.web)
+			f := newScopedFixture(t, strings.ReplaceAll(config, "INITIAL", "20"))
+			f.start()
+			f.writeConfig(strings.ReplaceAll(strings.ReplaceAll(config, "INITIAL", "30"), "CGROUP", f.cgroupRel()))
+			for i := range 6 {
+				if l := f.limit("pool"); l != 20 {
+					t.Fatalf("after %d restarts the limit is %d, want 20", i, l)
+				}
+				f.restart()
+			}
+			limits, err := f.d.Kernel().AllLimits()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []uint32
+			for dst, l := range limits {
+				if dst.Addr.Port() == 8470 {
+					got = append(got, l.MaxConnections)
+				}
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, c.want) {
+				t.Fatalf("limits entries %v, want %v", got, c.want)
+			}
+		})
 	}
 }

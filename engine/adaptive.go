@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"math"
 	"time"
 
 	"github.com/breakerd/breakerd/maps"
@@ -113,18 +114,14 @@ func (e *Engine) SetPinnedLimits(limits map[maps.Dest]maps.Limit) {
 	e.pinned = make(map[maps.Dest]maps.Limit, len(limits))
 	for dst, l := range limits {
 		e.pinned[dst] = l
-		// A sharing workload's entry is under its bulkhead class; the
-		// circuit's destination under class 0 finds it too.
-		d0 := dst
-		d0.Class = 0
-		if _, ok := e.pinned[d0]; !ok {
-			e.pinned[d0] = l
-		}
 	}
 }
 
-// pinnedLimit is the pinned entry of c's first destination that has one
-// (zero: none, or start-up is over).
+// pinnedLimit is the limit a previous daemon held c to (zero: none, or
+// start-up is over): the pinned entry of c's first destination that has
+// one, else, for a shared circuit whose bulkheads are its workloads', the
+// largest of their entries, a sheddable workload's scaled back up from
+// its share (an entry holds only that share of the circuit's limit).
 func (e *Engine) pinnedLimit(c *Circuit) maps.Limit {
 	if e.pinned == nil {
 		return maps.Limit{}
@@ -134,7 +131,31 @@ func (e *Engine) pinnedLimit(c *Circuit) maps.Limit {
 			return l
 		}
 	}
-	return maps.Limit{}
+	var out maps.Limit
+	for _, dst := range c.Dests() {
+		for k := range c.SharedSlots() {
+			b := dst
+			b.Class = k
+			l, ok := e.pinned[b]
+			if !ok {
+				continue
+			}
+			share, _ := e.reg.classes.Share(policy.Class(k))
+			out.MaxConnections = max(out.MaxConnections, wholeLimit(l.MaxConnections, share))
+			out.MaxConnecting = max(out.MaxConnecting, wholeLimit(l.MaxConnecting, share))
+		}
+	}
+	return out
+}
+
+// wholeLimit is the limit whose share (policy.SharedLimit) an entry of n
+// holds, n / share rounded up (a share's floor of 1 makes it a lower
+// bound there); n itself without a share.
+func wholeLimit(n uint32, share float64) uint32 {
+	if share <= 0 || share >= 1 || n == 0 {
+		return n
+	}
+	return uint32(math.Ceil(float64(n)/share - 1e-9))
 }
 
 // limitsOf puts c's current adaptive limits into l, its limits entry.

@@ -319,3 +319,156 @@ func TestFallbackBesideSlowStart(t *testing.T) {
 		t.Fatalf("counters %+v, want 1 redirected, 3 rejected", cnt)
 	}
 }
+
+// What the application sees is the truth about its socket's peer, also
+// where a redirect came before: a UDP socket redirected to the fallback
+// that then connects to the fallback's own address (asked for, not
+// redirected) sees that address as its peer, not the one it asked for
+// first; a socket never redirected sees the fallback's replies as they
+// come, while the circuit is open; and a dual-stack UDP socket asking
+// for the IPv4 destination sees its reply from the mapped address it
+// asked for.
+func TestFallbackPeerAfterReconnect(t *testing.T) {
+	e := newEnvHosts(t, Options{}, 2)
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, UDP: true}); err != nil {
+		t.Fatal(err)
+	}
+	dead, fb := e.topo.Servers[0], e.topo.Servers[1]
+	fb.StartCounting(t)
+	echoUDP(t, dead, 53)
+	echoUDP(t, fb, 5353)
+	d := Dest{Proto: UDP, Addr: netip.AddrPortFrom(dead.IPv4, 53)}
+	to := netip.AddrPortFrom(fb.IPv4, 5353)
+	e.openWithFallback(t, 1, d, to)
+	peers(t, "redirected, then connected to the fallback itself", e.dial(t, e.cg,
+		kerneltest.DialSpec{Network: "udp4", Op: "reconnect-peername", Addr: d.Addr, Then: to}), to)
+	peers(t, "connected to the fallback, then redirected", e.dial(t, e.cg,
+		kerneltest.DialSpec{Network: "udp4", Op: "reconnect-peername", Addr: to, Then: d.Addr}), d.Addr)
+	peers(t, "never redirected", e.dial(t, e.cg, kerneltest.DialSpec{Network: "udp4", Op: "sendto-recv", Addr: to}), to)
+	for _, op := range []string{"sendto-recv", "connect-peername"} {
+		peers(t, "dual-stack "+op, e.dial(t, e.cg, kerneltest.DialSpec{Network: "udp6", Op: op, Addr: d.Addr}), asked("udp6", d.Addr))
+	}
+	// Datagrams from the two sendto-recv; redirects of three connects and
+	// a sendto.
+	if n := fb.UDPDatagrams(t); n != 2 {
+		t.Fatalf("%d datagrams at the fallback, want 2", n)
+	}
+	if cnt, _ := e.k.Counters(1); cnt.Redirected != 4 {
+		t.Fatalf("redirected %d, want 4", cnt.Redirected)
+	}
+}
+
+// A redirect the fallback's own bulkhead turns away is no redirect: the
+// connect sees the bulkhead's errno, and the target counts it neither as
+// redirected (that number says how much traffic the fallback took) nor as
+// rejected by its own circuit; the fallback's bulkhead counts it.
+func TestFallbackBulkheadFullIsNoRedirect(t *testing.T) {
+	e := newEnvHosts(t, Options{}, 2)
+	dead, fb := e.topo.Servers[0], e.topo.Servers[1]
+	fb.ServeHold(t, 8080)
+	d := Dest{Proto: TCP, Addr: netip.AddrPortFrom(dead.IPv4, 80)}
+	to := netip.AddrPortFrom(fb.IPv4, 8080)
+	if err := e.k.PutLimit(Dest{Proto: TCP, Addr: to}, Limit{Slot: 5, MaxConnections: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, Limits: true}); err != nil {
+		t.Fatal(err)
+	}
+	e.openWithFallback(t, 1, d, to)
+	held := e.topo.Client.StartDial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Hold: time.Minute})
+	defer func() { held.Cmd.Process.Kill(); held.Cmd.Wait() }()
+	e.waitCount(t, 5, BulkCount{Connections: 1})
+	if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: d.Addr, Count: 2})); got[unix.EAGAIN] != 2 {
+		t.Fatalf("errnos %v, want 2 × EAGAIN (the fallback's bulkhead is full)", got)
+	}
+	if cnt, _ := e.k.Counters(1); cnt.Redirected != 1 || cnt.Rejected != 0 {
+		t.Fatalf("target's counters %+v, want the 1 connect the fallback took redirected, none rejected", cnt)
+	}
+	if cnt, _ := e.k.Counters(5); cnt.BulkheadRejected != 2 {
+		t.Fatalf("fallback's bulkhead counters %+v, want 2 turned away", cnt)
+	}
+}
+
+// A connect that takes a half-open circuit's probe token and is then
+// turned away by the limits it meets gives the token back: the round's
+// probe is the next connect that goes out, for a destination's own probe
+// and for a fallback taking a redirected connect as its probe alike.
+func TestProbeTurnedAwayByItsLimitsKeepsTheToken(t *testing.T) {
+	e := newEnvHosts(t, Options{}, 2)
+	dead, fb := e.topo.Servers[0], e.topo.Servers[1]
+	fb.ServeHold(t, 8080)
+	fb.ServeHold(t, 8081)
+	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, Limits: true}); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		// ask is where the client connects; probed the destination whose
+		// half-open circuit (id 2) and full bulkhead (slot 5) it meets.
+		ask, probed netip.AddrPort
+	}{
+		{"its own probe", netip.AddrPortFrom(fb.IPv4, 8081), netip.AddrPortFrom(fb.IPv4, 8081)},
+		{"the fallback's probe", netip.AddrPortFrom(dead.IPv4, 80), netip.AddrPortFrom(fb.IPv4, 8080)},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			slot := uint32(5 + i)
+			p := Dest{Proto: TCP, Addr: c.probed}
+			if err := e.k.PutLimit(p, Limit{Slot: slot, MaxConnections: 1}); err != nil {
+				t.Fatal(err)
+			}
+			held := e.topo.Client.StartDial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: c.probed, Hold: time.Minute})
+			e.waitCount(t, slot, BulkCount{Connections: 1})
+			if c.ask != c.probed {
+				e.openWithFallback(t, 1, Dest{Proto: TCP, Addr: c.ask}, c.probed)
+			}
+			id := uint32(10 + i)
+			if err := e.k.PutVerdict(p, OpenVerdict(Now()-time.Millisecond, 1, 1, 0, id)); err != nil {
+				t.Fatal(err)
+			}
+			if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: c.ask})); got[unix.EAGAIN] != 1 {
+				t.Fatalf("over the limit: %v, want EAGAIN", got)
+			}
+			if b, err := e.k.Budget(id); err != nil || b != (Budget{Round: 1, Tokens: 1}) {
+				t.Fatalf("budget after the turned-away probe: %+v %v, want round 1 with its token", b, err)
+			}
+			held.Cmd.Process.Kill()
+			held.Cmd.Wait()
+			e.waitCount(t, slot, BulkCount{})
+			if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Addr: c.ask, Count: 2})); got[0] != 1 {
+				t.Fatalf("with room: %v, want exactly one connect through, the probe", got)
+			}
+			if cnt, _ := e.k.Counters(id); cnt.Probes != 1 || cnt.Rounds != 1 {
+				t.Fatalf("counters %+v, want the 1 probe admitted in 1 round", cnt)
+			}
+		})
+	}
+}
+
+// A TCP Fast Open connect is redirected as any other: a
+// TCP_FASTOPEN_CONNECT socket's connect() and a sendto with MSG_FASTOPEN
+// (whose connect and SYN are one call) reach the fallback, with no SYN
+// at the destination whose circuit is open.
+func TestFallbackTakesFastOpen(t *testing.T) {
+	e := newEnvHosts(t, Options{}, 2)
+	dead, fb := e.topo.Servers[0], e.topo.Servers[1]
+	fb.StartCounting(t)
+	fb.ServeHold(t, 8080)
+	d := Dest{Proto: TCP, Addr: netip.AddrPortFrom(dead.IPv4, 80)}
+	e.openWithFallback(t, 1, d, netip.AddrPortFrom(fb.IPv4, 8080))
+	synsDead, synsFb := dead.SYNs(t), fb.SYNs(t)
+	for _, op := range []string{"fastopen", "sendto-fastopen"} {
+		if got := errnos(e.dial(t, e.cg, kerneltest.DialSpec{Network: "tcp4", Op: op, Addr: d.Addr})); got[0] != 1 {
+			t.Fatalf("%s: errnos %v, want the fallback's connection", op, got)
+		}
+	}
+	if n := fb.SYNs(t) - synsFb; n != 2 {
+		t.Fatalf("%d SYNs at the fallback, want 2", n)
+	}
+	if n := dead.SYNs(t) - synsDead; n != 0 {
+		t.Fatalf("%d SYNs at the destination whose circuit is open", n)
+	}
+	if cnt, _ := e.k.Counters(1); cnt.Redirected != 2 {
+		t.Fatalf("redirected %d, want 2", cnt.Redirected)
+	}
+}

@@ -42,6 +42,12 @@ func setFallback(o *Options, r any) error {
 	if a.IsUnspecified() || a.IsMulticast() {
 		return fmt.Errorf("%q is not an address a connect can reach", quoteShort(s))
 	}
+	if a.Is6() && a.IsLinkLocalUnicast() {
+		// The kernel needs an interface (a zone) to connect to it, and a
+		// rewritten connect cannot carry one: every redirect would fail
+		// with EINVAL, and no outcome would reach the fallback's circuit.
+		return fmt.Errorf("%q is link-local: a connect to it needs an interface, which a redirected connect cannot name", quoteShort(s))
+	}
 	*dst = netip.AddrPortFrom(a, ap.Port())
 	return nil
 }
@@ -192,7 +198,7 @@ const fallbackReference = "## Fallbacks\n\n" +
 	"A half-open circuit sends its probes to the target itself and the connects that find no probe left to the fallback; once it closes, traffic returns to the target. In `shadow` mode nothing is redirected (nothing is rejected). " +
 	"**The fallback's own circuit.** The fallback is a destination like any other, with the circuit that matching gives it (another target's, or a dynamic circuit of `all`), and the outcomes of redirected connections count there, never for the dead target. When that circuit is open too, connects to the target are rejected with its `reject_errno`, as without a fallback; a half-open fallback may take a redirected connect as its probe. " +
 	"Its bulkhead limits apply to redirected connects, the target's do not. " +
-	"**Refused**: a fallback in `all`, one that is a destination of the target itself, one that belongs to a target with a fallback of its own (fallbacks never chain: the kernel follows one), one that is excluded, one that is another protocol's target's, and one of another address family than the target's addresses (an IPv4 socket cannot be sent to an IPv6 address). Only addresses are checked: a fallback that a target's host names or Service resolve to later is not. " +
+	"**Refused**: a fallback in `all`, a link-local IPv6 address (a connect to it needs an interface, which a redirected connect cannot name), one that is a destination of the target itself, one that belongs to a target with a fallback of its own (fallbacks never chain: the kernel follows one), one that is excluded, one that is another protocol's target's, and one of another address family than the target's addresses (an IPv4 socket cannot be sent to an IPv6 address). Only addresses are checked: a fallback that a target's host names or Service resolve to later is not. " +
 	"**A Service** (`fallback: {service: shop/house-ads, port: 8080}`) is its first cluster IP (the primary family) and that Service port, resolved live from the Kubernetes API as Service targets are (it needs API access): a new cluster IP applies at once; while the Service, that port or a cluster IP is missing (a headless Service has none), the target's connects are rejected as without a fallback. Validation refuses the target's own Service, and the Service of a target with a fallback. " +
 	"A reload that sets, changes or removes a fallback applies at once, also to a circuit already open. " +
 	"**Seeing it**: `breakerd_redirected_total{target}` counts redirected connects and datagrams per target, `/v1/circuits` shows each circuit's `fallback` and `redirected`, and so does the status page. " +

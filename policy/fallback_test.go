@@ -60,6 +60,8 @@ func TestFallbackRefusals(t *testing.T) {
 			`targets.a.fallback: "10.0.0.9:0" has port 0`},
 		{"unspecified", "targets:\n  a: {match: {cidrs: [10.0.0.1]}, fallback: \"0.0.0.0:80\"}\n",
 			`targets.a.fallback: "0.0.0.0:80" is not an address a connect can reach`},
+		{"link-local", "targets:\n  a: {match: {cidrs: [\"2001:db8::1\"]}, fallback: \"[fe80::9]:80\"}\n",
+			`targets.a.fallback: "[fe80::9]:80" is link-local: a connect to it needs an interface, which a redirected connect cannot name`},
 		{"in all", "all: {fallback: \"10.0.0.9:80\"}\n",
 			`all.fallback: only a target can set it (every destination of ` + "`all`" + ` would share one fallback); set it on the targets that have one`},
 		{"into its own target", "targets:\n  a: {match: {cidrs: [10.0.0.0/24]}, fallback: \"10.0.0.9:80\"}\n",

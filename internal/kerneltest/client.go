@@ -86,8 +86,11 @@ type DialSpec struct {
 	// connect, no write: nothing is sent) or "sendto-fastopen" (sendto with
 	// MSG_FASTOPEN on an unconnected TCP socket: the connect and the SYN
 	// in one call) or "connect-peername" (connect, then getpeername, both
-	// timed; Peer is what it says) or "sendto-recv" (an unconnected UDP
-	// datagram and its reply; Peer is the reply's source) or "stream" (connect and close every Interval, each
+	// timed; Peer is what it says) or "reconnect-peername" (connect to
+	// Addr, then the same socket to Then, then getpeername: a UDP socket
+	// that changes its peer; Peer is what it says) or "sendto-recv" (an
+	// unconnected UDP datagram and its reply; Peer is the reply's source)
+	// or "stream" (connect and close every Interval, each
 	// result reported as it happens, until told to stop: StartStream).
 	Op string
 	// Count connects are made, Parallel at a time (default 1 and 1).
@@ -102,6 +105,8 @@ type DialSpec struct {
 	Hold time.Duration
 	// Linger is how long "connect-send" keeps the socket after writing.
 	Linger time.Duration
+	// Then is the second destination of "reconnect-peername".
+	Then netip.AddrPort `json:",omitzero"`
 	// Barrier makes all Parallel workers start their first connect at the
 	// same instant.
 	Barrier bool
@@ -402,6 +407,15 @@ func dialOnce(spec DialSpec) DialResult {
 			var p unix.Sockaddr
 			if p, err = unix.Getpeername(fd); err == nil {
 				peer = addrPortOf(p)
+			}
+		}
+	case "reconnect-peername":
+		if err = unix.Connect(fd, sa); err == nil {
+			if err = unix.Connect(fd, sockaddr(family, spec.Then)); err == nil {
+				var p unix.Sockaddr
+				if p, err = unix.Getpeername(fd); err == nil {
+					peer = addrPortOf(p)
+				}
 			}
 		}
 	case "sendto-recv":
