@@ -222,9 +222,9 @@ func TestSlowStartRampFollowsTheCurve(t *testing.T) {
 // still turned away with EAGAIN after each step, and the ramp ends at its
 // own end (the engine's TestSlowStartReloadAppliesFromTheNextClose shows
 // the changed slow_start applies from the next close). The client's
-// cgroup's slow-start rejections carry on across every step: rejected_by
-// counts all of them, exactly what the circuit's counters count (the only
-// cgroup that connects).
+// cgroup's slow-start rejections carry on across every step, those made
+// while no daemon ran included: rejected_by counts all of them, exactly
+// what the circuit's counters count (the only cgroup that connects).
 func TestSlowStartRampSurvivesRestartAndReload(t *testing.T) {
 	const ramp = 4 * time.Second
 	f := newFixture(t, strings.ReplaceAll(slowStartConfig, "RAMP", ramp.String()))
@@ -250,7 +250,15 @@ func TestSlowStartRampSurvivesRestartAndReload(t *testing.T) {
 		}
 	}
 	check("before the restart")
-	f.restart()
+	f.stop()
+	// No daemon: the pinned programs keep the ramp (the heartbeat is
+	// fresh) and count what it turns away.
+	gap := errnos(f.dial(8095, 20, 0))
+	if gap[unix.EAGAIN] == 0 || gap[0]+gap[unix.EAGAIN] != 20 {
+		t.Fatalf("20 connects with the daemon stopped: %v, want some EAGAIN", gap)
+	}
+	turnedAway += gap[unix.EAGAIN]
+	f.start()
 	check("after a restart")
 	if _, err := New(Options{ConfigPath: f.config, Cgroup: f.cg.Path, BPFFS: f.bpffs}); err == nil {
 		t.Fatal("a second daemon started on the same pins")
