@@ -215,9 +215,9 @@ struct circuit_counters {
  * rejecting limit (its slot and epoch: a circuit's own slot is its
  * circuit id, and its limits carry the epoch its verdicts do, so every
  * kind of one circuit shares an entry; a sharing workload's bulkhead slot
- * has an epoch of its own). The epoch tells apart
- * two holders of the same id one after the other, so a reused id never
- * inherits another circuit's entries. */
+ * has an epoch of its own). The epoch tells apart two holders of the same
+ * id one after the other, so a reused id never inherits another circuit's
+ * entries. */
 struct rejection_key {
 	__u64 cgroup_id; /* the rejected process's current cgroup */
 	__u32 circuit_id;

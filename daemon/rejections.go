@@ -16,15 +16,16 @@ import (
 
 // Which cgroups (and so which pods) each circuit turned away: the kernel
 // counts them in the rejections map on the reject paths only, keyed by the
-// rejecting verdict's circuit id and epoch, or the rejecting limit's slot
-// and epoch, and the caller's cgroup; an open circuit's rejections, a
-// bulkhead's and a slow-start ramp's are counted apart in one entry. The epoch names one circuit
-// among those that held the id one after the other: a circuit takes one
-// when it first writes a rejecting verdict or a limit of its own slot (or
-// inherits the one its pinned verdicts or limits carry at start-up), and a
-// sharing workload's bulkhead slot one of its own when it is given out
-// (bulkSlot.epoch), so a reused id never shows another circuit's
-// rejections.
+// rejecting verdict's circuit id and epoch (a slow-start ramp's verdict
+// carries the circuit's epoch too), or the rejecting limit's slot and
+// epoch, and the caller's cgroup; an open circuit's rejections, a
+// bulkhead's and a slow-start ramp's are counted apart in one entry. The
+// epoch names one circuit among those that held the id one after the
+// other: a circuit takes one when it first writes a rejecting verdict or a
+// limit of its own slot (or inherits the one its pinned verdicts or limits
+// carry at start-up), and a sharing workload's bulkhead slot one of its
+// own when it is given out (bulkSlot.epoch), so a reused id never shows
+// another circuit's rejections.
 //
 // Every rejectionsEvery the daemon reads the map (outside the owner's steps), keeps
 // the live circuits' entries in an index the admin API and Events read,
