@@ -125,8 +125,9 @@ func withWorkloads(ci api.CircuitInfo) map[string]any {
 	m["workload"] = "kubepods.slice/" + hostile
 	m["failed_pods"] = []string{"ns/" + hostile}
 	m["rejected_by"] = []map[string]any{{"pod": "ns/" + hostile, "rejected": 7}, {"cgroup": "system.slice/" + hostile, "rejected": 2, "bulkhead_rejected": 1},
-		{"pod": "ns/b-" + hostile, "bulkhead_rejected": 4}}
-	m["rejected_by_total"] = 4
+		{"pod": "ns/b-" + hostile, "bulkhead_rejected": 4}, {"pod": "ns/c-" + hostile, "slow_start_rejected": 3},
+		{"pod": "ns/d-" + hostile, "bulkhead_rejected": 1, "slow_start_shadow_rejected": 2}}
+	m["rejected_by_total"] = 6
 	return m
 }
 
@@ -199,7 +200,7 @@ func TestUIHostileNamesAreText(t *testing.T) {
 	if !slices.Contains(st.Names, want) || !slices.Contains(st.Targets, hostile) || !slices.Contains(st.Work, "kubepods.slice/"+hostile) ||
 		!slices.Contains(st.Events, want) || !slices.Contains(st.Reasons, hostile) || !slices.Contains(st.EventWork, " (w/"+hostile+")") ||
 		!slices.Contains(st.Pods, "pods with failures: ns/"+hostile) ||
-		!slices.Contains(st.Rejected, "rejected: ns/"+hostile+": 7, system.slice/"+hostile+": 2 (and 1 by the bulkhead), ns/b-"+hostile+": 4 by the bulkhead, +1 more") {
+		!slices.Contains(st.Rejected, "rejected: ns/"+hostile+": 7, system.slice/"+hostile+": 2 (and 1 by the bulkhead), ns/b-"+hostile+": 4 by the bulkhead, ns/c-"+hostile+": 3 by the slow start, ns/d-"+hostile+": 1 by the bulkhead (and 2 by the slow start), +1 more") {
 		t.Fatalf("the literal text is not shown: %+v", st)
 	}
 	// A closed circuit that is ramping up after recovery says so.

@@ -65,8 +65,9 @@ type CircuitInfo struct {
 	ClosedEstablished uint64 `json:"closed_established,omitempty"`
 	// RejectedBy are the pods (or, for cgroups that are no known pod's,
 	// the cgroups) the circuit turned away and how often, open
-	// (rejected) or by its bulkhead (bulkhead_rejected), most first, at
-	// most 32; RejectedByTotal counts them all. Counted by the kernel per
+	// (rejected), by its bulkhead (bulkhead_rejected) or by its slow
+	// start (slow_start_rejected), most first, at most 32;
+	// RejectedByTotal counts them all. Counted by the kernel per
 	// cgroup as it rejects, read every second.
 	RejectedBy      []RejectedBy `json:"rejected_by,omitempty"`
 	RejectedByTotal int          `json:"rejected_by_total,omitempty"`
@@ -113,8 +114,8 @@ type TransitionEvent struct {
 }
 
 // RejectedBy is one pod (or, for a cgroup that is no pod's, one cgroup)
-// a circuit turned connects or sends away from, open or by its bulkhead,
-// as /v1/circuits reports it.
+// a circuit turned connects or sends away from, open, by its bulkhead or
+// by its slow start, as /v1/circuits reports it.
 type RejectedBy struct {
 	// Pod is "namespace/name" when the cgroup is a known pod's (its
 	// containers' cgroups summed).
@@ -134,6 +135,12 @@ type RejectedBy struct {
 	// turned away; BulkheadShadowRejected those shadow mode let through.
 	BulkheadRejected       uint64 `json:"bulkhead_rejected,omitempty"`
 	BulkheadShadowRejected uint64 `json:"bulkhead_shadow_rejected,omitempty"`
+	// SlowStartRejected counts the connects its slow start (slow_start)
+	// turned away with the overload errno while the circuit ramped up
+	// after recovery; SlowStartShadowRejected those shadow mode let
+	// through.
+	SlowStartRejected       uint64 `json:"slow_start_rejected,omitempty"`
+	SlowStartShadowRejected uint64 `json:"slow_start_shadow_rejected,omitempty"`
 }
 
 // AdaptiveLimit is one bulkhead limit that follows latency, as

@@ -211,12 +211,13 @@ struct circuit_counters {
 
 /* Key of the rejections map: the cgroup a circuit or a bulkhead turned a
  * connect or a send away from. circuit_id and epoch come from the
- * rejecting verdict, or from the rejecting limit (its slot and epoch: a
- * circuit's own slot is its circuit id, and its limits carry the epoch its
- * verdicts do, so both kinds of one circuit share an entry; a sharing
- * workload's bulkhead slot has an epoch of its own). The epoch tells apart
- * two holders of the same id one after the other, so a reused id never
- * inherits another circuit's entries. */
+ * rejecting verdict (open, half-open or a slow-start ramp), or from the
+ * rejecting limit (its slot and epoch: a circuit's own slot is its
+ * circuit id, and its limits carry the epoch its verdicts do, so every
+ * kind of one circuit shares an entry; a sharing workload's bulkhead slot
+ * has an epoch of its own). The epoch tells apart two holders of the same
+ * id one after the other, so a reused id never inherits another circuit's
+ * entries. */
 struct rejection_key {
 	__u64 cgroup_id; /* the rejected process's current cgroup */
 	__u32 circuit_id;
@@ -225,13 +226,15 @@ struct rejection_key {
 
 /* Value of the rejections map, written by the kernel on the reject paths
  * only (atomic adds); the daemon deletes entries of gone cgroups and
- * circuits. An open circuit's rejections and a bulkhead's are counted
- * apart. */
+ * circuits. An open circuit's rejections, a bulkhead's and a slow-start
+ * ramp's are counted apart, each with its shadow-mode count beside it. */
 struct rejection_count {
 	__u64 rejected;        /* turned away by an open circuit */
 	__u64 shadow_rejected; /* would have been turned away by it (shadow mode) */
 	__u64 bulkhead_rejected;        /* turned away by a concurrency limit */
 	__u64 bulkhead_shadow_rejected; /* would have been turned away by one (shadow mode) */
+	__u64 slow_start_rejected;        /* turned away by a slow-start ramp */
+	__u64 slow_start_shadow_rejected; /* would have been turned away by one (shadow mode) */
 };
 
 /* Concurrency limits of one destination (bulkheads), value of the limits

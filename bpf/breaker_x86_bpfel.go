@@ -190,11 +190,13 @@ const (
 )
 
 type BreakerRejectionCount struct {
-	_                      structs.HostLayout
-	Rejected               uint64
-	ShadowRejected         uint64
-	BulkheadRejected       uint64
-	BulkheadShadowRejected uint64
+	_                       structs.HostLayout
+	Rejected                uint64
+	ShadowRejected          uint64
+	BulkheadRejected        uint64
+	BulkheadShadowRejected  uint64
+	SlowStartRejected       uint64
+	SlowStartShadowRejected uint64
 }
 
 type BreakerRejectionKey struct {

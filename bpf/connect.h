@@ -119,6 +119,8 @@ enum rejection_kind {
 	REJ_VERDICT_SHADOW = 1,
 	REJ_BULKHEAD = 2,
 	REJ_BULKHEAD_SHADOW = 3,
+	REJ_SLOW_START = 4,
+	REJ_SLOW_START_SHADOW = 5,
 };
 
 /* note_rejection counts a rejection (or a shadow one) of the given kind
@@ -163,6 +165,12 @@ verified_once int note_rejection(__u32 id, __u32 epoch, __u32 kind)
 		break;
 	case REJ_BULKHEAD_SHADOW:
 		count(r->bulkhead_shadow_rejected);
+		break;
+	case REJ_SLOW_START:
+		count(r->slow_start_rejected);
+		break;
+	case REJ_SLOW_START_SHADOW:
+		count(r->slow_start_shadow_rejected);
 		break;
 	}
 	return 1;
@@ -211,11 +219,12 @@ static __always_inline int ramp_admits(struct circuit_counters *c, __u32 share)
 
 /* ramp_allows applies a slow-start verdict: the circuit is closed, and
  * only the share of new TCP connects the ramp allows now goes through.
- * The rest see the overload errno (the bulkhead's), counted apart; they
- * make no socket outcome, so none enters the failure window. A UDP send is
+ * The rest see the overload errno (the bulkhead's), counted apart, and
+ * against the caller's cgroup under the verdict's id and epoch; they make
+ * no socket outcome, so none enters the failure window. A UDP send is
  * never held back (a datagram is no new connection), and in shadow mode
- * a connect the ramp would turn away is counted as a shadow rejection and
- * admitted. */
+ * a connect the ramp would turn away is counted as a shadow rejection
+ * (the cgroup's as a slow-start one) and admitted. */
 static __always_inline int ramp_allows(struct dest_key *key, struct verdict *v, __u32 flags,
 				       __u64 now)
 {
@@ -230,10 +239,12 @@ static __always_inline int ramp_allows(struct dest_key *key, struct verdict *v, 
 	if (flags & CONFIG_SHADOW) {
 		if (c)
 			count(c->shadow_rejected);
+		note_rejection(v->circuit_id, v->epoch, REJ_SLOW_START_SHADOW);
 		return 1;
 	}
 	if (c)
 		count(c->slow_start_rejected);
+	note_rejection(v->circuit_id, v->epoch, REJ_SLOW_START);
 	if (has_set_retval)
 		bpf_set_retval(-(int)(v->reject_errno ? v->reject_errno : EAGAIN));
 	return 0;

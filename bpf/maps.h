@@ -210,9 +210,9 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } inflight SEC(".maps");
 
-/* Which cgroups each circuit, open or over a bulkhead's limit, turned
- * away, and how often (struct rejection_key; the two kinds counted apart
- * in struct rejection_count). Written on the reject paths only: a connect
+/* Which cgroups each circuit, open, over a bulkhead's limit or ramping
+ * up after recovery, turned away, and how often (struct rejection_key; the
+ * three kinds counted apart in struct rejection_count). Written on the reject paths only: a connect
  * that is allowed never touches it. Full, a new (circuit, cgroup) pair is
  * not recorded and STAT_REJECTIONS_FULL counts it; the circuit's own
  * counters still count the rejection. */

@@ -16,15 +16,16 @@ import (
 
 // Which cgroups (and so which pods) each circuit turned away: the kernel
 // counts them in the rejections map on the reject paths only, keyed by the
-// rejecting verdict's circuit id and epoch, or the rejecting limit's slot
-// and epoch, and the caller's cgroup; an open circuit's rejections and a
-// bulkhead's are counted apart in one entry. The epoch names one circuit
-// among those that held the id one after the other: a circuit takes one
-// when it first writes a rejecting verdict or a limit of its own slot (or
-// inherits the one its pinned verdicts or limits carry at start-up), and a
-// sharing workload's bulkhead slot one of its own when it is given out
-// (bulkSlot.epoch), so a reused id never shows another circuit's
-// rejections.
+// rejecting verdict's circuit id and epoch (a slow-start ramp's verdict
+// carries the circuit's epoch too), or the rejecting limit's slot and
+// epoch, and the caller's cgroup; an open circuit's rejections, a
+// bulkhead's and a slow-start ramp's are counted apart in one entry. The
+// epoch names one circuit among those that held the id one after the
+// other: a circuit takes one when it first writes a rejecting verdict or a
+// limit of its own slot (or inherits the one its pinned verdicts or limits
+// carry at start-up), and a sharing workload's bulkhead slot one of its
+// own when it is given out (bulkSlot.epoch), so a reused id never shows
+// another circuit's rejections.
 //
 // Every rejectionsEvery the daemon reads the map (outside the owner's steps), keeps
 // the live circuits' entries in an index the admin API and Events read,
@@ -41,12 +42,13 @@ const rejectionsEvery = time.Second
 const listedRejected = 32
 
 // cgroupRejections is one cgroup's rejections by one circuit (or one of
-// its sharing workloads' bulkhead slots): by the open circuit and by the
-// bulkhead.
+// its sharing workloads' bulkhead slots): by the open circuit, by the
+// bulkhead and by its slow start.
 type cgroupRejections struct {
-	cgroup                   uint64
-	rejected, shadow         uint64
-	bulkhead, bulkheadShadow uint64
+	cgroup                     uint64
+	rejected, shadow           uint64
+	bulkhead, bulkheadShadow   uint64
+	slowStart, slowStartShadow uint64
 }
 
 // rejectionIndex is the last sweep's view, with its own lock.
@@ -158,7 +160,8 @@ func (d *Daemon) sweepRejections() {
 			suspect[r.CgroupID] = true
 		}
 		o := owner{r.CircuitID, r.Epoch}
-		byCircuit[o] = append(byCircuit[o], cgroupRejections{r.CgroupID, r.Rejected, r.ShadowRejected, r.BulkheadRejected, r.BulkheadShadowRejected})
+		byCircuit[o] = append(byCircuit[o], cgroupRejections{r.CgroupID, r.Rejected, r.ShadowRejected,
+			r.BulkheadRejected, r.BulkheadShadowRejected, r.SlowStartRejected, r.SlowStartShadowRejected})
 	}
 	if len(stale) > 0 {
 		if err := d.k.DeleteRejections(stale); err != nil {
@@ -173,9 +176,10 @@ func (d *Daemon) sweepRejections() {
 // RejectedBy is api.RejectedBy.
 type RejectedBy = api.RejectedBy
 
-// rejectedTotal is every rejection r counts, of both kinds, shadow ones included.
+// rejectedTotal is every rejection r counts, of every kind, shadow ones included.
 func rejectedTotal(r RejectedBy) uint64 {
-	return r.Rejected + r.ShadowRejected + r.BulkheadRejected + r.BulkheadShadowRejected
+	return r.Rejected + r.ShadowRejected + r.BulkheadRejected + r.BulkheadShadowRejected +
+		r.SlowStartRejected + r.SlowStartShadowRejected
 }
 
 // cgroupNamer names cgroup ids for one request: paths and workloads from
@@ -185,7 +189,8 @@ type cgroupNamer struct {
 }
 
 // rejectedBy lists who the circuit whose entries are counted under owners
-// rejected, open or by its bulkheads, most rejections first, at most
+// rejected, open, by its bulkheads or by its slow start, most rejections
+// first, at most
 // listedRejected, and how many there are in all. It must not be called
 // in a step of the owner.
 func (d *Daemon) rejectedBy(owners []owner, n *cgroupNamer) ([]RejectedBy, int) {
@@ -219,6 +224,8 @@ func (d *Daemon) rejectedBy(owners []owner, n *cgroupNamer) ([]RejectedBy, int) 
 		x.ShadowRejected += e.shadow
 		x.BulkheadRejected += e.bulkhead
 		x.BulkheadShadowRejected += e.bulkheadShadow
+		x.SlowStartRejected += e.slowStart
+		x.SlowStartShadowRejected += e.slowStartShadow
 	}
 	out := make([]RejectedBy, 0, len(byKey))
 	for _, r := range byKey {
@@ -240,8 +247,9 @@ const eventRejected = 8
 // rejectedPods names the pods c rejected while open, "namespace/name
 // (N)", most first, at most eventRejected: for its CircuitClosed Event,
 // from the last sweep (at most rejectionsEvery old). Cgroups of no known
-// pod are left out, and so are bulkhead rejections: they are no part of
-// the circuit opening and closing (/v1/circuits lists them). No kernel
+// pod are left out, and so are bulkhead and slow-start rejections: they
+// are no part of the circuit opening and closing (/v1/circuits lists
+// them). No kernel
 // read: callable in a step of the owner.
 func (d *Daemon) rejectedPods(c *circuit) []string {
 	byPod := map[string]uint64{}

@@ -97,8 +97,11 @@ func (f *fixture) recoverWithRamp(t *testing.T) (*streamed, *kerneltest.Stream, 
 // the overload errno, and are counted apart from the open circuit's
 // rejections; none counts as a failure:
 // the circuit stays closed with every admitted connect counted as a call
-// and no failure. /v1/circuits shows the ramp while it lasts, and after
-// it every connect is admitted.
+// and no failure. The kernel counts the turned-away connects against the
+// client's cgroup under the ramp verdict's id and epoch (the epoch the
+// open verdict's rejections are counted under too), and /v1/circuits
+// names the cgroup in rejected_by with both counts. /v1/circuits shows
+// the ramp while it lasts, and after it every connect is admitted.
 func TestSlowStartRampFollowsTheCurve(t *testing.T) {
 	const ramp = 2 * time.Second
 	f := newFixture(t, strings.ReplaceAll(slowStartConfig, "RAMP", ramp.String()))
@@ -188,6 +191,23 @@ func TestSlowStartRampFollowsTheCurve(t *testing.T) {
 	if n := f.counter("breakerd_slow_start_rejections_total", map[string]string{"target": "ramp"}); n != float64(rejected) {
 		t.Fatalf("breakerd_slow_start_rejections_total = %v, want %d", n, rejected)
 	}
+	cgID, err := f.cg.ID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := maps.RejectionKey{CgroupID: cgID, CircuitID: v.CircuitID, Epoch: v.Epoch}
+	wantEntry := maps.Rejection{RejectionKey: key, Rejected: uint64(refused), SlowStartRejected: uint64(rejected)}
+	rs, err := f.d.Kernel().Rejections()
+	if err != nil || len(rs) != 1 || rs[0] != wantEntry || v.Epoch == 0 {
+		t.Fatalf("rejections map %+v (%v), want only %+v", rs, err, wantEntry)
+	}
+	if !kerneltest.WaitFor(3*time.Second, func() bool {
+		c, _ := f.circuit("ramp")
+		return c.RejectedByTotal == 1 && len(c.RejectedBy) == 1 && c.RejectedBy[0] == RejectedBy{Cgroup: f.cgroupRel(), Rejected: uint64(refused), SlowStartRejected: uint64(rejected)}
+	}) {
+		c, _ = f.circuit("ramp")
+		t.Fatalf("rejected_by %+v (total %d), want %s with %d open and %d slow-start rejections", c.RejectedBy, c.RejectedByTotal, f.cgroupRel(), refused, rejected)
+	}
 	if c.SlowStart != nil {
 		t.Fatalf("still ramping after the ramp: %+v", c.SlowStart)
 	}
@@ -201,13 +221,17 @@ func TestSlowStartRampFollowsTheCurve(t *testing.T) {
 // verdict stays as written (same start, length and curve), connects are
 // still turned away with EAGAIN after each step, and the ramp ends at its
 // own end (the engine's TestSlowStartReloadAppliesFromTheNextClose shows
-// the changed slow_start applies from the next close).
+// the changed slow_start applies from the next close). The client's
+// cgroup's slow-start rejections carry on across every step, those made
+// while no daemon ran included: rejected_by counts all of them, exactly
+// what the circuit's counters count (the only cgroup that connects).
 func TestSlowStartRampSurvivesRestartAndReload(t *testing.T) {
 	const ramp = 4 * time.Second
 	f := newFixture(t, strings.ReplaceAll(slowStartConfig, "RAMP", ramp.String()))
 	f.start()
 	_, st, v := f.recoverWithRamp(t)
 	st.Close()
+	turnedAway := 0 // by the checks' connects
 	check := func(step string) {
 		t.Helper()
 		got, ok, err := f.d.Kernel().Verdict(f.dest(8095))
@@ -216,15 +240,25 @@ func TestSlowStartRampSurvivesRestartAndReload(t *testing.T) {
 		}
 		// The share is at most 0.2 + 0.8 × (elapsed/4s) < 1: some of 20
 		// back-to-back connects are turned away.
-		if got := errnos(f.dial(8095, 20, 0)); got[unix.EAGAIN] == 0 || got[0] == 0 || got[0]+got[unix.EAGAIN] != 20 {
-			t.Fatalf("%s: 20 connects during the ramp: %v, want some admitted and some EAGAIN", step, got)
+		n := errnos(f.dial(8095, 20, 0))
+		if n[unix.EAGAIN] == 0 || n[0] == 0 || n[0]+n[unix.EAGAIN] != 20 {
+			t.Fatalf("%s: 20 connects during the ramp: %v, want some admitted and some EAGAIN", step, n)
 		}
+		turnedAway += n[unix.EAGAIN]
 		if c, _ := f.circuit("ramp"); c.State != "closed" || c.SlowStart == nil {
 			t.Fatalf("%s: /v1/circuits shows %s, ramp %+v", step, c.State, c.SlowStart)
 		}
 	}
 	check("before the restart")
-	f.restart()
+	f.stop()
+	// No daemon: the pinned programs keep the ramp (the heartbeat is
+	// fresh) and count what it turns away.
+	gap := errnos(f.dial(8095, 20, 0))
+	if gap[unix.EAGAIN] == 0 || gap[0]+gap[unix.EAGAIN] != 20 {
+		t.Fatalf("20 connects with the daemon stopped: %v, want some EAGAIN", gap)
+	}
+	turnedAway += gap[unix.EAGAIN]
+	f.start()
 	check("after a restart")
 	if _, err := New(Options{ConfigPath: f.config, Cgroup: f.cg.Path, BPFFS: f.bpffs}); err == nil {
 		t.Fatal("a second daemon started on the same pins")
@@ -244,5 +278,13 @@ func TestSlowStartRampSurvivesRestartAndReload(t *testing.T) {
 	}
 	if got := errnos(f.dial(8095, 20, 0)); got[0] != 20 {
 		t.Fatalf("after the ramp: %v, want all admitted", got)
+	}
+	var c CircuitInfo
+	if !kerneltest.WaitFor(3*time.Second, func() bool {
+		c, _ = f.circuit("ramp")
+		return c.RejectedByTotal == 1 && len(c.RejectedBy) == 1 && c.RejectedBy[0] == RejectedBy{Cgroup: f.cgroupRel(), Rejected: c.Rejected, SlowStartRejected: c.SlowStartRejected}
+	}) || c.SlowStartRejected < uint64(turnedAway) {
+		t.Fatalf("rejected_by %+v (total %d), want %s with the circuit's %d open and %d slow-start rejections (at least the checks' %d)",
+			c.RejectedBy, c.RejectedByTotal, f.cgroupRel(), c.Rejected, c.SlowStartRejected, turnedAway)
 	}
 }

@@ -53,7 +53,7 @@ const (
 	maxOverrides    = 4096
 	workloadEntry   = htabElem + 8 + 8 + htabBucket   // key 8 (a cgroup id), value 8
 	inflightEntry   = htabElem + 8 + 48 + htabBucket  // key 8 (a socket cookie), value 48
-	rejectionEntry  = htabElem + 16 + 32 + htabBucket // key 16 (cgroup, circuit, epoch), value 32
+	rejectionEntry  = htabElem + 16 + 48 + htabBucket // key 16 (cgroup, circuit, epoch), value 48
 	handoffBytes    = 16                              // per CPU
 	counterEntry    = 56
 	redirectEntry   = 8
@@ -81,7 +81,7 @@ const respPortsBytes = respPortWords * 8
 //	answered       AnsweredIDs × 8 B         (0.5 MiB)
 //	workloads      MaxWorkloadCgroups × 88 B (5.5 MiB)
 //	inflight       MaxInflight × 128 B       (8 MiB)
-//	rejections     MaxRejections × 120 B     (3.75 MiB)
+//	rejections     MaxRejections × 136 B     (4.25 MiB)
 //	fallbacks      MaxFallbacks × 104 B      (1.6 MiB)
 //	redirects      MaxCircuitIDs × 8 B       (2 MiB)
 //	resp_ports     a bit per port            (8 KiB)
@@ -89,7 +89,7 @@ const respPortsBytes = respPortWords * 8
 //	stats          8 × 8 B × cpus, plus 6 × 32 B × cpus of hash-map locks
 //	handoff        16 B × cpus
 //
-// about 114 MiB whatever the CPU count (114.3 MiB at 2, 64 or 256
+// about 115 MiB whatever the CPU count (114.8 MiB at 2, 64 or 256
 // CPUs).
 // Kernels before 6.5 report a coarser figure in fdinfo (key plus value
 // times capacity), below this bound too. The

@@ -10,15 +10,15 @@ import (
 )
 
 // MaxRejections is the capacity of the rejections map: how many (circuit,
-// cgroup) pairs the kernel can count rejections of, open-circuit and
-// bulkhead ones alike (MAX_REJECTIONS in bpf/breaker.h). A pair past it is
+// cgroup) pairs the kernel can count rejections of, open-circuit, bulkhead
+// and slow-start ones alike (MAX_REJECTIONS in bpf/breaker.h). A pair past it is
 // not recorded (Stats.RejectionsFull counts those rejections); the
 // circuit's own counters still count it.
 const MaxRejections = 1 << 15
 
 // RejectionKey names one entry of the rejections map: the cgroup a
 // circuit turned connects or sends away from. CircuitID and Epoch are the
-// rejecting verdict's, or the rejecting limit's Slot and Epoch (the same
+// rejecting verdict's (open, half-open or a slow-start ramp), or the rejecting limit's Slot and Epoch (the same
 // pair for a circuit's own bulkhead; a sharing workload's bulkhead slot
 // has its own).
 type RejectionKey struct {
@@ -39,6 +39,11 @@ type Rejection struct {
 	BulkheadRejected uint64
 	// BulkheadShadowRejected counts those shadow mode let through.
 	BulkheadShadowRejected uint64
+	// SlowStartRejected counts the connects a slow-start ramp turned
+	// away.
+	SlowStartRejected uint64
+	// SlowStartShadowRejected counts those shadow mode let through.
+	SlowStartShadowRejected uint64
 }
 
 // Rejections reads the whole rejections map, in batches (one system call
@@ -53,7 +58,9 @@ func (v *View) Rejections() ([]Rejection, error) {
 		for i := range n {
 			k, c := keys[i], vals[i]
 			out = append(out, Rejection{RejectionKey: RejectionKey{CgroupID: k.CgroupId, CircuitID: k.CircuitId, Epoch: k.Epoch},
-				Rejected: c.Rejected, ShadowRejected: c.ShadowRejected, BulkheadRejected: c.BulkheadRejected, BulkheadShadowRejected: c.BulkheadShadowRejected})
+				Rejected: c.Rejected, ShadowRejected: c.ShadowRejected,
+				BulkheadRejected: c.BulkheadRejected, BulkheadShadowRejected: c.BulkheadShadowRejected,
+				SlowStartRejected: c.SlowStartRejected, SlowStartShadowRejected: c.SlowStartShadowRejected})
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return out, nil // the last batch

@@ -79,17 +79,22 @@ function pods(c) {
 // rejectedBy returns who the circuit rejected, most first (pods, or
 // cgroups that are no known pod's): "name: count" for the open circuit's
 // rejections, "name: count by the bulkhead" for its bulkhead's, "name:
-// count (and count by the bulkhead)" for both; and "+N more" when the API
-// listed only some.
+// count by the slow start" for its ramp's after recovery, the first kind
+// followed by the others in brackets when there are several ("name: 2
+// (and 1 by the bulkhead)"); and "+N more" when the API listed only some.
 function rejectedBy(c) {
   const list = Array.isArray(c.rejected_by) ? c.rejected_by : [];
   const out = list.map((r) => {
     const name = String(r.pod || r.cgroup || "(gone)");
     const open = Number(r.rejected || r.shadow_rejected || 0);
     const bulk = Number(r.bulkhead_rejected || r.bulkhead_shadow_rejected || 0);
-    if (!bulk) return name + ": " + open;
-    if (!open) return name + ": " + bulk + " by the bulkhead";
-    return name + ": " + open + " (and " + bulk + " by the bulkhead)";
+    const ramp = Number(r.slow_start_rejected || r.slow_start_shadow_rejected || 0);
+    const kinds = [];
+    if (open || (!bulk && !ramp)) kinds.push(String(open));
+    if (bulk) kinds.push(bulk + " by the bulkhead");
+    if (ramp) kinds.push(ramp + " by the slow start");
+    if (kinds.length === 1) return name + ": " + kinds[0];
+    return name + ": " + kinds[0] + " (and " + kinds.slice(1).join(", ") + ")";
   });
   const more = Number(c.rejected_by_total || 0) - list.length;
   if (more > 0) out.push("+" + more + " more");

@@ -184,14 +184,16 @@ func TestExitCodes(t *testing.T) {
 }
 
 // TestStatusNamesFailedPods: status shows the pods that saw failures
-// and those rejected, with their counts (the open circuit's and the
-// bulkhead's told apart) and how many more there are, and "-" where none
+// and those rejected, with their counts (the open circuit's, the
+// bulkhead's and the slow start's told apart, shadow ones as what would
+// have been rejected) and how many more there are, and "-" where none
 // are known.
 func TestStatusNamesFailedPods(t *testing.T) {
 	f := newFakeDaemon(t, 2)
 	f.pods = []string{"shop/web-1", "shop/web-2"}
 	f.rejected = []api.RejectedBy{{Pod: "shop/web-2", Rejected: 7}, {Pod: "shop/web-3", BulkheadRejected: 4},
-		{Pod: "shop/web-4", Rejected: 1, BulkheadRejected: 2}, {Cgroup: "system.slice/x.service", Rejected: 2}}
+		{Pod: "shop/web-4", Rejected: 1, BulkheadRejected: 2}, {Pod: "shop/web-5", Rejected: 1, SlowStartRejected: 3},
+		{Pod: "shop/web-6", SlowStartShadowRejected: 2}, {Cgroup: "system.slice/x.service", Rejected: 2}}
 	var out bytes.Buffer
 	if err := run([]string{"status", "--socket", f.sock}, &out); err != nil {
 		t.Fatal(err)
@@ -199,7 +201,7 @@ func TestStatusNamesFailedPods(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	last2 := func(l string) string { f := strings.Fields(l); return strings.Join(f[max(0, len(f)-2):], " ") }
 	if len(lines) != 3 || !strings.HasSuffix(lines[0], "REJECTED PODS") ||
-		!strings.HasSuffix(lines[1], " shop/web-1,shop/web-2  shop/web-2:7,shop/web-3:bulkhead:4,shop/web-4:1+bulkhead:2,system.slice/x.service:2,+1 more") || last2(lines[2]) != "- -" {
+		!strings.HasSuffix(lines[1], " shop/web-1,shop/web-2  shop/web-2:7,shop/web-3:bulkhead:4,shop/web-4:1+bulkhead:2,shop/web-5:1+slow-start:3,shop/web-6:slow-start:2,system.slice/x.service:2,+1 more") || last2(lines[2]) != "- -" {
 		t.Fatalf("status:\n%s", out.String())
 	}
 }

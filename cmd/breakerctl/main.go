@@ -234,6 +234,11 @@ type InspectEntry struct {
 	// RejectedCgroups are the cgroup ids this verdict's circuit (id and
 	// epoch) rejected, with their counts, from the rejections map.
 	RejectedCgroups map[uint64]uint64 `json:"rejected_cgroups,omitempty"`
+	// SlowStartRejected counts the connects the circuit's slow starts
+	// turned away (a ramp verdict's rejections), and
+	// SlowStartRejectedCgroups the cgroup ids they were turned away from.
+	SlowStartRejected        uint64            `json:"slow_start_rejected,omitempty"`
+	SlowStartRejectedCgroups map[uint64]uint64 `json:"slow_start_rejected_cgroups,omitempty"`
 }
 
 // InspectBulkhead is one destination's bulkhead (a limits entry with a
@@ -285,10 +290,11 @@ func inspect(dir string, asJSON bool, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// The cgroups each (id, epoch) turned away: open (a verdict's) and
-	// by a bulkhead (a limit's), counted apart.
+	// The cgroups each (id, epoch) turned away: open (a verdict's), by a
+	// bulkhead (a limit's) and by a slow start (a ramp verdict's),
+	// counted apart.
 	type owner struct{ id, epoch uint32 }
-	byOwner, byBulkhead := map[owner]map[uint64]uint64{}, map[owner]map[uint64]uint64{}
+	byOwner, byBulkhead, byRamp := map[owner]map[uint64]uint64{}, map[owner]map[uint64]uint64{}, map[owner]map[uint64]uint64{}
 	add := func(m map[owner]map[uint64]uint64, o owner, cg, n uint64) {
 		if n == 0 {
 			return
@@ -303,6 +309,7 @@ func inspect(dir string, asJSON bool, out io.Writer) error {
 			o := owner{r.CircuitID, r.Epoch}
 			add(byOwner, o, r.CgroupID, r.Rejected)
 			add(byBulkhead, o, r.CgroupID, r.BulkheadRejected)
+			add(byRamp, o, r.CgroupID, r.SlowStartRejected)
 		}
 	}
 	rep.Verdicts = []InspectEntry{}
@@ -322,10 +329,11 @@ func inspect(dir string, asJSON bool, out io.Writer) error {
 			}
 		}
 		if cnt, err := v.Counters(vd.CircuitID); err == nil {
-			e.Rejected, e.ProbesUsed = cnt.Rejected, cnt.Probes
+			e.Rejected, e.ProbesUsed, e.SlowStartRejected = cnt.Rejected, cnt.Probes, cnt.SlowStartRejected
 		}
 		if vd.Epoch != 0 {
 			e.RejectedCgroups = byOwner[owner{vd.CircuitID, vd.Epoch}]
+			e.SlowStartRejectedCgroups = byRamp[owner{vd.CircuitID, vd.Epoch}]
 		}
 		rep.Verdicts = append(rep.Verdicts, e)
 	}
@@ -366,7 +374,16 @@ func inspect(dir string, asJSON bool, out io.Writer) error {
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "DEST\tSTATE\tDUE IN\tROUND\tTOKENS\tERRNO\tCIRCUIT\tREJECTED\tCGROUPS REJECTED")
 	for _, e := range rep.Verdicts {
-		fmt.Fprintf(tw, "%s\t%s\t%.1fs\t%d\t%d/%d\t%s\t%d\t%d\t%d\n", e.Dest, e.State, e.DueInSec, e.Round, e.Tokens, e.Probes, e.Errno, e.CircuitID, e.Rejected, len(e.RejectedCgroups))
+		// Rejections by kind as status writes them (5+slow-start:3), and
+		// the cgroups turned away by either.
+		cgroups := len(e.RejectedCgroups)
+		for cg := range e.SlowStartRejectedCgroups {
+			if _, ok := e.RejectedCgroups[cg]; !ok {
+				cgroups++
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.1fs\t%d\t%d/%d\t%s\t%d\t%s\t%d\n", e.Dest, e.State, e.DueInSec, e.Round, e.Tokens, e.Probes, e.Errno, e.CircuitID,
+			rejectionCounts(e.Rejected, 0, e.SlowStartRejected), cgroups)
 	}
 	if err := tw.Flush(); err != nil || len(rep.Bulkheads) == 0 {
 		return err
@@ -518,25 +535,37 @@ func connsOf(ci api.CircuitInfo, limit int) string {
 
 // rejectedBy lists the pods (or cgroups) a circuit rejected with their
 // counts, most first, and how many more the API left out; "" when none:
-// "shop/web-1:5,shop/web-2:bulkhead:3,shop/web-3:2+bulkhead:1" (web-1
-// turned away 5 times by the open circuit, web-2 3 times by its bulkhead,
-// web-3 both).
+// "shop/web-1:5,shop/web-2:bulkhead:3,shop/web-3:2+bulkhead:1,shop/web-4:slow-start:4"
+// (web-1 turned away 5 times by the open circuit, web-2 3 times by its
+// bulkhead, web-3 both, web-4 4 times by its slow start).
 func rejectedBy(ci api.CircuitInfo) string {
 	parts := make([]string, 0, len(ci.RejectedBy)+1)
 	for _, r := range ci.RejectedBy {
 		// Shadow mode: what it would have rejected.
-		open, bulk := cmp.Or(r.Rejected, r.ShadowRejected), cmp.Or(r.BulkheadRejected, r.BulkheadShadowRejected)
-		switch {
-		case bulk == 0:
-			parts = append(parts, fmt.Sprintf("%s:%d", r.Label(), open))
-		case open == 0:
-			parts = append(parts, fmt.Sprintf("%s:bulkhead:%d", r.Label(), bulk))
-		default:
-			parts = append(parts, fmt.Sprintf("%s:%d+bulkhead:%d", r.Label(), open, bulk))
-		}
+		open := cmp.Or(r.Rejected, r.ShadowRejected)
+		bulk := cmp.Or(r.BulkheadRejected, r.BulkheadShadowRejected)
+		ramp := cmp.Or(r.SlowStartRejected, r.SlowStartShadowRejected)
+		parts = append(parts, r.Label()+":"+rejectionCounts(open, bulk, ramp))
 	}
 	if more := ci.RejectedByTotal - len(ci.RejectedBy); more > 0 {
 		parts = append(parts, fmt.Sprintf("+%d more", more))
 	}
 	return strings.Join(parts, ",")
+}
+
+// rejectionCounts writes one pod's (or one circuit's) rejections by kind:
+// the open circuit's bare, then "bulkhead:N" and "slow-start:N", joined by
+// "+", each only when not 0 ("0" when all are).
+func rejectionCounts(open, bulk, ramp uint64) string {
+	var kinds []string
+	if open > 0 || bulk == 0 && ramp == 0 {
+		kinds = append(kinds, strconv.FormatUint(open, 10))
+	}
+	if bulk > 0 {
+		kinds = append(kinds, "bulkhead:"+strconv.FormatUint(bulk, 10))
+	}
+	if ramp > 0 {
+		kinds = append(kinds, "slow-start:"+strconv.FormatUint(ramp, 10))
+	}
+	return strings.Join(kinds, "+")
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/breakerd/breakerd/daemon"
 	"github.com/breakerd/breakerd/internal/kerneltest"
+	"github.com/breakerd/breakerd/maps"
 )
 
 func TestMain(m *testing.M) { kerneltest.Main(m) }
@@ -163,6 +164,67 @@ targets:
 		t.Fatalf("inspect's table: %v\n%s", err, out.String())
 	}
 	t.Logf("inspect:\n%s", out.String())
+}
+
+// TestInspectShowsSlowStartRejections: inspect reads a slow-start ramp's
+// rejections from the pins, the circuit's count and the cgroup they came
+// from, apart from an open circuit's.
+func TestInspectShowsSlowStartRejections(t *testing.T) {
+	kerneltest.RequireKernel(t)
+	cg := kerneltest.NewCgroup(t)
+	topo := kerneltest.NewTopology(t, 1)
+	srv := topo.Servers[0]
+	srv.ServeHold(t, 8082)
+	bpffs := filepath.Join(kerneltest.BPFFSRoot, kerneltest.UniqueName())
+	t.Cleanup(func() { os.RemoveAll(bpffs) })
+	k, err := maps.Load(maps.Options{Dir: bpffs, Cgroup: cg.Path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := k.Uninstall(); err != nil {
+			t.Errorf("uninstall: %v", err)
+		}
+	})
+	if err := k.SetSettings(maps.Settings{Heartbeat: maps.Now(), FailSafe: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	// A ramp admitting none of its connects all hour: each is turned away.
+	dst := maps.Dest{Proto: maps.TCP, Addr: netip.AddrPortFrom(srv.IPv4, 8082)}
+	v := maps.RampVerdict(maps.Now(), time.Hour, func(float64) float64 { return 0 }, unix.EAGAIN, 5)
+	v.Epoch = 71
+	if err := k.PutVerdict(dst, v); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range topo.Client.Dial(t, cg, kerneltest.DialSpec{Network: "tcp4", Addr: dst.Addr, Count: 4}) {
+		if r.Errno != unix.EAGAIN {
+			t.Fatalf("a connect under a ramp admitting none: %v, want EAGAIN", r.Errno)
+		}
+	}
+	var out bytes.Buffer
+	if err := run([]string{"inspect", "--bpffs", bpffs, "-o", "json"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var rep InspectReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	id, err := cg.ID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Verdicts) != 1 {
+		t.Fatalf("inspect: %+v", rep)
+	}
+	e := rep.Verdicts[0]
+	if e.State != "ramp" || e.Rejected != 0 || len(e.RejectedCgroups) != 0 || e.SlowStartRejected != 4 ||
+		len(e.SlowStartRejectedCgroups) != 1 || e.SlowStartRejectedCgroups[id] != 4 {
+		t.Fatalf("inspect's ramp verdict %+v, want 4 slow-start rejections, all from the client's cgroup %d", e, id)
+	}
+	out.Reset()
+	if err := run([]string{"inspect", "--bpffs", bpffs}, &out); err != nil || !strings.Contains(out.String(), " slow-start:4  1\n") {
+		t.Fatalf("inspect's table, want slow-start:4 from 1 cgroup: %v\n%s", err, out.String())
+	}
 }
 
 // TestHelperBreakerctl runs main() when re-executed by a test, so the
