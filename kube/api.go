@@ -18,10 +18,12 @@
 // max_ejection_percent eject more of the serving ones.
 //
 // The API server unreachable keeps the last known state (the informers'
-// caches): breakerd_kubernetes_api_reachable drops to 0 and
+// caches): breakerd_kubernetes_api_reachable drops to 0, and
 // breakerd_kubernetes_watch_errors_total counts the failed lists and
 // watches, which client-go retries with a growing backoff (up to 30 s), so
-// an RBAC denial is logged and counted, not retried in a hot loop.
+// an RBAC denial is logged and counted, not retried in a hot loop. A watch
+// refused a connection (an API server that is down) client-go retries
+// without reporting it: only api_reachable shows that.
 //
 // A build with the nokube tag leaves the Kubernetes client out
 // (nokube.go stands in for it): scripts/demo builds breakerd so, since
@@ -47,7 +49,7 @@ func newMetrics() metrics {
 		reachable: prometheus.NewGauge(prometheus.GaugeOpts{Name: "breakerd_kubernetes_api_reachable",
 			Help: "1 while the Kubernetes API server answers; 0 while it does not (Service targets keep their last known addresses)."}),
 		watchErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_kubernetes_watch_errors_total",
-			Help: "Failed lists and watches of the Kubernetes API, by resource (services, endpointslices, pods) and reason (forbidden: RBAC denies it; other: unreachable or failing)."}, []string{"resource", "reason"}),
+			Help: "Failed lists and watches of the Kubernetes API, by resource (services, endpointslices, pods) and reason (forbidden: RBAC denies it; other: failing otherwise; a watch refused a connection by an API server that is down is retried without being counted, see breakerd_kubernetes_api_reachable)."}, []string{"resource", "reason"}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_kubernetes_events_total",
 			Help: "Kubernetes Events breakerd queued, by reason (client-go's spam filter may still drop some)."}, []string{"reason"}),
 	}
