@@ -10,12 +10,12 @@ import (
 	"github.com/breakerd/breakerd/internal/kerneltest"
 )
 
-// Each breakerd's reset_seen sees the resets of every socket on the
-// machine that some breakerd left to it without state callbacks, its own
-// and those of other daemons on other cgroups and pins. A daemon cannot
-// date another's reset (it has no established record of that socket
-// cookie): it must make no circuit for it and count no outcome, while
-// the daemon whose connection it was counts it.
+// Two breakerds on sibling cgroups, each with its own pins: a reset on
+// one's connection is counted by it and never by the other. Two guards
+// keep it so: reset_seen, a tracepoint that sees every socket on the
+// machine, records only those made at or below its daemon's attach
+// point; and the engine counts no reset of a socket cookie it has no
+// established record of (it could not date it).
 func TestForeignResetNotCounted(t *testing.T) {
 	const cfg = "all:\n  consecutive_failures: 1\n"
 	a := newFixture(t, cfg)
