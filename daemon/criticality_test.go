@@ -166,8 +166,13 @@ func TestCriticalityProbeNotSpentOnAShedConnect(t *testing.T) {
 	}) {
 		t.Fatal("batch's two connections are not counted")
 	}
-	// The server stops accepting (batch keeps its connections): web's
-	// connects are refused and open the circuit; then it serves again.
+	// The server stops accepting (batch keeps its connections, once
+	// accepted: closing the listener resets those still in its backlog):
+	// web's connects are refused and open the circuit; then it serves
+	// again.
+	if !kerneltest.WaitFor(5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(held) == 2 }) {
+		t.Fatal("the server did not accept batch's two connections")
+	}
 	l.Close()
 	if got := f.dialFrom(web, 8460, 2); got[unix.ECONNREFUSED] != 2 {
 		t.Fatalf("web to a server that stopped listening: %v", got)
