@@ -39,18 +39,22 @@ targets:
 // with close_established closes exactly the pool's connections still on
 // the fallback: the next request on each fails, the reconnects reach the
 // real server, and a pool that connected to the fallback's address itself
-// keeps its connections. Without close_established, and with a mechanism
-// that cannot read the sockets' origins (sock_diag), the redirected pool
-// stays on the fallback.
+// keeps its connections. So too when the pools were redirected by a
+// daemon that was then restarted (SIGTERM), refused a second start on its
+// pins and reloaded: the redirects are remembered in pinned socket
+// storage. Without close_established, and with a mechanism that cannot
+// read the sockets' origins (sock_diag), the redirected pool stays on the
+// fallback.
 func TestCloseEstablishedReturnsFromFallback(t *testing.T) {
-	t.Run("close_established", func(t *testing.T) { testReturnFromFallback(t, true, nil) })
-	t.Run("without", func(t *testing.T) { testReturnFromFallback(t, false, nil) })
+	t.Run("close_established", func(t *testing.T) { testReturnFromFallback(t, true, nil, false) })
+	t.Run("restart", func(t *testing.T) { testReturnFromFallback(t, true, nil, true) })
+	t.Run("without", func(t *testing.T) { testReturnFromFallback(t, false, nil, false) })
 	t.Run("sock_diag", func(t *testing.T) {
-		testReturnFromFallback(t, true, []maps.CloseMechanism{maps.CloseSockDiag})
+		testReturnFromFallback(t, true, []maps.CloseMechanism{maps.CloseSockDiag}, false)
 	})
 }
 
-func testReturnFromFallback(t *testing.T, closeOn bool, mechs []maps.CloseMechanism) {
+func testReturnFromFallback(t *testing.T, closeOn bool, mechs []maps.CloseMechanism, lifecycle bool) {
 	yaml := strings.ReplaceAll(fallbackReturnConfig, "CLOSE", "")
 	if closeOn {
 		yaml = strings.ReplaceAll(fallbackReturnConfig, "CLOSE", "close_established: true")
@@ -58,8 +62,7 @@ func testReturnFromFallback(t *testing.T, closeOn bool, mechs []maps.CloseMechan
 	f := newFixture(t, yaml)
 	f.closeMechs = mechs
 	house := f.srv.ServeHTTP(t, 8602)
-	d := f.start()
-	needCloseMechanism(t, d)
+	needCloseMechanism(t, f.start())
 	if got := errnos(f.dial(8601, 2, 0)); got[unix.ECONNREFUSED] != 2 {
 		t.Fatalf("connects to the dead target: %v", got)
 	}
@@ -73,6 +76,16 @@ func testReturnFromFallback(t *testing.T, closeOn bool, mechs []maps.CloseMechan
 	}
 	if n := house.Load(); n != 5 {
 		t.Fatalf("the fallback served %d requests, want the 5 of both pools", n)
+	}
+	if lifecycle {
+		f.restart()
+		if _, err := New(Options{ConfigPath: f.config, Cgroup: f.cg.Path, BPFFS: f.bpffs}); err == nil {
+			t.Fatal("a second daemon started on the same pins")
+		}
+		if err := f.d.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		f.waitState("web", "open", 2*time.Second)
 	}
 
 	// The target recovers; at the end of the open duration one probe
@@ -93,7 +106,7 @@ func testReturnFromFallback(t *testing.T, closeOn bool, mechs []maps.CloseMechan
 	default:
 		// The close goroutine takes jobs in order: once the sentinel's
 		// pass is logged, a pass web's closing had queued has run.
-		if _, err := d.Force("sentinel", "open"); err != nil {
+		if _, err := f.d.Force("sentinel", "open"); err != nil {
 			t.Fatal(err)
 		}
 		waitLog(t, f, 1, "closed established connections", "circuit=sentinel", "closed=0")
