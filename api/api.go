@@ -60,7 +60,8 @@ type CircuitInfo struct {
 	// With close_established: how this kernel closes the circuit's
 	// established connections when it opens (bpf_sock_destroy, sock_diag,
 	// or none: they stay open), and how many its passes closed since the
-	// daemon started.
+	// daemon started (with a fallback, also those redirected there that
+	// its closing sent back).
 	CloseMechanism    string `json:"close_mechanism,omitempty"`
 	ClosedEstablished uint64 `json:"closed_established,omitempty"`
 	// RejectedBy are the pods (or, for cgroups that are no known pod's,
@@ -108,8 +109,9 @@ type TransitionEvent struct {
 	OpenUntil   time.Time `json:"open_until,omitzero"`
 	Trip        int       `json:"trip"`
 	// ClosedEstablished is how many established connections the
-	// transition's close pass closed (close_established), filled in when
-	// the pass is over.
+	// transition's close pass closed (close_established: an opening's to
+	// the circuit's destinations, a closing's redirected to its
+	// fallback), filled in when the pass is over.
 	ClosedEstablished uint64 `json:"closed_established,omitempty"`
 }
 

@@ -44,6 +44,20 @@ static __always_inline void dest_ipv4(struct dest_key *k, __u32 ip)
 	dest_ipv6(k, 0, 0, bpf_htonl(0xffff), ip);
 }
 
+/* Value of the origins socket storage (bpf/maps.h): the address a
+ * redirected socket asked for (orig) and the fallback it was sent to
+ * instead (via). getpeername4/6 and recvmsg4/6 show the application orig
+ * where the kernel has via; the close pass of a circuit that closes
+ * (destroy.c) finds by it the sockets still on the fallback. One pair per
+ * socket (the last redirect of an unconnected UDP socket). */
+struct origin {
+	__u8 orig[16]; /* IPv4-mapped for IPv4, as in struct dest_key */
+	__u8 via[16];
+	__u16 orig_port; /* network byte order */
+	__u16 via_port;
+	__u32 _pad;
+};
+
 /* Value of the workloads map (key: cgroup id), written by the daemon for
  * every cgroup of a workload and removed with the cgroup. With
  * CONFIG_SCOPED set, a process whose cgroup has no entry is not protected:

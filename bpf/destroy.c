@@ -3,11 +3,13 @@
 /*
  * The close pass of `close_established` (issue #19): a TCP socket iterator
  * (iter/tcp, 6.5+ for bpf_sock_destroy) that the daemon runs once per
- * network namespace of the protected processes when a circuit opens. It
- * closes, with bpf_sock_destroy (the peer gets an RST, the owner sees
- * ECONNABORTED), every established client socket that
+ * network namespace of the protected processes when a circuit opens, and
+ * when a circuit with a fallback closes. It closes, with bpf_sock_destroy
+ * (the peer gets an RST, the owner sees ECONNABORTED), every established
+ * client socket that
  *   - goes to a destination of close_targets (address, port and the
- *     socket's workload class), and
+ *     socket's workload class), or with CLOSE_RETURNING, asked for one and
+ *     was sent to a fallback it is still connected to (origins), and
  *   - was made in a cgroup below the attach point (sk_cgrp_data, CO-RE),
  *     and when scoped, in a cgroup of the workloads map (whose entry
  *     gives the socket its class), and
@@ -72,6 +74,8 @@ struct bpf_iter__tcp {
 
 extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
 
+struct tcp_sock;
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
@@ -103,6 +107,46 @@ struct {
 	__type(key, __u64);
 	__type(value, struct workload);
 } workloads SEC(".maps");
+
+/* The main object's origins socket storage (bpf/maps.h), handed to this
+ * object at load as workloads is. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct origin);
+} origins SEC(".maps");
+
+/* same_addr compares two 16-byte addresses. */
+static __always_inline int same_addr(const __u8 *a, const __u8 *b)
+{
+	__u64 a0, a1, b0, b1;
+	__builtin_memcpy(&a0, a, 8);
+	__builtin_memcpy(&a1, a + 8, 8);
+	__builtin_memcpy(&b0, b, 8);
+	__builtin_memcpy(&b1, b + 8, 8);
+	return a0 == b0 && a1 == b1;
+}
+
+/* returning turns key, the peer of an established socket, into the
+ * destination the socket asked for when a redirect sent it to that peer
+ * (its origins storage, whose via is the peer), and reports whether it
+ * did. A socket never redirected has no storage; one whose via is not
+ * its peer connected again after its redirect (forget_origin zeroes
+ * via): both connected to their peer themselves and are left alone. */
+static __always_inline int returning(struct sock_common *skc, struct dest_key *key)
+{
+	/* sk storage takes a struct sock: a tcp_sock is one (its first member). */
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
+	if (!tp)
+		return 0;
+	struct origin *o = bpf_sk_storage_get(&origins, tp, 0, 0);
+	if (!o || o->via_port != key->port || !same_addr(o->via, key->addr))
+		return 0;
+	__builtin_memcpy(key->addr, o->orig, sizeof(key->addr));
+	key->port = o->orig_port;
+	return 1;
+}
 
 /* accepted reports whether an established socket was made by accept():
  * a listener's child is a copy of the listener (sk_clone_lock) and keeps
@@ -161,6 +205,8 @@ int close_established(struct bpf_iter__tcp *ctx)
 		else if (cfg->workloads == CLOSE_SCOPED)
 			return 0;
 	}
+	if (cfg->mode == CLOSE_RETURNING && !returning(skc, &key))
+		return 0;
 	struct close_count *cnt = bpf_map_lookup_elem(&close_targets, &key);
 	if (!cnt)
 		return 0;

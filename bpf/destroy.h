@@ -19,8 +19,19 @@ enum close_workloads {
 	CLOSE_CLASSED = 2,   /* a cgroup in the map gives its class; the others class 0 */
 };
 
+/* Which sockets of close_targets' destinations a pass closes. */
+enum close_mode {
+	/* A circuit opened: the sockets whose peer is the destination. */
+	CLOSE_BY_PEER = 0,
+	/* A circuit with a fallback closed: the sockets that asked for the
+	 * destination, were sent to the fallback (their origins storage) and
+	 * are still connected there (its via is their peer), so that they
+	 * reconnect to the destination. */
+	CLOSE_RETURNING = 1,
+};
+
 /* Value of close_targets (key: struct dest_key): one entry per destination
- * of the circuits being opened, counted by the pass. */
+ * of the circuits of the pass, counted by it. */
 struct close_count {
 	__u32 closed; /* sockets bpf_sock_destroy closed */
 	__u32 failed; /* sockets it refused to close (its error) */
@@ -32,6 +43,8 @@ struct close_config {
 	__u64 cgroup_id; /* the attach point (--cgroup): only sockets made below it */
 	enum close_workloads workloads;
 	__u32 max_depth; /* levels between the attach point and the deepest cgroup */
+	enum close_mode mode;
+	__u32 _pad;
 };
 
 /* Listening ports of the network namespace being walked, one bit per port

@@ -28,6 +28,8 @@ type DestroyCloseConfig struct {
 	CgroupId  uint64
 	Workloads DestroyCloseWorkloads
 	MaxDepth  uint32
+	Mode      DestroyCloseMode
+	Pad       uint32
 }
 
 type DestroyCloseCount struct {
@@ -35,6 +37,13 @@ type DestroyCloseCount struct {
 	Closed uint32
 	Failed uint32
 }
+
+type DestroyCloseMode uint32
+
+const (
+	DestroyCloseModeCLOSE_BY_PEER   DestroyCloseMode = 0
+	DestroyCloseModeCLOSE_RETURNING DestroyCloseMode = 1
+)
 
 type DestroyCloseWorkloads uint32
 
@@ -57,6 +66,15 @@ type DestroyListenPorts struct {
 	Bits [1024]uint64
 }
 
+type DestroyOrigin struct {
+	_        structs.HostLayout
+	Orig     [16]uint8
+	Via      [16]uint8
+	OrigPort uint16
+	ViaPort  uint16
+	Pad      uint32
+}
+
 type DestroyWorkload struct {
 	_        structs.HostLayout
 	Class    uint32
@@ -70,6 +88,7 @@ const (
 	DestroyMapCloseSettings     = "close_settings"
 	DestroyMapCloseTargets      = "close_targets"
 	DestroyMapListeners         = "listeners"
+	DestroyMapOrigins           = "origins"
 	DestroyMapWorkloads         = "workloads"
 	DestroyProgCloseEstablished = "close_established"
 	DestroyProgListAccepted     = "list_accepted"
@@ -129,6 +148,7 @@ type DestroyMapSpecs struct {
 	CloseSettings *ebpf.MapSpec `ebpf:"close_settings"`
 	CloseTargets  *ebpf.MapSpec `ebpf:"close_targets"`
 	Listeners     *ebpf.MapSpec `ebpf:"listeners"`
+	Origins       *ebpf.MapSpec `ebpf:"origins"`
 	Workloads     *ebpf.MapSpec `ebpf:"workloads"`
 }
 
@@ -162,6 +182,7 @@ type DestroyMaps struct {
 	CloseSettings *ebpf.Map `ebpf:"close_settings"`
 	CloseTargets  *ebpf.Map `ebpf:"close_targets"`
 	Listeners     *ebpf.Map `ebpf:"listeners"`
+	Origins       *ebpf.Map `ebpf:"origins"`
 	Workloads     *ebpf.Map `ebpf:"workloads"`
 }
 
@@ -170,6 +191,7 @@ func (m *DestroyMaps) Close() error {
 		m.CloseSettings,
 		m.CloseTargets,
 		m.Listeners,
+		m.Origins,
 		m.Workloads,
 	)
 }

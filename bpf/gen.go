@@ -9,4 +9,4 @@ package bpf
 
 // The close pass of close_established (destroy.c): its own object, loaded
 // only when a target asks for it and the kernel has bpf_sock_destroy.
-//go:generate go tool bpf2go -tags linux -target amd64 -type close_count -type close_config -type close_workloads -type listen_ports -type accepted_sock Destroy destroy.c -- -I/usr/include/x86_64-linux-gnu -O2 -g -Wall -Werror -Wpadded -mcpu=v3
+//go:generate go tool bpf2go -tags linux -target amd64 -type close_count -type close_config -type close_workloads -type close_mode -type listen_ports -type accepted_sock Destroy destroy.c -- -I/usr/include/x86_64-linux-gnu -O2 -g -Wall -Werror -Wpadded -mcpu=v3

@@ -286,20 +286,10 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } redirects SEC(".maps");
 
-/* The address a redirected socket asked for (orig) and the fallback it was
- * sent to instead (via): getpeername4/6 and recvmsg4/6 show the
- * application orig where the kernel has via. One pair per socket (the
- * last redirect of an unconnected UDP socket). Socket storage: it goes
- * with the socket, and a socket never redirected has none. Pinned, so the
- * programs of a restarted daemon still find it. */
-struct origin {
-	__u8 orig[16]; /* IPv4-mapped for IPv4, as in struct dest_key */
-	__u8 via[16];
-	__u16 orig_port; /* network byte order */
-	__u16 via_port;
-	__u32 _pad;
-};
-
+/* The address a redirected socket asked for and the fallback it was sent
+ * to instead (struct origin, breaker.h). Socket storage: it goes with the
+ * socket, and a socket never redirected has none. Pinned, so the programs
+ * of a restarted daemon still find it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);

@@ -310,7 +310,7 @@ func (d *Daemon) Force(name, action string) (CircuitInfo, error) {
 			err = fmt.Errorf("unknown action %s (open, close, release, reset)", admin.Quote(action))
 			return
 		}
-		d.opened(c, t.From, t.To, now)
+		d.closePasses(c, t.From, t.To, now)
 		d.metrics.transitions.WithLabelValues(t.From.String(), t.To.String(), string(t.Reason), c.Workload()).Inc()
 		d.log.Info("circuit changed by hand", "circuit", c.Name(), "action", action, "from", t.From.String(), "to", t.To.String())
 		d.events.add(TransitionEvent{Time: now, Circuit: c.Name(), Target: c.Target(), Workload: c.Workload(), From: t.From.String(), To: t.To.String(), Reason: string(t.Reason)})

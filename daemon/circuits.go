@@ -34,8 +34,10 @@ func (d *Daemon) newEngine(respSince time.Duration) {
 // hooks are the daemon's part in what the engine decides (engine.Hooks).
 type hooks struct{ d *Daemon }
 
-// Opened queues c's close_established pass (closer.go).
-func (h hooks) Opened(c *circuit, from, to policy.State, at time.Time) { h.d.opened(c, from, to, at) }
+// Opened queues c's close_established passes (closer.go).
+func (h hooks) Opened(c *circuit, from, to policy.State, at time.Time) {
+	h.d.closePasses(c, from, to, at)
+}
 
 // Transitioned files the transition in the event list and sends its
 // Kubernetes Event.

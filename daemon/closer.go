@@ -31,13 +31,32 @@ import (
 // was a probe the kernel admitted or was made before a restart and is
 // left alone. Not half-open: the probes a half-open circuit admits are
 // never closed while it is half-open (they are closed if it reopens).
+//
+// A circuit with a fallback that stops rejecting (open, half-open, forced
+// or fleet open → closed, forced closed or disabled) runs a returning
+// pass: the connections its connects were redirected to the fallback
+// with, still connected there, are closed, so a pool reconnects to the
+// recovered destination instead of staying on the fallback for as long as
+// it keeps its connections. Only the iterator can tell them (it reads
+// the socket's origins storage); with sock_diag they stay, said once.
 
-// closeJob is one opened circuit waiting for its pass.
+// closeJob is one opened (or, returning, closed) circuit waiting for its
+// pass.
 type closeJob struct {
 	circuit, target, workload string
 	dests                     []maps.Dest
 	workloads                 maps.CloseWorkloads
 	at                        time.Time // the transition's time, to find its event
+	// returning: the circuit closed; the pass closes the connections it
+	// sent to its fallback (maps.Closer.CloseReturning).
+	returning bool
+}
+
+// passKind is what one run of the closer does: a mode and a way to class
+// sockets.
+type passKind struct {
+	returning bool
+	workloads maps.CloseWorkloads
 }
 
 const closeQueue = 4096
@@ -98,6 +117,45 @@ func closeWorkloads(cfg *policy.Config) maps.CloseWorkloads {
 
 func isOpen(s policy.State) bool { return s == policy.Open || s == policy.ForcedOpen }
 
+// closePasses queues the close passes c's transition from from to to
+// asks for: opened's and returned's. Used in a step of the owner.
+func (d *Daemon) closePasses(c *circuit, from, to policy.State, at time.Time) {
+	d.opened(c, from, to, at)
+	d.returned(c, from, to, at)
+}
+
+// returned queues c's returning pass when it has just stopped rejecting,
+// has a fallback and asks for close_established. Used in a step of the
+// owner.
+func (d *Daemon) returned(c *circuit, from, to policy.State, at time.Time) {
+	o := c.Machine.Options()
+	if !from.Rejects() || to.Rejects() || !o.CloseEstablished || !o.HasFallback() || d.runCtx == nil {
+		return
+	}
+	if d.closer == nil || !d.closer.CanReturn() {
+		if !d.cannotReturnSaid {
+			d.cannotReturnSaid = true
+			mech := maps.CloseNone
+			if d.closer != nil {
+				mech = d.closer.Mechanism()
+			}
+			d.log.Warn("circuit closed; connections redirected to its fallback stay there until their clients close them: only bpf_sock_destroy can tell them (said once)",
+				"circuit", c.Name(), "mechanism", string(mech))
+		}
+		return
+	}
+	d.queueClose(closeJob{circuit: c.Name(), target: c.Target(), workload: c.Workload(), dests: slices.Clone(c.Dests()), workloads: closeWorkloads(d.cfg), at: at, returning: true})
+}
+
+// queueClose hands j to the close goroutine.
+func (d *Daemon) queueClose(j closeJob) {
+	select {
+	case d.closeJobs <- j:
+	default:
+		d.log.Error("close pass queue full; established connections of this circuit stay open", "circuit", j.circuit, "returning", j.returning)
+	}
+}
+
 // opened queues c's close pass when it has just opened (from a state that
 // does not reject) and asks for it. Used in a step of the owner.
 func (d *Daemon) opened(c *circuit, from, to policy.State, at time.Time) {
@@ -114,12 +172,7 @@ func (d *Daemon) opened(c *circuit, from, to policy.State, at time.Time) {
 		d.log.Warn("circuit opened; this kernel cannot close its established connections (see the close_established start-up line)", "circuit", c.Name())
 		return
 	}
-	job := closeJob{circuit: c.Name(), target: c.Target(), workload: c.Workload(), dests: slices.Clone(c.Dests()), workloads: closeWorkloads(d.cfg), at: at}
-	select {
-	case d.closeJobs <- job:
-	default:
-		d.log.Error("close pass queue full; established connections of this circuit stay open", "circuit", c.Name())
-	}
+	d.queueClose(closeJob{circuit: c.Name(), target: c.Target(), workload: c.Workload(), dests: slices.Clone(c.Dests()), workloads: closeWorkloads(d.cfg), at: at})
 }
 
 // closeLoop runs the queued passes until ctx ends.
@@ -145,46 +198,55 @@ func (d *Daemon) closeLoop(ctx context.Context) {
 }
 
 // runClose runs one pass for every job of batch whose circuit is still
-// open (one that closed again meanwhile is skipped: its connections are
-// healthy ones), and reports what each closed.
+// as its transition left it (one that opened and closed again meanwhile
+// is skipped: its connections are healthy ones; one that closed and
+// opened again too: its redirects are current), and reports what each
+// closed.
 func (d *Daemon) runClose(batch []closeJob) {
 	var closer *maps.Closer
-	owner := map[maps.Dest]int{}
-	var dests [3][]maps.Dest // by workloads
+	type owned struct {
+		returning bool
+		dst       maps.Dest
+	}
+	owner := map[owned]int{}
+	dests := map[passKind][]maps.Dest{}
 	d.do(func() {
 		closer = d.closer
 		for i, j := range batch {
 			c, ok := d.eng.Get(j.circuit)
-			if !ok || !isOpen(c.Machine.State()) {
+			if !ok || (j.returning && c.Machine.State().Rejects()) || (!j.returning && !isOpen(c.Machine.State())) {
 				batch[i].dests = nil
 				continue
 			}
+			kind := passKind{returning: j.returning, workloads: j.workloads}
 			for _, dst := range j.dests {
 				if at, _ := d.eng.At(dst); at != c {
 					continue // it moved to another circuit since the job was queued
 				}
-				if _, dup := owner[dst]; !dup {
-					dests[j.workloads] = append(dests[j.workloads], dst)
+				o := owned{j.returning, dst}
+				if _, dup := owner[o]; !dup {
+					dests[kind] = append(dests[kind], dst)
 				}
-				owner[dst] = i
+				owner[o] = i
 			}
 		}
 	})
-	counts := map[maps.Dest]maps.CloseCount{}
+	counts := map[owned]maps.CloseCount{}
 	var stats maps.PassStats
-	for w, ds := range dests {
-		if len(ds) == 0 {
-			continue
+	for kind, ds := range dests {
+		run := closer.Close
+		if kind.returning {
+			run = closer.CloseReturning
 		}
-		got, st, err := closer.Close(ds, maps.CloseWorkloads(w))
+		got, st, err := run(ds, kind.workloads)
 		if err != nil {
-			d.log.Warn("closing established connections", "err", err)
+			d.log.Warn("closing established connections", "returning", kind.returning, "err", err)
 		}
 		for dst, n := range got {
-			counts[dst] = n
+			counts[owned{kind.returning, dst}] = n
 		}
-		stats.Namespaces += st.Namespaces
-		stats.Skipped += st.Skipped
+		stats.Namespaces = max(stats.Namespaces, st.Namespaces)
+		stats.Skipped = max(stats.Skipped, st.Skipped)
 		stats.Hidden = max(stats.Hidden, st.Hidden)
 		stats.Unreadable = max(stats.Unreadable, st.Unreadable)
 		stats.Duration += st.Duration
@@ -196,8 +258,8 @@ func (d *Daemon) runClose(batch []closeJob) {
 		d.log.Warn("the close pass found no process below the cgroup")
 	}
 	closed, failed := make([]uint64, len(batch)), make([]uint64, len(batch))
-	for dst, n := range counts {
-		i := owner[dst]
+	for o, n := range counts {
+		i := owner[o]
 		closed[i] += uint64(n.Closed)
 		failed[i] += uint64(n.Failed)
 	}
@@ -206,7 +268,11 @@ func (d *Daemon) runClose(batch []closeJob) {
 			if j.dests == nil {
 				continue
 			}
-			d.metrics.closed.WithLabelValues(j.target, j.workload, "closed").Add(float64(closed[i]))
+			result := "closed"
+			if j.returning {
+				result = "returned"
+			}
+			d.metrics.closed.WithLabelValues(j.target, j.workload, result).Add(float64(closed[i]))
 			d.metrics.closed.WithLabelValues(j.target, j.workload, "failed").Add(float64(failed[i]))
 			if c, ok := d.eng.Get(j.circuit); ok {
 				c.AddClosedEstablished(closed[i])
@@ -215,12 +281,19 @@ func (d *Daemon) runClose(batch []closeJob) {
 		}
 	})
 	for i, j := range batch {
-		if j.dests == nil {
+		switch {
+		case j.dests == nil && j.returning:
+			d.log.Info("circuit rejects again; the connections it sent to its fallback are left alone", "circuit", j.circuit)
+		case j.dests == nil:
 			d.log.Info("circuit no longer open; its established connections are left alone", "circuit", j.circuit)
-			continue
+		default:
+			msg := "closed established connections"
+			if j.returning {
+				msg = "closed connections redirected to the fallback"
+			}
+			d.log.Info(msg, "circuit", j.circuit, "target", j.target, "workload", j.workload,
+				"closed", closed[i], "failed", failed[i], "mechanism", string(closer.Mechanism()),
+				"namespaces", stats.Namespaces, "pass", stats.Duration.Round(time.Microsecond).String())
 		}
-		d.log.Info("closed established connections", "circuit", j.circuit, "target", j.target, "workload", j.workload,
-			"closed", closed[i], "failed", failed[i], "mechanism", string(closer.Mechanism()),
-			"namespaces", stats.Namespaces, "pass", stats.Duration.Round(time.Microsecond).String())
 	}
 }

@@ -167,6 +167,9 @@ type Daemon struct {
 	closer    *maps.Closer
 	closeJobs chan closeJob
 	closeMech atomic.Value // the closer's maps.CloseMechanism, read off the owner
+	// cannotReturnSaid is set once the log said that this kernel's
+	// mechanism cannot send redirected pools back (closer.go's returned).
+	cannotReturnSaid bool
 	// fleet shares circuits with the other nodes (fleet.go).
 	fleet fleetWiring
 }

@@ -86,7 +86,7 @@ func newMetrics(d *Daemon) *metrics {
 	for _, p := range []maps.Problem{maps.CgroupRemoved, maps.CgroupRecreated, maps.PinsRemoved, maps.BPFFSUnmounted} {
 		m.groundProblems.WithLabelValues(string(p))
 	}
-	m.closed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_established_closed_total", Help: "Established connections closed when a circuit with close_established opened (result closed), or that the kernel refused to close (result failed), by target and workload."}, []string{"target", "workload", "result"})
+	m.closed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "breakerd_established_closed_total", Help: "Established connections closed when a circuit with close_established opened (result closed), or, when one with a fallback closed, that had been redirected to the fallback (result returned), or that the kernel refused to close (result failed), by target and workload."}, []string{"target", "workload", "result"})
 	m.closeMechanism = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "breakerd_close_established_mechanism", Help: "1 for how this kernel closes established connections for close_established (bpf_sock_destroy, sock_diag, or none: they stay open) and which network namespaces a close pass can enter with breakerd's privileges (namespaces: all, some: without CAP_SYS_PTRACE, own: only breakerd's own); no series until a target asks for it."}, []string{"mechanism", "namespaces"})
 	version := "devel"
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {

@@ -102,7 +102,8 @@ type Engine struct {
 // state the engine does not hold.
 type Hooks interface {
 	// Opened is told that c went from one state to another with new
-	// verdicts (its close_established pass, when it began rejecting).
+	// verdicts (its close_established passes: when it began rejecting,
+	// and with a fallback, when it stopped).
 	Opened(c *Circuit, from, to policy.State, at time.Time)
 	// Transitioned is told of every transition applied, after it was
 	// written and logged (the event list, the Kubernetes Event).

@@ -111,7 +111,7 @@ func (k *Kernel) NewCloser(allowed ...CloseMechanism) *Closer {
 	if ino, err := nsIno("/proc/thread-self/ns/net"); err == nil {
 		c.selfIno = ino
 	}
-	c.mech, c.why = chooseClose(allowed, func() error { return c.loadIterator(k.objs.Workloads) })
+	c.mech, c.why = chooseClose(allowed, func() error { return c.loadIterator(k.objs.Workloads, k.objs.Origins) })
 	if c.mech == CloseSockDiag {
 		if err := c.loadLister(); err != nil {
 			c.log.Warn("close_established: accepted sockets are told from clients by listening ports only", "err", err)
@@ -151,11 +151,18 @@ func chooseClose(allowed []CloseMechanism, loadIterator func() error) (CloseMech
 func ProbeClose(allowed ...CloseMechanism) (CloseMechanism, string) {
 	c := &Closer{mech: CloseNone}
 	defer c.Release()
-	return chooseClose(allowed, func() error { return c.loadIterator(nil) })
+	return chooseClose(allowed, func() error { return c.loadIterator(nil, nil) })
 }
 
 // Mechanism is how this Closer closes connections.
 func (c *Closer) Mechanism() CloseMechanism { return c.mech }
+
+// CanReturn reports whether CloseReturning can close anything here: only
+// the iterator reads a socket's origins storage (sock_diag cannot).
+func (c *Closer) CanReturn() bool { return c.mech == CloseIterator }
+
+// ErrCannotReturn is CloseReturning's error where CanReturn is false.
+var ErrCannotReturn = errors.New("only bpf_sock_destroy can tell the connections redirected to a fallback")
 
 // Reason says why better mechanisms are not used ("" with the iterator).
 func (c *Closer) Reason() string { return c.why }
@@ -179,16 +186,16 @@ func (c *Closer) Release() error {
 	return errors.Join(errs...)
 }
 
-// loadIterator loads the close object, sharing workloads (the Kernel's
-// map; nil: a map of its own, for a probe).
-func (c *Closer) loadIterator(workloads *ebpf.Map) error {
+// loadIterator loads the close object, sharing workloads and origins (the
+// Kernel's maps; nil: maps of its own, for a probe).
+func (c *Closer) loadIterator(workloads, origins *ebpf.Map) error {
 	spec, err := bpf.LoadDestroy()
 	if err != nil {
 		return fmt.Errorf("reading the close object: %w", err)
 	}
 	opts := ebpf.CollectionOptions{Cache: btfCache.Load()}
-	if workloads != nil {
-		opts.MapReplacements = map[string]*ebpf.Map{bpf.DestroyMapWorkloads: workloads}
+	if workloads != nil && origins != nil {
+		opts.MapReplacements = map[string]*ebpf.Map{bpf.DestroyMapWorkloads: workloads, bpf.DestroyMapOrigins: origins}
 	}
 	err = spec.LoadAndAssign(&c.objs, &opts)
 	if err != nil {
@@ -285,6 +292,33 @@ func (c *Closer) acceptedSocks() (map[acceptedKey]bool, error) {
 // whose local port is a listening port of their namespace. It returns the
 // count per destination.
 func (c *Closer) Close(dests []Dest, w CloseWorkloads) (map[Dest]CloseCount, PassStats, error) {
+	return c.pass(dests, w, closeByPeer)
+}
+
+// CloseReturning closes, as Close would, the established client
+// connections that asked for one of dests and were redirected to a
+// fallback they are still connected to (bpf/destroy.c's CLOSE_RETURNING),
+// so that they reconnect to dests: a circuit with a fallback closed.
+// Sockets that connected to the fallback's address themselves are left
+// alone. The counts are by the destination the sockets asked for. Where
+// CanReturn is false it closes nothing and returns ErrCannotReturn.
+func (c *Closer) CloseReturning(dests []Dest, w CloseWorkloads) (map[Dest]CloseCount, PassStats, error) {
+	if c.mech != CloseIterator {
+		return map[Dest]CloseCount{}, PassStats{}, ErrCannotReturn
+	}
+	return c.pass(dests, w, closeReturning)
+}
+
+type closeMode = bpf.DestroyCloseMode
+
+const (
+	closeByPeer    = bpf.DestroyCloseModeCLOSE_BY_PEER
+	closeReturning = bpf.DestroyCloseModeCLOSE_RETURNING
+)
+
+// pass closes the sockets of dests that mode picks (sock_diag: only
+// closeByPeer).
+func (c *Closer) pass(dests []Dest, w CloseWorkloads, mode closeMode) (map[Dest]CloseCount, PassStats, error) {
 	start := time.Now()
 	out := map[Dest]CloseCount{}
 	var st PassStats
@@ -306,7 +340,7 @@ func (c *Closer) Close(dests []Dest, w CloseWorkloads) (map[Dest]CloseCount, Pas
 	var errs []error
 	switch c.mech {
 	case CloseIterator:
-		if err := c.settings(tree.depth, w); err != nil {
+		if err := c.settings(tree.depth, w, mode); err != nil {
 			return out, st, err
 		}
 		for chunk := range chunks(tcp, MaxCloseTargets) {
@@ -347,12 +381,12 @@ func chunks(ds []Dest, n int) func(func([]Dest) bool) {
 	}
 }
 
-func (c *Closer) settings(depth int, w CloseWorkloads) error {
+func (c *Closer) settings(depth int, w CloseWorkloads, mode closeMode) error {
 	cgID, err := cgroupID(c.cgroup)
 	if err != nil {
 		return err
 	}
-	v := bpf.DestroyCloseConfig{CgroupId: cgID, Workloads: bpf.DestroyCloseWorkloads(w), MaxDepth: uint32(depth)}
+	v := bpf.DestroyCloseConfig{CgroupId: cgID, Workloads: bpf.DestroyCloseWorkloads(w), MaxDepth: uint32(depth), Mode: mode}
 	if err := c.objs.CloseSettings.Put(uint32(0), &v); err != nil {
 		return fmt.Errorf("writing the close settings: %w", err)
 	}

@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -314,4 +315,56 @@ func TestProbeCloseAgreesWithNewCloser(t *testing.T) {
 		}
 		c.Release()
 	}
+}
+
+// A returning pass (a circuit with a fallback closed) closes exactly the
+// established connections that asked for the circuit's destinations and
+// were redirected to the fallback, IPv4 and IPv6, counted by the
+// destination asked for; a connection made to the fallback's own address
+// stays, and so does one redirected from another destination. sock_diag
+// cannot tell redirected sockets: it closes nothing and says why.
+func TestCloseEstablishedReturning(t *testing.T) {
+	e := newEnvHosts(t, Options{}, 2)
+	dead, fb := e.topo.Servers[0], e.topo.Servers[1]
+	fb.ServeHold(t, 8342)
+	d4 := Dest{Proto: TCP, Addr: netip.AddrPortFrom(dead.IPv4, 8341)}
+	d6 := Dest{Proto: TCP, Addr: netip.AddrPortFrom(dead.IPv6, 8341)}
+	other := Dest{Proto: TCP, Addr: netip.AddrPortFrom(dead.IPv4, 8343)}
+	fb4, fb6 := netip.AddrPortFrom(fb.IPv4, 8342), netip.AddrPortFrom(fb.IPv6, 8342)
+	e.openWithFallback(t, 1, d4, fb4)
+	e.openWithFallback(t, 2, d6, fb6)
+	e.openWithFallback(t, 3, other, fb4)
+	eachCloser(t, e, func(t *testing.T, mech CloseMechanism, c *Closer, _ uint16) {
+		pool := e.topo.Client.StartPool(t, e.cg, []kerneltest.PoolTarget{
+			{Addr: d4.Addr, N: 2}, {Addr: d6.Addr, N: 2}, {Addr: fb4, N: 1}, {Addr: fb6, N: 1}, {Addr: other.Addr, N: 1}}, 0)
+		if got := pool.Check(t); slices.ContainsFunc(got, func(s string) bool { return s != "open" }) {
+			t.Fatalf("before the pass: %v", got)
+		}
+		counts, _, err := c.CloseReturning([]Dest{d4, d6}, CloseUnclassed)
+		if mech != CloseIterator {
+			if !errors.Is(err, ErrCannotReturn) || len(counts) != 0 {
+				t.Fatalf("%s: %v %v, want ErrCannotReturn and nothing closed", mech, counts, err)
+			}
+			if got := pool.Check(t); slices.ContainsFunc(got, func(s string) bool { return s != "open" }) {
+				t.Fatalf("%s closed: %v", mech, got)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if counts[d4].Closed != 2 || counts[d6].Closed != 2 || len(counts) != 2 {
+			t.Fatalf("counts %v, want 2 closed for each destination asked for", counts)
+		}
+		want := []string{"ECONNABORTED", "ECONNABORTED", "ECONNABORTED", "ECONNABORTED", "open", "open", "open"}
+		if got := pool.Check(t); !slices.Equal(got, want) {
+			t.Fatalf("after the pass: %v, want %v", got, want)
+		}
+		// A pass by peer for the fallback is no returning pass: it closes
+		// what is connected there, redirected or not.
+		counts, _, err = c.Close([]Dest{{Proto: TCP, Addr: fb4}}, CloseUnclassed)
+		if err != nil || counts[Dest{Proto: TCP, Addr: fb4}].Closed != 2 {
+			t.Fatalf("the fallback's own pass: %v %v, want the 2 connections there", counts, err)
+		}
+	})
 }

@@ -159,7 +159,7 @@ var optionFields = []optionField{
 		func(o *Options, r any) error { return setLimit(&o.MaxConnecting, &o.AdaptiveConnecting, r) }},
 	{"bulkhead_reject_errno", "EAGAIN", "errno name", "What a connect over a bulkhead limit sees: the overload errno, distinct from `reject_errno`, and counted apart in metrics. Bulkhead rejections never enter the failure window.",
 		func(o *Options, r any) error { return setErrno(&o.BulkheadRejectErrno, r) }},
-	{"close_established", "false", "bool", "When the circuit opens (from closed or half-open, or forced open), close the established TCP connections protected processes hold to its destinations, so a keep-alive pool reconnects and is rejected in `connect()`. TCP only. See *Closing established connections*.",
+	{"close_established", "false", "bool", "When the circuit opens (from closed or half-open, or forced open), close the established TCP connections protected processes hold to its destinations, so a keep-alive pool reconnects and is rejected in `connect()`; with a `fallback`, when the circuit closes again, close the connections it redirected to the fallback, so the pool reconnects to the target. TCP only. See *Closing established connections*.",
 		func(o *Options, r any) error { return setBool(&o.CloseEstablished, r) }},
 }
 
