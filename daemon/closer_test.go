@@ -316,8 +316,8 @@ func TestCloseEstablishedCurlAndWrk(t *testing.T) {
 		t.Fatalf("the server answered %d of curl's requests, want at most 3 (one in flight when the circuit opened)", servedByCurl)
 	}
 
-	// wrk: 4 keep-alive connections for 3 s; the circuit is closed for
-	// the first second, then forced open.
+	// wrk: 4 keep-alive connections for 3 s; the circuit is closed until
+	// they carry requests, then forced open.
 	if _, err := d.Force("web", "release"); err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +325,13 @@ func TestCloseEstablishedCurlAndWrk(t *testing.T) {
 	var atOpen atomic.Int64
 	passes := strings.Count(f.logs.String(), "closed established connections")
 	go func() {
-		time.Sleep(time.Second)
+		// Forced open once wrk's four connections carry requests (wrk
+		// connects them all before its first request).
+		start := served.Load()
+		if !kerneltest.WaitFor(10*time.Second, func() bool { return served.Load() >= start+40 }) {
+			t.Error("wrk's requests did not reach the server")
+			return
+		}
 		if _, err := d.Force("web", "open"); err != nil {
 			t.Error(err)
 			return
