@@ -225,15 +225,24 @@ func TestFallbackOfAnotherEpochIsNotFollowed(t *testing.T) {
 	rejected("a UDP fallback")
 }
 
-func TestFallbackTakesUDP(t *testing.T) {
-	e := newEnvHosts(t, Options{}, 2)
+// udpFallbackHosts is an environment with UDP on and two server hosts
+// echoing datagrams: dead on port 53 (the target) and fb, counted, on
+// 5353 (its fallback).
+func udpFallbackHosts(t *testing.T) (e *env, dead, fb *kerneltest.Host) {
+	t.Helper()
+	e = newEnvHosts(t, Options{}, 2)
 	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, UDP: true}); err != nil {
 		t.Fatal(err)
 	}
-	dead, fb := e.topo.Servers[0], e.topo.Servers[1]
+	dead, fb = e.topo.Servers[0], e.topo.Servers[1]
 	fb.StartCounting(t)
 	echoUDP(t, dead, 53)
 	echoUDP(t, fb, 5353)
+	return e, dead, fb
+}
+
+func TestFallbackTakesUDP(t *testing.T) {
+	e, dead, fb := udpFallbackHosts(t)
 	for i, network := range []string{"udp4", "udp6"} {
 		a, to := dead.IPv4, fb.IPv4
 		if network == "udp6" {
@@ -329,14 +338,7 @@ func TestFallbackBesideSlowStart(t *testing.T) {
 // for the IPv4 destination sees its reply from the mapped address it
 // asked for.
 func TestFallbackPeerAfterReconnect(t *testing.T) {
-	e := newEnvHosts(t, Options{}, 2)
-	if err := e.k.SetSettings(Settings{Heartbeat: Now(), FailSafe: time.Hour, UDP: true}); err != nil {
-		t.Fatal(err)
-	}
-	dead, fb := e.topo.Servers[0], e.topo.Servers[1]
-	fb.StartCounting(t)
-	echoUDP(t, dead, 53)
-	echoUDP(t, fb, 5353)
+	e, dead, fb := udpFallbackHosts(t)
 	d := Dest{Proto: UDP, Addr: netip.AddrPortFrom(dead.IPv4, 53)}
 	to := netip.AddrPortFrom(fb.IPv4, 5353)
 	e.openWithFallback(t, 1, d, to)
